@@ -1,0 +1,48 @@
+"""nbdist: distributed PyTorch from a notebook.
+
+``nbdist.start(n=2)`` starts n ipyparallel engines whose torch.distributed process
+group is already initialised; ``%load_ext nbdist`` adds the ``%%distributed`` magics.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+__version__ = "0.1.0"
+__all__ = [
+    "Cluster",
+    "ClusterError",
+    "ConfigError",
+    "NbdistError",
+    "RankError",
+    "RunTimeout",
+    "__version__",
+    "current",
+    "load_ipython_extension",
+    "start",
+    "unload_ipython_extension",
+]
+
+from .errors import ClusterError, ConfigError, NbdistError, RankError, RunTimeout
+
+
+def __getattr__(name: str) -> Any:
+    # Keep `import nbdist` (and `python -m nbdist.engine`) light: ipyparallel loads on first use.
+    if name in ("Cluster", "start", "current"):
+        from . import cluster
+
+        return getattr(cluster, name)
+    raise AttributeError(f"module 'nbdist' has no attribute {name!r}")
+
+
+def load_ipython_extension(ipython: Any) -> None:
+    """%load_ext nbdist: register the magics (imported only now)."""
+    from .magics import load
+
+    load(ipython)
+
+
+def unload_ipython_extension(ipython: Any) -> None:
+    from .magics import unload
+
+    unload(ipython)

@@ -1,0 +1,130 @@
+"""Configs that check themselves: every bad value raises ConfigError naming the value and the fix."""
+
+from __future__ import annotations
+
+import difflib
+import os
+from dataclasses import dataclass, field
+
+from .errors import ConfigError
+
+BACKENDS = ("gloo", "nccl")
+LAUNCHERS = ("local", "slurm", "mpi")
+
+
+def did_you_mean(value: str, choices: tuple[str, ...] | list[str]) -> str:
+    """'did you mean 'x'?' for the nearest choice, or the list of choices."""
+    close = difflib.get_close_matches(str(value), list(choices), n=1, cutoff=0.5)
+    if close:
+        return f"did you mean {close[0]!r}?"
+    return "choose one of " + ", ".join(repr(c) for c in choices) + "."
+
+
+def parse_ranks(spec: str | int | list[int] | tuple[int, ...] | range | None, world_size: int) -> list[int]:
+    """Turn a rank spec into a sorted list of ranks.
+
+    Accepts None (every rank), an int, an iterable of ints, or a string such as
+    ``"0"``, ``"0,2"``, ``"1-3"``, ``"0,2-3"`` or ``"all"``.
+    """
+    if spec is None:
+        return list(range(world_size))
+    if isinstance(spec, bool):
+        raise ConfigError(f"ranks ({spec!r}) must be a rank spec such as 0, '0,2' or '1-3'.")
+    if isinstance(spec, int):
+        items: list[int] = [spec]
+    elif isinstance(spec, str):
+        text = spec.strip()
+        if text in ("all", "*", ""):
+            return list(range(world_size))
+        items = []
+        for part in text.split(","):
+            part = part.strip()
+            lo, sep, hi = part.partition("-")
+            try:
+                if sep:
+                    first, last = int(lo), int(hi)
+                    if last < first:
+                        raise ConfigError(f"rank range {part!r} runs backwards; write it as '{last}-{first}'.")
+                    items.extend(range(first, last + 1))
+                else:
+                    items.append(int(part))
+            except ValueError:
+                raise ConfigError(
+                    f"ranks {spec!r} is not a rank spec; write ranks like 0, '0,2' or '1-3'."
+                ) from None
+    else:
+        try:
+            items = [int(r) for r in spec]
+        except (TypeError, ValueError):
+            raise ConfigError(f"ranks {spec!r} is not a rank spec; write ranks like 0, '0,2' or '1-3'.") from None
+    bad = sorted({r for r in items if r < 0 or r >= world_size})
+    if bad:
+        raise ConfigError(
+            f"rank {bad[0]} is outside this world of {world_size} rank(s); use ranks 0-{world_size - 1}."
+        )
+    if not items:
+        raise ConfigError(f"ranks {spec!r} names no rank; write ranks like 0, '0,2' or '1-3'.")
+    return sorted(set(items))
+
+
+def default_threads(n: int, cores: int | None = None) -> int:
+    """Threads per rank so that n ranks share the machine's cores: max(1, cores // n)."""
+    cores = cores or os.cpu_count() or 1
+    return max(1, cores // max(1, n))
+
+
+@dataclass(kw_only=True, slots=True)
+class StartConfig:
+    """What ``nbdist.start`` builds."""
+
+    n: int = 2
+    backend: str | None = None
+    launcher: str = "local"
+    timeout: float = 45.0
+    oversubscribe: bool = False
+    heartbeat_ms: int = 100
+    pg_timeout: float = 1800.0
+    watchdog: float | None = 60.0
+    grace: float = 1.0
+    auto_restart: bool = False
+    threads: int | None = None
+    cores: int | None = field(default=None)
+
+    def __post_init__(self) -> None:
+        if isinstance(self.n, bool) or not isinstance(self.n, int):
+            raise ConfigError(f"n ({self.n!r}) must be a whole number of ranks, such as -n 2.")
+        if self.n < 1:
+            raise ConfigError(f"n ({self.n}) must be at least 1; use -n 2 for two ranks.")
+        cores = self.cores or os.cpu_count() or 1
+        if self.launcher == "local" and self.n > cores and not self.oversubscribe:
+            raise ConfigError(
+                f"n ({self.n}) is more than this machine's {cores} cores; use -n {cores}, or pass --oversubscribe."
+            )
+        if self.backend is not None and self.backend not in BACKENDS:
+            raise ConfigError(f"backend {self.backend!r} is not known; {did_you_mean(self.backend, BACKENDS)}")
+        if self.launcher not in LAUNCHERS:
+            raise ConfigError(f"launcher {self.launcher!r} is not known; {did_you_mean(self.launcher, LAUNCHERS)}")
+        if not self.timeout or self.timeout <= 0:
+            raise ConfigError(f"timeout ({self.timeout!r}) must be a positive number of seconds, such as 45.")
+        if self.heartbeat_ms < 10:
+            raise ConfigError(f"heartbeat_ms ({self.heartbeat_ms}) is too small; use 100 or more.")
+        if self.watchdog is not None and self.watchdog <= 0:
+            raise ConfigError(f"watchdog ({self.watchdog!r}) must be positive seconds, or None to turn it off.")
+        if self.threads is None:
+            self.threads = default_threads(self.n, cores)
+        elif self.threads < 1:
+            raise ConfigError(f"threads ({self.threads}) must be at least 1.")
+
+
+@dataclass(kw_only=True, slots=True)
+class RunConfig:
+    """How one cell runs: on which ranks, for how long, blocking or not."""
+
+    ranks: list[int]
+    timeout: float | None = None
+    block: bool = True
+    quiet: bool = False
+
+    def __post_init__(self) -> None:
+        if self.timeout is not None and self.timeout <= 0:
+            raise ConfigError(f"timeout ({self.timeout!r}) must be a positive number of seconds, such as --timeout 30.")

@@ -1,0 +1,337 @@
+"""Per-rank runtime inside an engine: rank env, the process group, and the watcher.
+
+The client calls these functions on each engine through ipyparallel's apply.
+The watcher thread is what lets nbdist release a rank that is blocked inside a
+gloo collective: a blocked collective holds the main thread in C++, so neither a
+Python signal handler nor ``ProcessGroup.abort()`` (a no-op for gloo in torch
+2.13) gets it out. The watcher wakes on the signal through ``signal.set_wakeup_fd``
+(the C-level handler writes to it from any thread), and if the cell is still
+running after a short grace it shuts down the process group's own TCP
+connections. gloo then raises "Connection closed by peer" on this rank and on
+every peer, and the cell ends; the client rebuilds the group afterwards.
+"""
+
+from __future__ import annotations
+
+import datetime
+import json
+import os
+import signal
+import socket
+import sys
+import threading
+import time
+import traceback
+from typing import Any
+
+# One dict of state per engine process; plain values so it is easy to inspect.
+STATE: dict[str, Any] = {
+    "rank": None,
+    "world_size": None,
+    "backend": None,
+    "store": None,
+    "pg_fds": [],
+    "aborted": False,
+    "busy_since": None,
+    "cell": 0,
+    "main_ident": None,
+    "report_dir": None,
+    "watcher": None,
+    "grace": 0.3,
+}
+
+_CELL_FILES: set[str] = set()
+
+
+def configure(
+    *,
+    rank: int,
+    world_size: int,
+    local_rank: int,
+    local_world_size: int,
+    master_addr: str,
+    threads: int,
+    report_dir: str,
+    grace: float = 0.3,
+) -> dict[str, Any]:
+    """Give this engine its rank: env vars, thread count, watcher, cell hooks."""
+    env = {
+        "RANK": str(rank),
+        "LOCAL_RANK": str(local_rank),
+        "WORLD_SIZE": str(world_size),
+        "LOCAL_WORLD_SIZE": str(local_world_size),
+        "MASTER_ADDR": master_addr,
+        "OMP_NUM_THREADS": str(threads),
+        "NUMBA_NUM_THREADS": str(threads),
+    }
+    os.environ.update(env)
+    import torch
+
+    torch.set_num_threads(threads)
+    STATE.update(rank=rank, world_size=world_size, report_dir=report_dir, grace=grace)
+    STATE["main_ident"] = threading.main_thread().ident
+    _install_watcher()
+    _install_cell_hooks()
+    return {
+        "rank": rank,
+        "pid": os.getpid(),
+        "host": socket.gethostname(),
+        "cuda_devices": torch.cuda.device_count() if torch.cuda.is_available() else 0,
+    }
+
+
+def local_info() -> dict[str, Any]:
+    """pid, host and GPU count of this engine (before it has a rank)."""
+    import torch
+
+    return {
+        "pid": os.getpid(),
+        "host": socket.gethostname(),
+        "cuda_devices": torch.cuda.device_count() if torch.cuda.is_available() else 0,
+    }
+
+
+# --------------------------------------------------------------------------- world
+
+
+def open_store(host: str, timeout: float) -> int:
+    """On rank 0: start the rendezvous store on a port the OS picks; return it.
+
+    Binding port 0 here, in the process that keeps the socket, leaves no window in
+    which another program can take the port (FAULTS.md row 6).
+    """
+    from torch.distributed import TCPStore
+
+    store = TCPStore(
+        host,
+        0,
+        STATE["world_size"],
+        is_master=True,
+        wait_for_workers=False,
+        timeout=datetime.timedelta(seconds=timeout),
+    )
+    STATE["store"] = store
+    return int(store.port)
+
+
+def join_world(*, master_addr: str, port: int, backend: str, timeout: float, pg_timeout: float) -> float:
+    """Join the process group and prove it with one all_reduce; return its sum."""
+    import torch
+    import torch.distributed as dist
+    from torch.distributed import TCPStore
+
+    rank, world_size = STATE["rank"], STATE["world_size"]
+    os.environ["MASTER_PORT"] = str(port)
+    os.environ["MASTER_ADDR"] = master_addr
+    if rank != 0 or STATE["store"] is None:
+        STATE["store"] = TCPStore(
+            master_addr,
+            port,
+            world_size,
+            is_master=False,
+            timeout=datetime.timedelta(seconds=timeout),
+        )
+    before = _tcp_fds()
+    kwargs: dict[str, Any] = {}
+    device = torch.device("cpu")
+    if backend == "nccl":
+        local_rank = int(os.environ.get("LOCAL_RANK", "0"))
+        torch.cuda.set_device(local_rank)
+        device = torch.device("cuda", local_rank)
+        kwargs["device_id"] = device
+    dist.init_process_group(
+        backend,
+        store=STATE["store"],
+        rank=rank,
+        world_size=world_size,
+        timeout=datetime.timedelta(seconds=pg_timeout),
+        **kwargs,
+    )
+    STATE.update(backend=backend, aborted=False)
+    probe = torch.tensor([float(rank + 1)], device=device)
+    dist.all_reduce(probe)
+    STATE["pg_fds"] = sorted(_tcp_fds() - before)
+    return float(probe.item())
+
+
+def leave_world() -> None:
+    """Destroy this rank's process group and store, whatever state they are in."""
+    import torch.distributed as dist
+
+    try:
+        if dist.is_initialized():
+            dist.destroy_process_group()
+    except Exception:  # a broken group may refuse a clean destroy; drop it anyway
+        pass
+    STATE.update(store=None, pg_fds=[], backend=None)
+
+
+def abort_world() -> str:
+    """Break this rank's process group so a collective blocked on it returns now."""
+    import torch.distributed as dist
+
+    STATE["aborted"] = True
+    if STATE["backend"] == "nccl":
+        try:
+            dist.distributed_c10d._abort_process_group()
+            return "nccl abort"
+        except Exception as exc:  # pragma: no cover - GPU only
+            return f"nccl abort failed: {exc}"
+    closed = 0
+    for fd in STATE["pg_fds"]:
+        try:
+            sock = socket.socket(fileno=fd)
+        except OSError:
+            continue
+        try:
+            if sock.type == socket.SOCK_STREAM:
+                sock.shutdown(socket.SHUT_RDWR)
+                closed += 1
+        except OSError:
+            pass
+        finally:
+            sock.detach()
+    return f"closed {closed} gloo connections"
+
+
+def health() -> dict[str, Any]:
+    import torch.distributed as dist
+
+    return {
+        "rank": STATE["rank"],
+        "initialized": dist.is_available() and dist.is_initialized(),
+        "aborted": STATE["aborted"],
+        "busy": STATE["busy_since"] is not None,
+    }
+
+
+def _tcp_fds() -> set[int]:
+    import psutil
+
+    return {
+        c.fd
+        for c in psutil.Process().net_connections("tcp")
+        if c.status == psutil.CONN_ESTABLISHED and c.fd >= 0
+    }
+
+
+# --------------------------------------------------------------------------- cells
+
+
+def _install_cell_hooks() -> None:
+    try:
+        from IPython import get_ipython
+    except ImportError:  # pragma: no cover
+        return
+    shell = get_ipython()
+    if shell is None or getattr(shell, "_nbdist_hooks", False):
+        return
+
+    def pre(info: Any = None) -> None:
+        STATE["busy_since"] = time.monotonic()
+        STATE["cell"] += 1
+
+    def post(result: Any = None) -> None:
+        STATE["busy_since"] = None
+
+    shell.events.register("pre_run_cell", pre)
+    shell.events.register("post_run_cell", post)
+    shell._nbdist_hooks = True
+
+
+def _cell_label(filename: str) -> str | None:
+    """'cell' for a notebook cell's code object, None for library code."""
+    if filename in _CELL_FILES:
+        return "cell"
+    try:
+        from IPython import get_ipython
+
+        shell = get_ipython()
+        fmap = getattr(getattr(shell, "compile", None), "_filename_map", {}) or {}
+        if filename in fmap:
+            return "cell"
+    except Exception:  # pragma: no cover
+        pass
+    return "cell" if "ipykernel_" in filename or filename.startswith("<ipython-input") else None
+
+
+def where(frame: Any) -> dict[str, Any]:
+    """Summarise a stack: innermost cell line and innermost function, plus the stack."""
+    stack = traceback.extract_stack(frame)
+    cell_line = None
+    for entry in reversed(stack):
+        if _cell_label(entry.filename):
+            cell_line = entry.lineno
+            break
+    inner = stack[-1] if stack else None
+    in_collective = any("torch/distributed" in e.filename.replace("\\", "/") for e in stack[-6:])
+    return {
+        "cell_line": cell_line,
+        "function": inner.name if inner else None,
+        "in_collective": in_collective,
+        "stack": [f"{e.filename}:{e.lineno} in {e.name}" for e in stack[-12:]],
+    }
+
+
+def _write_report(reason: str) -> None:
+    frame = sys._current_frames().get(STATE["main_ident"])
+    report = {"rank": STATE["rank"], "reason": reason, "time": time.time(), "busy": STATE["busy_since"] is not None}
+    if frame is not None:
+        report.update(where(frame))
+    directory = STATE["report_dir"]
+    if not directory:
+        return
+    path = os.path.join(directory, f"rank{STATE['rank']}.json")
+    tmp = path + f".{os.getpid()}.tmp"
+    with open(os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600), "w") as fh:
+        json.dump(report, fh)
+    os.replace(tmp, path)
+
+
+# --------------------------------------------------------------------------- watcher
+
+
+def _noop_handler(signum: int, frame: Any) -> None:
+    return None
+
+
+def _install_watcher() -> None:
+    if STATE["watcher"] is not None:
+        return
+    rsock, wsock = socket.socketpair()
+    rsock.setblocking(True)
+    wsock.setblocking(False)
+    signal.signal(signal.SIGUSR1, _noop_handler)
+    previous = signal.set_wakeup_fd(wsock.fileno(), warn_on_full_buffer=False)
+    thread = threading.Thread(target=_watch, args=(rsock, wsock, previous), name="nbdist-watcher", daemon=True)
+    STATE["watcher"] = thread
+    thread.start()
+
+
+def _watch(rsock: socket.socket, wsock: socket.socket, previous: int) -> None:
+    while True:
+        data = rsock.recv(64)
+        if not data:
+            return
+        if previous not in (-1, None):
+            try:
+                os.write(previous, data)  # keep whoever had the wakeup fd before us informed
+            except OSError:
+                pass
+        signums = set(data)
+        try:
+            if signal.SIGUSR1 in signums:
+                _write_report("report")
+            if signal.SIGINT in signums and STATE["busy_since"] is not None:
+                cell = STATE["cell"]
+                deadline = time.monotonic() + STATE["grace"]
+                while time.monotonic() < deadline:
+                    if STATE["busy_since"] is None or STATE["cell"] != cell:
+                        break
+                    time.sleep(0.02)
+                else:
+                    _write_report("interrupt")
+                    if STATE["pg_fds"] or STATE["backend"] == "nccl":
+                        abort_world()
+        except Exception:  # the watcher must survive anything
+            traceback.print_exc(file=sys.__stderr__)
