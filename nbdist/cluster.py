@@ -16,7 +16,6 @@ import sys
 import tempfile
 import threading
 import time
-import weakref
 from dataclasses import dataclass
 from typing import Any
 
@@ -25,8 +24,8 @@ from .errors import ClusterError, ConfigError, NbdistError
 
 log = logging.getLogger("nbdist")
 
-_CURRENT: weakref.ReferenceType[Cluster] | None = None
-_LIVE: weakref.WeakSet[Cluster] = weakref.WeakSet()
+_CURRENT: Cluster | None = None  # the active cluster (strong: it owns processes)
+_LIVE: set[Cluster] = set()
 
 # launcher name -> ipyparallel (controller, engine set) launcher names: the seam for
 # multi-node. Only "local" is wired up today.
@@ -48,7 +47,7 @@ class RankInfo:
 
 def current() -> Cluster:
     """The cluster most recently started in this process."""
-    cluster = _CURRENT() if _CURRENT is not None else None
+    cluster = _CURRENT
     if cluster is None or not cluster.running:
         raise ClusterError("no cluster is running; start one with nbdist.start(n=2) or %dist_start -n 2.")
     return cluster
@@ -108,7 +107,7 @@ class Cluster:
             raise
         self.startup["total"] = time.perf_counter() - tic
         self.running = True
-        _CURRENT = weakref.ref(self)
+        _CURRENT = self
         _LIVE.add(self)
         return self
 
@@ -298,8 +297,9 @@ class Cluster:
         if self._workdir:
             shutil.rmtree(self._workdir, ignore_errors=True)
             self._workdir = ""
-        if _CURRENT is not None and _CURRENT() is self:
+        if _CURRENT is self:
             _CURRENT = None
+        _LIVE.discard(self)
 
     def pids(self) -> list[int]:
         """Process ids of the controller and engines this cluster started."""

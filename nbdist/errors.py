@@ -40,6 +40,8 @@ class RankError(NbdistError):
     def _render_traceback_(self) -> list[str]:
         lines: list[str] = []
         for failure in self.failures[:1]:
+            if failure.get("status") in ("interrupted", "timeout"):
+                continue  # where it waited is in the notes; its traceback is torch's internals
             lines.append(f"--- traceback from rank {failure['rank']} (engine {failure['engine_id']}) ---")
             lines.extend(failure.get("traceback") or [])
         lines.append(str(self))

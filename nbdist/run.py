@@ -285,7 +285,7 @@ class _Watch:
                 if not pending:
                     break
                 now = time.perf_counter()
-                failed_any = any(c.done() and c.exception() is not None for c in self.children)
+                failed_any = any(_child_error(c) is not None for c in self.children)
                 if failed_any and first_failure is None:
                     first_failure = now
                 if released is None:
@@ -322,7 +322,7 @@ class _Watch:
         if stream:
             end = time.perf_counter() + 1.0
             while time.perf_counter() < end and not all(
-                c.output.done() for c in self.children if c.exception() is None or True
+                c.output.done() for c in self.children
             ):
                 try:
                     self.wake.get(timeout=0.02)
@@ -347,7 +347,7 @@ class _Watch:
             rr.outputs = list(md.get("outputs") or [])
             rr.result = md.get("execute_result")
             rr.wall_s = _seconds_between(md.get("started"), md.get("completed"))
-            exc = child.exception() if child.done() else None
+            exc = _child_error(child)
             if rank in killed or not child.done():
                 rr.status = "dead"
                 rr.error = {"ename": "Killed", "evalue": "did not stop after an interrupt; nbdist ended it", "traceback": []}
@@ -368,6 +368,20 @@ class _Watch:
         result = RunResult(ranks=out, wall_s=time.perf_counter() - self.tic, released=released, reports=reports)
         _explain(result)
         return result
+
+
+def _child_error(child: Any) -> BaseException | None:
+    """The error one engine reported for this cell (ipyparallel stores it as the result)."""
+    if not child.done():
+        return None
+    exc = child.exception()
+    if exc is not None:
+        return exc
+    res = child.result()
+    if isinstance(res, BaseException):
+        return res
+    err = child.output.metadata.get("error")
+    return err if isinstance(err, BaseException) else None
 
 
 def _seconds_between(start: Any, end: Any) -> float | None:
@@ -488,12 +502,11 @@ def push(cluster: Cluster, mapping: dict[str, Any], ranks: list[int]) -> None:
 
 def _check_picklable(name: str, value: Any) -> None:
     try:
-        from ipyparallel.serialize import canning  # noqa: F401
-        import cloudpickle
-
-        cloudpickle.dumps(value)
+        import cloudpickle as pickler  # what ipyparallel uses for functions and closures
     except ImportError:  # pragma: no cover
-        pickle.dumps(value)
+        pickler = pickle  # type: ignore[no-redef]
+    try:
+        pickler.dumps(value)
     except Exception as exc:
         raise ClusterError(
             f"cannot send {name!r} (type {type(value).__module__}.{type(value).__qualname__}) to the ranks: "

@@ -72,6 +72,7 @@ def configure(
     STATE["main_ident"] = threading.main_thread().ident
     _install_watcher()
     _install_cell_hooks()
+    _preload_namespace()
     return {
         "rank": rank,
         "pid": os.getpid(),
@@ -237,6 +238,21 @@ def _install_cell_hooks() -> None:
     shell.events.register("pre_run_cell", pre)
     shell.events.register("post_run_cell", post)
     shell._nbdist_hooks = True
+
+
+def _preload_namespace() -> None:
+    """Every rank starts with torch and dist (torch.distributed) imported."""
+    try:
+        from IPython import get_ipython
+    except ImportError:  # pragma: no cover
+        return
+    shell = get_ipython()
+    if shell is not None:
+        import torch
+        import torch.distributed as dist
+
+        shell.user_ns.setdefault("torch", torch)
+        shell.user_ns.setdefault("dist", dist)
 
 
 def _cell_label(filename: str) -> str | None:

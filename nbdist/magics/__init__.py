@@ -1,0 +1,239 @@
+"""IPython magics: parse the line, build a config, call the API. Nothing else.
+
+%dist_start, %dist_status, %dist_restart, %dist_stop, %%distributed, %%rank,
+%dist_mode, %dist_push, %dist_pull.
+"""
+
+from __future__ import annotations
+
+import shlex
+from typing import Any
+
+from IPython.core.error import UsageError
+from IPython.core.magic import Magics, cell_magic, line_magic, magics_class, needs_local_scope
+from IPython.core.magic_arguments import argument, magic_arguments, parse_argstring
+
+from .. import cluster as api
+from ..config import BACKENDS, LAUNCHERS, did_you_mean
+from ..errors import ClusterError, ConfigError, NbdistError, RankError
+
+USAGE = {
+    "dist_start": "%dist_start [-n N] [--backend gloo|nccl] [--launcher local|slurm|mpi] [--timeout S]",
+    "distributed": "%%distributed [--ranks SPEC] [--timeout S] [--noblock] [--quiet]",
+    "rank": "%%rank SPEC [--timeout S] [--noblock] [--quiet]   (SPEC: 0, 0,2 or 1-3)",
+    "dist_restart": "%dist_restart [--ranks SPEC]",
+    "dist_mode": "%dist_mode on|off",
+    "dist_push": "%dist_push NAME [NAME ...] [--ranks SPEC]",
+    "dist_pull": "%dist_pull NAME [--ranks SPEC]",
+}
+
+
+def _parse(func: Any, line: str, name: str) -> Any:
+    try:
+        return parse_argstring(func, line)
+    except UsageError as exc:
+        text = str(exc).replace("\n", " ").strip()
+        raise UsageError(f"{text}; type {USAGE[name]}") from None
+
+
+def _check_choice(value: str | None, choices: tuple[str, ...], what: str) -> None:
+    if value is not None and value not in choices:
+        raise UsageError(f"{what} {value!r} is not known; {did_you_mean(value, choices)}")
+
+
+@magics_class
+class DistMagics(Magics):
+    """The magics are thin faces on nbdist.start / Cluster."""
+
+    def __init__(self, shell: Any) -> None:
+        super().__init__(shell)
+        self.mode = False
+
+    # ---------------------------------------------------------------- lifecycle
+
+    @magic_arguments()
+    @argument("-n", type=int, default=2, help="number of ranks (default 2)")
+    @argument("--backend", default=None, help="gloo or nccl (default: nccl when every rank has a GPU)")
+    @argument("--launcher", default="local", help="local (slurm and mpi come later)")
+    @argument("--timeout", type=float, default=45.0, help="seconds to wait for the world to form")
+    @argument("--oversubscribe", action="store_true", help="allow more ranks than cores")
+    @line_magic
+    def dist_start(self, line: str = "") -> None:
+        """Start n ranked engines with an initialised torch.distributed world."""
+        args = _parse(self.dist_start, line, "dist_start")
+        _check_choice(args.backend, BACKENDS, "backend")
+        _check_choice(args.launcher, LAUNCHERS, "launcher")
+        try:
+            old = api.current()
+        except ClusterError:
+            old = None
+        if old is not None:
+            print(f"stopping the running cluster ({old.world_size} ranks) first")
+            old.stop()
+        try:
+            cluster = api.start(
+                n=args.n,
+                backend=args.backend,
+                launcher=args.launcher,
+                timeout=args.timeout,
+                oversubscribe=args.oversubscribe,
+            )
+        except ConfigError as exc:
+            raise UsageError(str(exc)) from None
+        except ClusterError as exc:
+            raise UsageError(str(exc)) from None
+        print(
+            f"{cluster.world_size} ranks ready, backend {cluster.backend}, "
+            f"in {cluster.startup['total']:.1f} s; torch and dist (torch.distributed) are imported on every rank. "
+            "Run cells on them with %%distributed."
+        )
+
+    @line_magic
+    def dist_status(self, line: str = "") -> None:
+        """Show rank, engine id, host, pid, device, backend and state of each rank."""
+        rows = _call(lambda: api.current().status())
+        cols = ["rank", "engine_id", "host", "pid", "device", "backend", "state"]
+        widths = [max(len(c), *(len(str(r[c])) for r in rows)) for c in cols]
+        print("  ".join(c.ljust(w) for c, w in zip(cols, widths, strict=True)))
+        for r in rows:
+            print("  ".join(str(r[c]).ljust(w) for c, w in zip(cols, widths, strict=True)))
+
+    @magic_arguments()
+    @argument("--ranks", default=None, help="restart only these ranks (default: all)")
+    @line_magic
+    def dist_restart(self, line: str = "") -> None:
+        """Replace the engines (all, or --ranks) and rebuild the world with the same ranks."""
+        args = _parse(self.dist_restart, line, "dist_restart")
+        seconds = _call(lambda: api.current().restart(args.ranks))
+        print(f"world rebuilt in {seconds:.1f} s; restarted ranks start with empty namespaces.")
+
+    @line_magic
+    def dist_stop(self, line: str = "") -> None:
+        """Stop the engines and controller nbdist started."""
+        try:
+            cluster = api.current()
+        except ClusterError:
+            print("no cluster is running")
+            return
+        cluster.stop()
+        print("cluster stopped")
+
+    # ---------------------------------------------------------------- running code
+
+    @magic_arguments()
+    @argument("--ranks", default=None, help="ranks to run on: 0, 0,2 or 1-3 (default: all)")
+    @argument("--timeout", type=float, default=None, help="seconds before ranks are released")
+    @argument("--noblock", action="store_true", help="return at once; collect with .wait()")
+    @argument("--quiet", action="store_true", help="show output of the first rank only")
+    @cell_magic
+    def distributed(self, line: str, cell: str) -> Any:
+        """Run the cell on every rank (or --ranks), output tagged by rank."""
+        args = _parse(self.distributed, line, "distributed")
+        return self._run(cell, args.ranks, args.timeout, not args.noblock, args.quiet)
+
+    @magic_arguments()
+    @argument("spec", help="ranks to run on: 0, 0,2 or 1-3")
+    @argument("--timeout", type=float, default=None)
+    @argument("--noblock", action="store_true")
+    @argument("--quiet", action="store_true")
+    @cell_magic
+    def rank(self, line: str, cell: str) -> Any:
+        """%%rank SPEC: shorthand for %%distributed --ranks SPEC."""
+        args = _parse(self.rank, line, "rank")
+        return self._run(cell, args.spec, args.timeout, not args.noblock, args.quiet)
+
+    def _run(self, cell: str, ranks: Any, timeout: float | None, block: bool, quiet: bool) -> Any:
+        cluster = _call(api.current)
+        result = _call(lambda: cluster.run(cell, ranks=ranks, timeout=timeout, block=block, quiet=quiet))
+        if not block:
+            print("running in the background; collect with nbdist.current().last.wait()")
+            return result
+        result.raise_for_error()
+        for note in result.notes:
+            print(note)
+        return None
+
+    @line_magic
+    def dist_mode(self, line: str = "") -> None:
+        """%dist_mode on|off: run every following cell on all ranks."""
+        word = line.strip().lower()
+        if word not in ("on", "off"):
+            raise UsageError(f"%dist_mode takes on or off, not {line.strip()!r}; type {USAGE['dist_mode']}")
+        self.mode = word == "on"
+        transformers = self.shell.input_transformers_cleanup
+        if self.mode and self._transform not in transformers:
+            transformers.insert(0, self._transform)
+        if not self.mode and self._transform in transformers:
+            transformers.remove(self._transform)
+        print("every cell now runs on all ranks" if self.mode else "cells run locally again")
+
+    def _transform(self, lines: list[str]) -> list[str]:
+        if not self.mode or not lines:
+            return lines
+        first = next((ln for ln in lines if ln.strip()), "")
+        if first.lstrip().startswith(("%%", "%dist_", "!")):
+            return lines
+        return ["%%distributed\n", *lines]
+
+    # ---------------------------------------------------------------- data
+
+    @needs_local_scope
+    @line_magic
+    def dist_push(self, line: str = "", local_ns: Any = None) -> None:
+        """%dist_push a b: send notebook variables to every rank."""
+        names, ranks = _names_and_ranks(line, "dist_push")
+        ns = {**self.shell.user_ns, **(local_ns or {})}
+        missing = [n for n in names if n not in ns]
+        if missing:
+            raise UsageError(f"{missing[0]!r} is not defined in this notebook; define it first, then {USAGE['dist_push']}")
+        _call(lambda: api.current().push({n: ns[n] for n in names}, ranks=ranks))
+
+    @line_magic
+    def dist_pull(self, line: str = "") -> list[Any]:
+        """%dist_pull name: a list with the variable's value on each rank, by rank."""
+        names, ranks = _names_and_ranks(line, "dist_pull")
+        if len(names) != 1:
+            raise UsageError(f"%dist_pull takes one name, got {len(names)}; type {USAGE['dist_pull']}")
+        return list(_call(lambda: api.current().pull(names[0], ranks=ranks)))
+
+
+def _names_and_ranks(line: str, magic: str) -> tuple[list[str], str | None]:
+    words = shlex.split(line)
+    ranks = None
+    if "--ranks" in words:
+        i = words.index("--ranks")
+        if i + 1 >= len(words):
+            raise UsageError(f"--ranks needs a value; type {USAGE[magic]}")
+        ranks = words[i + 1]
+        del words[i : i + 2]
+    bad = [w for w in words if not w.isidentifier()]
+    if bad or not words:
+        raise UsageError(f"{(bad or [''])[0]!r} is not a variable name; type {USAGE[magic]}")
+    return words, ranks
+
+
+def _call(fn: Any) -> Any:
+    """Run an API call; turn configuration and cluster errors into one-line UsageErrors."""
+    try:
+        return fn()
+    except RankError:
+        raise
+    except (ConfigError, ClusterError) as exc:
+        raise UsageError(str(exc)) from None
+    except NbdistError as exc:  # pragma: no cover - any other nbdist error
+        raise UsageError(str(exc)) from None
+
+
+_LOADED: dict[int, DistMagics] = {}
+
+
+def load(ipython: Any) -> None:
+    magics = DistMagics(ipython)
+    _LOADED[id(ipython)] = magics
+    ipython.register_magics(magics)
+
+
+def unload(ipython: Any) -> None:
+    magics = _LOADED.pop(id(ipython), None)
+    if magics is not None and magics._transform in ipython.input_transformers_cleanup:
+        ipython.input_transformers_cleanup.remove(magics._transform)
