@@ -41,17 +41,14 @@ def parse_ranks(spec: str | int | list[int] | tuple[int, ...] | range | None, wo
             part = part.strip()
             lo, sep, hi = part.partition("-")
             try:
-                if sep:
-                    first, last = int(lo), int(hi)
-                    if last < first:
-                        raise ConfigError(f"rank range {part!r} runs backwards; write it as '{last}-{first}'.")
-                    items.extend(range(first, last + 1))
-                else:
-                    items.append(int(part))
+                first, last = (int(lo), int(hi)) if sep else (int(part), int(part))
             except ValueError:
                 raise ConfigError(
                     f"ranks {spec!r} is not a rank spec; write ranks like 0, '0,2' or '1-3'."
                 ) from None
+            if last < first:
+                raise ConfigError(f"rank range {part!r} runs backwards; write it as '{last}-{first}'.")
+            items.extend(range(first, last + 1))
     else:
         try:
             items = [int(r) for r in spec]

@@ -151,7 +151,7 @@ class TaggedPrinter:
         _show(rank, content.get("data", {}), content.get("metadata", {}), prefix=f"[rank {rank}] Out:")
 
     def flush(self) -> None:
-        for (rank, name), rest in list(self._partial.items()):
+        for (rank, name), rest in sorted(self._partial.items()):
             if rest:
                 out = sys.stderr if name == "stderr" else sys.stdout
                 out.write(f"[rank {rank}] {rest}\n")

@@ -1,0 +1,107 @@
+"""Pure functions: rank specs, configs, env planning, backend choice."""
+
+from __future__ import annotations
+
+import pytest
+
+from nbdist.config import StartConfig, default_threads, did_you_mean, parse_ranks
+from nbdist.errors import ConfigError
+from nbdist.rendezvous import choose_backend, describe_env, master_address, plan_local_ranks
+
+
+@pytest.mark.parametrize(
+    "spec, expected",
+    [
+        (None, [0, 1, 2, 3]),
+        ("all", [0, 1, 2, 3]),
+        (0, [0]),
+        ("0", [0]),
+        ("0,2", [0, 2]),
+        ("1-3", [1, 2, 3]),
+        ("0, 2-3", [0, 2, 3]),
+        ("3,1,1", [1, 3]),
+        ([2, 0], [0, 2]),
+        (range(2), [0, 1]),
+    ],
+)
+def test_parse_ranks_accepts(spec, expected):
+    assert parse_ranks(spec, 4) == expected
+
+
+@pytest.mark.parametrize(
+    "spec, fragment",
+    [
+        ("4", "rank 4 is outside this world of 4 rank(s); use ranks 0-3"),
+        ("-1", "not a rank spec"),
+        ("a", "not a rank spec"),
+        ("3-1", "runs backwards; write it as '1-3'"),
+        (True, "must be a rank spec"),
+        ([], "names no rank"),
+    ],
+)
+def test_parse_ranks_rejects_with_fix(spec, fragment):
+    with pytest.raises(ConfigError) as info:
+        parse_ranks(spec, 4)
+    assert fragment in str(info.value)
+
+
+def test_start_config_defaults_share_cores():
+    cfg = StartConfig(n=2, cores=2)
+    assert cfg.threads == 1
+    assert StartConfig(n=2, cores=8).threads == 4
+    assert default_threads(3, 2) == 1
+
+
+@pytest.mark.parametrize(
+    "kwargs, fragment",
+    [
+        ({"n": 4, "cores": 2}, "n (4) is more than this machine's 2 cores; use -n 2, or pass --oversubscribe."),
+        ({"n": 0}, "must be at least 1"),
+        ({"n": "2"}, "must be a whole number"),
+        ({"backend": "glo"}, "did you mean 'gloo'?"),
+        ({"launcher": "slurmm"}, "did you mean 'slurm'?"),
+        ({"timeout": -1}, "positive number of seconds"),
+        ({"heartbeat_ms": 1}, "too small"),
+    ],
+)
+def test_start_config_errors_name_value_and_fix(kwargs, fragment):
+    with pytest.raises(ConfigError) as info:
+        StartConfig(**kwargs)
+    assert fragment in str(info.value)
+
+
+def test_oversubscribe_allows_more_ranks_than_cores():
+    assert StartConfig(n=4, cores=2, oversubscribe=True).threads == 1
+
+
+def test_did_you_mean_lists_choices_when_nothing_is_close():
+    assert did_you_mean("zzz", ("gloo", "nccl")) == "choose one of 'gloo', 'nccl'."
+
+
+def test_plan_local_ranks_groups_by_host():
+    assert plan_local_ranks(["a", "a"]) == [(0, 2), (1, 2)]
+    assert plan_local_ranks(["a", "b", "a", "b", "b"]) == [(0, 2), (0, 3), (1, 2), (1, 3), (2, 3)]
+
+
+def test_choose_backend():
+    assert choose_backend(None, [0, 0], [0, 1]) == "gloo"
+    assert choose_backend(None, [2, 2], [0, 1]) == "nccl"
+    assert choose_backend(None, [1, 1], [0, 1]) == "gloo"  # rank 1 would share GPU 0
+    assert choose_backend("gloo", [2, 2], [0, 1]) == "gloo"
+    with pytest.raises(ConfigError, match="rank 1 has none; use --backend gloo"):
+        choose_backend("nccl", [1, 1], [0, 1])
+
+
+def test_env_plan_and_master_address():
+    env = describe_env(1, 2, (1, 2), "127.0.0.1", 1)
+    assert env == {
+        "RANK": 1,
+        "LOCAL_RANK": 1,
+        "WORLD_SIZE": 2,
+        "LOCAL_WORLD_SIZE": 2,
+        "MASTER_ADDR": "127.0.0.1",
+        "OMP_NUM_THREADS": 1,
+        "NUMBA_NUM_THREADS": 1,
+    }
+    assert master_address("local", "node7") == "127.0.0.1"
+    assert master_address("slurm", "node7") == "node7"

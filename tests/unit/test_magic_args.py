@@ -1,0 +1,71 @@
+"""Bad magic arguments: one line saying what is wrong and what to type instead (no cluster needed)."""
+
+from __future__ import annotations
+
+import pytest
+from IPython.core.error import UsageError
+
+from nbdist.magics import _names_and_ranks
+
+
+def _usage(ip, line):
+    with pytest.raises(UsageError) as info:
+        ip.run_line_magic(*line.split(" ", 1))
+    msg = str(info.value)
+    assert "\n" not in msg
+    return msg
+
+
+def test_unknown_backend_suggests(ip):
+    assert "did you mean 'gloo'?" in _usage(ip, "dist_start --backend glo")
+
+
+def test_unknown_launcher_suggests(ip):
+    assert "did you mean 'local'?" in _usage(ip, "dist_start --launcher locl")
+
+
+def test_bad_option_shows_usage(ip):
+    msg = _usage(ip, "dist_start --bogus")
+    assert "unrecognized arguments: --bogus" in msg and "type %dist_start [-n N]" in msg
+
+
+def test_too_many_ranks_names_cores(ip):
+    import os
+
+    cores = os.cpu_count()
+    msg = _usage(ip, f"dist_start -n {cores * 4}")
+    assert f"use -n {cores}, or pass --oversubscribe" in msg
+
+
+def test_dist_mode_word(ip):
+    assert "takes on or off" in _usage(ip, "dist_mode maybe")
+
+
+def test_no_cluster_says_how_to_start(ip):
+    import nbdist.cluster as api
+
+    if api._CURRENT is not None:
+        pytest.skip("a cluster is running in this process")
+    assert "%dist_start -n 2" in _usage(ip, "dist_status ")
+
+
+def test_names_and_ranks_parsing():
+    assert _names_and_ranks("a b --ranks 1", "dist_push") == (["a", "b"], "1")
+    with pytest.raises(UsageError, match="not a variable name"):
+        _names_and_ranks("1x", "dist_push")
+    with pytest.raises(UsageError, match="--ranks needs a value"):
+        _names_and_ranks("a --ranks", "dist_pull")
+
+
+def test_dist_mode_transformer(ip):
+    from nbdist.magics import _LOADED
+
+    magics = _LOADED[id(ip)]
+    ip.run_line_magic("dist_mode", "on")
+    try:
+        assert magics._transform(["x = 1\n"]) == ["%%distributed\n", "x = 1\n"]
+        assert magics._transform(["%dist_mode off\n"]) == ["%dist_mode off\n"]
+        assert magics._transform(["%%rank 0\n", "x\n"]) == ["%%rank 0\n", "x\n"]
+    finally:
+        ip.run_line_magic("dist_mode", "off")
+    assert magics._transform not in ip.input_transformers_cleanup

@@ -1,0 +1,66 @@
+"""Output tagging and error rendering, without a cluster."""
+
+from __future__ import annotations
+
+import pytest
+
+from nbdist.errors import RankError, RunTimeout
+from nbdist.run import RankResult, RunResult, TaggedPrinter, _error_dict
+
+
+def test_tagged_printer_tags_whole_lines_and_flushes_partials(capsys):
+    p = TaggedPrinter()
+    p.stream(1, "stdout", "hel")
+    p.stream(0, "stdout", "a\nb")
+    p.stream(1, "stdout", "lo\nworld")
+    p.stream(0, "stderr", "oops\n")
+    p.flush()
+    out, err = capsys.readouterr()
+    assert out.splitlines() == ["[rank 0] a", "[rank 1] hello", "[rank 0] b", "[rank 1] world"]
+    assert err == "[rank 0] oops\n"
+
+
+def test_quiet_printer_hides_other_ranks(capsys):
+    p = TaggedPrinter(quiet_ranks={1})
+    p.stream(0, "stdout", "zero\n")
+    p.stream(1, "stdout", "one\n")
+    assert capsys.readouterr().out == "[rank 0] zero\n"
+
+
+class _Remote(Exception):
+    ename = "ValueError"
+    evalue = "boom"
+    traceback = ["\x1b[31mValueError\x1b[0m Traceback", "Cell \x1b[32mIn[3]\x1b[0m, line 4", "ValueError: boom"]
+
+
+def test_error_dict_finds_cell_line_through_ansi():
+    err = _error_dict(_Remote())
+    assert err["ename"] == "ValueError" and err["line"] == 4
+
+
+def test_raise_for_error_puts_the_raising_rank_first():
+    ok = RankResult(rank=0, engine_id=5, status="interrupted", error={"ename": "KeyboardInterrupt", "evalue": ""})
+    bad = RankResult(rank=1, engine_id=6, status="error", error={**_error_dict(_Remote())})
+    result = RunResult(ranks=[ok, bad], released="failure", notes=["the process group was rebuilt"])
+    with pytest.raises(RankError) as info:
+        result.raise_for_error()
+    err = info.value
+    assert err.rank == 1 and err.engine_id == 6
+    assert str(err).startswith("rank 1 (engine 6) raised ValueError in cell line 4: boom")
+    rendered = "\n".join(err._render_traceback_())
+    assert rendered.index("traceback from rank 1") < rendered.index("rank 0 (engine 5) was interrupted")
+    assert "Cell In[3], line 4" in rendered and "\x1b[" not in rendered
+    assert "the process group was rebuilt" in rendered
+
+
+def test_timeout_raises_run_timeout():
+    r = RankResult(rank=0, engine_id=0, status="timeout", error={"ename": "KeyboardInterrupt", "evalue": "", "line": 7})
+    with pytest.raises(RunTimeout, match="rank 0 .* did not finish in time in cell line 7"):
+        RunResult(ranks=[r], released="timeout").raise_for_error()
+
+
+def test_ok_result_returns_itself():
+    r = RunResult(ranks=[RankResult(rank=0, engine_id=0, status="ok")])
+    assert r.raise_for_error() is r and r.ok
+    with pytest.raises(KeyError, match="rank 3 did not run this cell"):
+        r[3]
