@@ -94,7 +94,7 @@ class Cluster:
         try:
             self._start_ipp()
             self.startup["processes"] = time.perf_counter() - tic
-            engine_ids = self._wait_for_engines(cfg.n, set())
+            engine_ids = self._wait_for_engines(cfg.n, set(), set())
             self.startup["engines"] = time.perf_counter() - tic
             self.ranks = [RankInfo(rank=i, engine_id=eid) for i, eid in enumerate(engine_ids)]
             self._configure_ranks(self.ranks)
@@ -158,16 +158,21 @@ class Cluster:
             out.extend(getattr(engine_set, "launchers", {}).values())
         return out
 
-    def _wait_for_engines(self, n: int, known: set[int]) -> list[int]:
-        """Wait until n new engines registered; name the missing ranks if they don't."""
+    def _wait_for_engines(self, n: int, known: set[int], old_launchers: set[int]) -> list[int]:
+        """Wait until n new engines registered; name the missing ranks if they don't.
+
+        ``known`` are engine ids that existed before, ``old_launchers`` the ids of
+        launcher objects that existed before this start (their exits are not news).
+        """
         deadline = time.monotonic() + self.config.timeout
-        before = {id(el) for el in self._engine_launchers() if el.state != "running"}
+        before = old_launchers
         while True:
             new = sorted(set(self.client.ids) - known)
             if len(new) >= n:
                 return new[:n]
-            exited = [el for el in self._engine_launchers() if el.state == "after" and id(el) not in before]
-            if exited or time.monotonic() > deadline:
+            exited = [el for el in self._engine_launchers() if id(el) not in before and _exited(el)]
+            # An engine that exited will never register; report once the others have.
+            if (exited and len(new) >= n - len(exited)) or time.monotonic() > deadline:
                 missing = n - len(new)
                 first_missing = len(self.ranks) if known else len(new)
                 names = ", ".join(str(first_missing + i) for i in range(missing))
@@ -241,8 +246,9 @@ class Cluster:
         with self._lock:
             self._kill_ranks(targets)
             known = set(self.client.ids) | {r.engine_id for r in self.ranks}
+            old_launchers = {id(el) for el in self._engine_launchers()}
             self._ipp.start_engines_sync(len(targets))
-            new_ids = self._wait_for_engines(len(targets), known)
+            new_ids = self._wait_for_engines(len(targets), known, old_launchers)
             replaced = []
             for rank, eid in zip(targets, new_ids, strict=True):
                 self.ranks[rank] = RankInfo(rank=rank, engine_id=eid)
@@ -434,6 +440,14 @@ class Cluster:
 
         self._require_started()
         return rebuild_world(self)
+
+
+def _exited(launcher: Any) -> bool:
+    """Has this launcher's process ended? (Asks the process; launcher.state lags behind.)"""
+    popen = getattr(launcher, "_popen_process", None)
+    if popen is not None:
+        return popen.poll() is not None
+    return getattr(launcher, "state", "") == "after"
 
 
 def _reap(pids: list[int], timeout: float = 3.0) -> None:

@@ -21,6 +21,7 @@ def _fault_exit_one() -> None:
     except FileExistsError:
         return
     os.close(fd)
+    print("nbdist fault drill: this engine exits before registering (NBDIST_FAULT_EXIT_ONE)", file=sys.stderr)
     sys.exit(3)
 
 

@@ -1,0 +1,153 @@
+"""Start, restart, stop and the process-level faults (FAULTS.md rows 4-7), each with its own cluster."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import sys
+import threading
+import time
+
+import psutil
+import pytest
+
+import nbdist
+from nbdist.errors import ClusterError
+from tests.conftest import run_cell
+
+
+def _children() -> set[int]:
+    return {p.pid for p in psutil.Process().children(recursive=True)}
+
+
+def _wait_gone(pids: list[int], within: float) -> list[int]:
+    deadline = time.monotonic() + within
+    alive = list(pids)
+    while alive and time.monotonic() < deadline:
+        alive = [p for p in alive if psutil.pid_exists(p) and psutil.Process(p).status() != psutil.STATUS_ZOMBIE]
+        time.sleep(0.1)
+    return alive
+
+
+def test_fault4_killed_rank_is_named_and_restart_brings_the_world_back(ip, tmp_path, capsys):
+    before = _children()
+    run_cell(ip, "%dist_start -n 2")
+    cluster = nbdist.current()
+    try:
+        ckpt = tmp_path / "w.pt"
+        cluster.push({"ckpt": str(ckpt)})
+        run_cell(ip, "%%distributed\nw = torch.arange(4.0) + dist.get_rank()\nif dist.get_rank() == 0:\n    torch.save(w, ckpt)\ndist.barrier()")
+        old_engine = cluster.ranks[1].engine_id
+        victim = cluster.ranks[1].pid
+
+        def kill():
+            time.sleep(0.8)
+            os.kill(victim, signal.SIGKILL)
+
+        threading.Thread(target=kill, daemon=True).start()
+        tic = time.perf_counter()
+        r = cluster.run("import time\nif dist.get_rank() == 0:\n    dist.all_reduce(torch.ones(1))\nelse:\n    time.sleep(60)")
+        named_after = time.perf_counter() - tic - 0.8
+        assert r[1].status == "dead"
+        assert named_after < 3.0, f"the dead rank should be named within ~2 s, took {named_after:.1f}s"
+        assert any("rank(s) 1 died; run %dist_restart" in n for n in r.notes)
+        assert cluster.dead_ranks() == [1]
+        with pytest.raises(Exception, match="rank 1 .* is dead; run %dist_restart"):
+            run_cell(ip, "%%distributed\n1")
+        run_cell(ip, "%dist_status")
+        assert "dead" in capsys.readouterr().out
+
+        run_cell(ip, "%dist_restart")
+        assert [r.rank for r in cluster.ranks] == [0, 1]
+        assert cluster.ranks[1].engine_id != old_engine
+        assert cluster.dead_ranks() == []
+        cluster.push({"ckpt": str(ckpt)})
+        run_cell(ip, "%%distributed\nw = torch.load(ckpt, weights_only=True)\ndist.all_reduce(w)\nafter = (dist.get_rank(), w.tolist())")
+        assert cluster.pull("after") == [(0, [0.0, 2.0, 4.0, 6.0]), (1, [0.0, 2.0, 4.0, 6.0])]
+    finally:
+        pids = cluster.pids()
+        run_cell(ip, "%dist_stop")
+    assert _wait_gone(pids, 5) == []
+    assert _children() - before == set(), "stop must leave no process behind"
+
+
+KERNEL_CODE = """
+import nbdist, json
+c = nbdist.start(n=2)
+print(json.dumps(c.pids()))
+"""
+
+
+def test_fault5_engines_and_controller_end_with_the_kernel():
+    from jupyter_client.manager import start_new_kernel
+
+    km, kc = start_new_kernel(kernel_name="python3")
+    outputs: list[dict] = []
+    try:
+        reply = kc.execute_interactive(KERNEL_CODE, timeout=120, output_hook=lambda m: outputs.append(m))
+        assert reply["content"]["status"] == "ok"
+        text = "".join(m["content"].get("text", "") for m in outputs if m["msg_type"] == "stream")
+        pids = json.loads(text.strip().splitlines()[-1])
+        assert len(pids) >= 3  # controller and two engines
+        assert all(psutil.pid_exists(p) for p in pids)
+        kernel_pid = km.provisioner.pid
+        os.kill(kernel_pid, signal.SIGKILL)
+        tic = time.monotonic()
+        left = _wait_gone(pids, 12)
+        assert left == [], f"processes outlived the kernel: {left}"
+        assert time.monotonic() - tic < 10.5
+    finally:
+        kc.stop_channels()
+        km.cleanup_resources()
+
+
+def test_fault6_taken_rendezvous_port_is_avoided(monkeypatch):
+    taken = socket.socket()
+    taken.bind(("127.0.0.1", 0))
+    taken.listen()
+    port = taken.getsockname()[1]
+    monkeypatch.setenv("MASTER_PORT", str(port))  # what a user's environment might say
+    try:
+        with nbdist.start(n=2) as cluster:
+            assert cluster.master_port not in (0, port)
+            cluster.run("t = torch.ones(1)\ndist.all_reduce(t)\nv = t.item()").raise_for_error()
+            assert cluster.pull("v") == [2.0, 2.0]
+            assert cluster.pull("__import__('os').environ['MASTER_PORT']") == [str(cluster.master_port)] * 2
+    finally:
+        taken.close()
+
+
+def test_fault7_missing_rank_is_named_within_the_start_timeout(tmp_path, monkeypatch):
+    monkeypatch.setenv("NBDIST_FAULT_EXIT_ONE", str(tmp_path / "one-engine-fails"))
+    before = _children()
+    tic = time.perf_counter()
+    with pytest.raises(ClusterError) as info:
+        nbdist.start(n=2, timeout=30)
+    took = time.perf_counter() - tic
+    msg = str(info.value)
+    assert "1 of 2 engine(s) did not start, so rank(s) 1 have no engine" in msg
+    assert took < 30, f"a failed engine should be reported before the timeout, took {took:.1f}s"
+    assert _wait_gone(list(_children() - before), 5) == []
+
+
+def test_launchers_for_many_hosts_say_not_yet():
+    with pytest.raises(nbdist.ConfigError, match="launcher 'slurm' is not yet supported; use --launcher local"):
+        nbdist.start(n=2, launcher="slurm")
+
+
+def test_context_manager_stops_everything():
+    before = _children()
+    with nbdist.start(n=2) as cluster:
+        pids = cluster.pids()
+        assert len(pids) == 3
+        cluster.run("x = 1").raise_for_error()
+    assert _wait_gone(pids, 5) == []
+    assert _children() - before == set()
+    with pytest.raises(ClusterError, match="no cluster is running"):
+        nbdist.current()
+
+
+if sys.platform != "linux":  # pragma: no cover
+    pytestmark = pytest.mark.skip("the fault drills use Linux process semantics")
