@@ -23,6 +23,10 @@ from .config import RunConfig, StartConfig, parse_ranks
 from .errors import ClusterError, ConfigError, NbdistError
 
 log = logging.getLogger("nbdist")
+# ipyparallel logs every engine's whole output at WARNING when it stops an engine;
+# nbdist reports failures itself, so only ipyparallel's errors get through.
+_IPP_LOG = logging.getLogger("nbdist.ipyparallel")
+_IPP_LOG.setLevel(logging.ERROR)
 
 _CURRENT: Cluster | None = None  # the active cluster (strong: it owns processes)
 _LIVE: set[Cluster] = set()
@@ -53,7 +57,9 @@ def current() -> Cluster:
     return cluster
 
 
-def start(n: int = 2, backend: str | None = None, launcher: str = "local", timeout: float = 45.0, **options: Any) -> Cluster:
+def start(
+    n: int = 2, backend: str | None = None, launcher: str = "local", timeout: float = 45.0, **options: Any
+) -> Cluster:
     """Start n ranked engines with an initialised process group; return the Cluster."""
     config = StartConfig(n=n, backend=backend, launcher=launcher, timeout=timeout, **options)
     return Cluster(config).start()
@@ -128,7 +134,7 @@ class Cluster:
             controller_args=["--usethreads", f"--HeartMonitor.period={cfg.heartbeat_ms}"],
             controller=controller_name,
             engines=engine_name,
-            log_level=logging.WARNING,
+            log=_IPP_LOG,
             load_profile=False,
         )
         env = {

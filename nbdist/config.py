@@ -43,9 +43,7 @@ def parse_ranks(spec: str | int | list[int] | tuple[int, ...] | range | None, wo
             try:
                 first, last = (int(lo), int(hi)) if sep else (int(part), int(part))
             except ValueError:
-                raise ConfigError(
-                    f"ranks {spec!r} is not a rank spec; write ranks like 0, '0,2' or '1-3'."
-                ) from None
+                raise ConfigError(f"ranks {spec!r} is not a rank spec; write ranks like 0, '0,2' or '1-3'.") from None
             if last < first:
                 raise ConfigError(f"rank range {part!r} runs backwards; write it as '{last}-{first}'.")
             items.extend(range(first, last + 1))
@@ -56,9 +54,7 @@ def parse_ranks(spec: str | int | list[int] | tuple[int, ...] | range | None, wo
             raise ConfigError(f"ranks {spec!r} is not a rank spec; write ranks like 0, '0,2' or '1-3'.") from None
     bad = sorted({r for r in items if r < 0 or r >= world_size})
     if bad:
-        raise ConfigError(
-            f"rank {bad[0]} is outside this world of {world_size} rank(s); use ranks 0-{world_size - 1}."
-        )
+        raise ConfigError(f"rank {bad[0]} is outside this world of {world_size} rank(s); use ranks 0-{world_size - 1}.")
     if not items:
         raise ConfigError(f"ranks {spec!r} names no rank; write ranks like 0, '0,2' or '1-3'.")
     return sorted(set(items))

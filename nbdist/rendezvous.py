@@ -40,9 +40,7 @@ def choose_backend(requested: str | None, cuda_devices: list[int], local_ranks: 
         return "nccl" if cuda_devices and every_rank_has_gpu else "gloo"
     if requested == "nccl" and not every_rank_has_gpu:
         lacking = [r for r, (n, lr) in enumerate(zip(cuda_devices, local_ranks, strict=True)) if n <= lr]
-        raise ConfigError(
-            f"backend 'nccl' needs one GPU per rank, but rank {lacking[0]} has none; use --backend gloo."
-        )
+        raise ConfigError(f"backend 'nccl' needs one GPU per rank, but rank {lacking[0]} has none; use --backend gloo.")
     return requested
 
 
@@ -94,7 +92,8 @@ def build_world(cluster: Cluster, timeout: float | None = None) -> float:
     if errors:
         _reset_world(cluster)
         raise ClusterError(
-            "the process group could not be formed: " + "; ".join(errors)
+            "the process group could not be formed: "
+            + "; ".join(errors)
             + ". Run %dist_restart to start fresh engines."
         )
     return time.perf_counter() - tic

@@ -321,9 +321,7 @@ class _Watch:
         # Output can trail the reply by a moment (iopub and shell are separate sockets).
         if stream:
             end = time.perf_counter() + 1.0
-            while time.perf_counter() < end and not all(
-                c.output.done() for c in self.children
-            ):
+            while time.perf_counter() < end and not all(c.output.done() for c in self.children):
                 try:
                     self.wake.get(timeout=0.02)
                 except queue.Empty:
@@ -350,7 +348,11 @@ class _Watch:
             exc = _child_error(child)
             if rank in killed or not child.done():
                 rr.status = "dead"
-                rr.error = {"ename": "Killed", "evalue": "did not stop after an interrupt; nbdist ended it", "traceback": []}
+                rr.error = {
+                    "ename": "Killed",
+                    "evalue": "did not stop after an interrupt; nbdist ended it",
+                    "traceback": [],
+                }
             elif exc is not None:
                 rr.error = _error_dict(exc)
                 ename = rr.error["ename"]

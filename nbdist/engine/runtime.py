@@ -209,11 +209,7 @@ def health() -> dict[str, Any]:
 def _tcp_fds() -> set[int]:
     import psutil
 
-    return {
-        c.fd
-        for c in psutil.Process().net_connections("tcp")
-        if c.status == psutil.CONN_ESTABLISHED and c.fd >= 0
-    }
+    return {c.fd for c in psutil.Process().net_connections("tcp") if c.status == psutil.CONN_ESTABLISHED and c.fd >= 0}
 
 
 # --------------------------------------------------------------------------- cells

@@ -185,7 +185,9 @@ class DistMagics(Magics):
         ns = {**self.shell.user_ns, **(local_ns or {})}
         missing = [n for n in names if n not in ns]
         if missing:
-            raise UsageError(f"{missing[0]!r} is not defined in this notebook; define it first, then {USAGE['dist_push']}")
+            raise UsageError(
+                f"{missing[0]!r} is not defined in this notebook; define it first, then {USAGE['dist_push']}"
+            )
         _call(lambda: api.current().push({n: ns[n] for n in names}, ranks=ranks))
 
     @line_magic

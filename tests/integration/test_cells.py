@@ -27,7 +27,9 @@ def assert_usable(cluster, within: float = 5.0) -> None:
 
 
 def test_world_is_initialised_and_all_reduce_sums_on_every_rank(cluster):
-    r = cluster.run("import os\nt = torch.tensor([float(dist.get_rank() + 1)])\ndist.all_reduce(t)\ninfo = (dist.get_rank(), dist.get_world_size(), os.environ['RANK'], os.environ['LOCAL_RANK'], os.environ['WORLD_SIZE'], os.environ['MASTER_ADDR'], os.environ['OMP_NUM_THREADS'], t.item(), torch.get_num_threads())")
+    r = cluster.run(
+        "import os\nt = torch.tensor([float(dist.get_rank() + 1)])\ndist.all_reduce(t)\ninfo = (dist.get_rank(), dist.get_world_size(), os.environ['RANK'], os.environ['LOCAL_RANK'], os.environ['WORLD_SIZE'], os.environ['MASTER_ADDR'], os.environ['OMP_NUM_THREADS'], t.item(), torch.get_num_threads())"
+    )
     r.raise_for_error()
     threads = str(max(1, (os.cpu_count() or 1) // 2))
     assert cluster.pull("info") == [
@@ -77,13 +79,17 @@ def test_output_streams_while_the_cell_runs(cluster):
             pass
 
     tic = time.perf_counter()
-    cluster.run("import time\nprint('early', flush=True)\ntime.sleep(1.5)\nprint('late')", ranks=0, sink=Sink()).raise_for_error()
+    cluster.run(
+        "import time\nprint('early', flush=True)\ntime.sleep(1.5)\nprint('late')", ranks=0, sink=Sink()
+    ).raise_for_error()
     early = [t for t, text in seen if "early" in text]
     assert early and early[0] - tic < 1.2, "the first line should arrive before the cell ends"
 
 
 def test_rich_display_and_results_come_back_per_rank(cluster):
-    r = cluster.run("from IPython.display import HTML, display\ndisplay(HTML(f'<b>rank {dist.get_rank()}</b>'))\ndist.get_rank() * 2")
+    r = cluster.run(
+        "from IPython.display import HTML, display\ndisplay(HTML(f'<b>rank {dist.get_rank()}</b>'))\ndist.get_rank() * 2"
+    )
     r.raise_for_error()
     assert r[1].outputs[0]["data"]["text/html"] == "<b>rank 1</b>"
     assert r[0].result["data"]["text/plain"] == "0" and r[1].result["data"]["text/plain"] == "2"
@@ -111,7 +117,9 @@ def test_fault1_error_on_one_rank_fails_the_cell_with_its_traceback_first(cluste
     err = result.error_in_exec
     assert isinstance(err, RankError)
     assert err.rank == 1
-    assert str(err).startswith("rank 1 (engine ") and "raised ValueError in cell line 3: bad batch on rank 1" in str(err)
+    assert str(err).startswith("rank 1 (engine ") and "raised ValueError in cell line 3: bad batch on rank 1" in str(
+        err
+    )
     rendered = "\n".join(err._render_traceback_())
     assert "raise ValueError('bad batch on rank 1')" in rendered  # the cell's own source line
     assert "<string>" not in rendered
@@ -122,7 +130,9 @@ def test_fault1_error_on_one_rank_fails_the_cell_with_its_traceback_first(cluste
 
 def test_fault2_rank_fails_while_others_wait_in_a_collective(cluster):
     tic = time.perf_counter()
-    r = cluster.run("if dist.get_rank() == 1:\n    raise RuntimeError('rank 1 gives up')\ndist.all_reduce(torch.ones(4))")
+    r = cluster.run(
+        "if dist.get_rank() == 1:\n    raise RuntimeError('rank 1 gives up')\ndist.all_reduce(torch.ones(4))"
+    )
     took = time.perf_counter() - tic
     assert took < 5, f"the waiting rank should be released within seconds, took {took:.1f}s"
     assert r.released == "failure"
@@ -143,7 +153,9 @@ def test_fault3_ctrl_c_reaches_ranks_blocked_in_collectives(cluster):
     threading.Thread(target=interrupt, daemon=True).start()
     tic = time.perf_counter()
     with pytest.raises(KeyboardInterrupt):
-        cluster.run("if dist.get_rank() == 0:\n    dist.all_reduce(torch.ones(1))\nelse:\n    dist.broadcast(torch.ones(3), src=1)\n    dist.barrier()")
+        cluster.run(
+            "if dist.get_rank() == 0:\n    dist.all_reduce(torch.ones(1))\nelse:\n    dist.broadcast(torch.ones(3), src=1)\n    dist.barrier()"
+        )
     took = time.perf_counter() - tic - 1.0
     assert took < 4, f"every rank should stop within ~3 s of Ctrl-C, took {took:.1f}s"
     assert cluster.dead_ranks() == []
@@ -168,7 +180,9 @@ def test_fault8_unpicklable_values_name_rank_variable_and_type(cluster, ip):
 
 def test_fault10_timeout_reports_where_each_rank_waits_and_releases(cluster, ip):
     tic = time.perf_counter()
-    result = ip.run_cell("%%distributed --timeout 2\nif dist.get_rank() == 0:\n    dist.all_reduce(torch.ones(1))\nwaited = True")
+    result = ip.run_cell(
+        "%%distributed --timeout 2\nif dist.get_rank() == 0:\n    dist.all_reduce(torch.ones(1))\nwaited = True"
+    )
     took = time.perf_counter() - tic
     err = result.error_in_exec
     assert isinstance(err, RunTimeout)

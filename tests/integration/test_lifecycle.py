@@ -38,7 +38,10 @@ def test_fault4_killed_rank_is_named_and_restart_brings_the_world_back(ip, tmp_p
     try:
         ckpt = tmp_path / "w.pt"
         cluster.push({"ckpt": str(ckpt)})
-        run_cell(ip, "%%distributed\nw = torch.arange(4.0) + dist.get_rank()\nif dist.get_rank() == 0:\n    torch.save(w, ckpt)\ndist.barrier()")
+        run_cell(
+            ip,
+            "%%distributed\nw = torch.arange(4.0) + dist.get_rank()\nif dist.get_rank() == 0:\n    torch.save(w, ckpt)\ndist.barrier()",
+        )
         old_engine = cluster.ranks[1].engine_id
         victim = cluster.ranks[1].pid
 
@@ -48,7 +51,9 @@ def test_fault4_killed_rank_is_named_and_restart_brings_the_world_back(ip, tmp_p
 
         threading.Thread(target=kill, daemon=True).start()
         tic = time.perf_counter()
-        r = cluster.run("import time\nif dist.get_rank() == 0:\n    dist.all_reduce(torch.ones(1))\nelse:\n    time.sleep(60)")
+        r = cluster.run(
+            "import time\nif dist.get_rank() == 0:\n    dist.all_reduce(torch.ones(1))\nelse:\n    time.sleep(60)"
+        )
         named_after = time.perf_counter() - tic - 0.8
         assert r[1].status == "dead"
         assert named_after < 3.0, f"the dead rank should be named within ~2 s, took {named_after:.1f}s"
@@ -64,7 +69,10 @@ def test_fault4_killed_rank_is_named_and_restart_brings_the_world_back(ip, tmp_p
         assert cluster.ranks[1].engine_id != old_engine
         assert cluster.dead_ranks() == []
         cluster.push({"ckpt": str(ckpt)})
-        run_cell(ip, "%%distributed\nw = torch.load(ckpt, weights_only=True)\ndist.all_reduce(w)\nafter = (dist.get_rank(), w.tolist())")
+        run_cell(
+            ip,
+            "%%distributed\nw = torch.load(ckpt, weights_only=True)\ndist.all_reduce(w)\nafter = (dist.get_rank(), w.tolist())",
+        )
         assert cluster.pull("after") == [(0, [0.0, 2.0, 4.0, 6.0]), (1, [0.0, 2.0, 4.0, 6.0])]
     finally:
         pids = cluster.pids()

@@ -1,0 +1,34 @@
+# Two entry points for a fresh machine: `make demo` and `make test`.
+# Each creates .venv and installs what it needs; nothing relies on a hand install.
+PY ?= python3
+VENV := .venv
+BIN := $(VENV)/bin
+STAMP := $(VENV)/.installed
+
+.PHONY: demo test lint bench clean
+
+$(STAMP): pyproject.toml
+	$(PY) -m venv $(VENV)
+	$(BIN)/pip install --quiet --upgrade pip
+	# The CPU wheel of torch first, pinned, so pip never pulls a multi-GB CUDA build.
+	$(BIN)/pip install --quiet "torch==2.13.0"
+	$(BIN)/pip install --quiet -e ".[dev]"
+	touch $(STAMP)
+
+demo: $(STAMP)
+	OMP_NUM_THREADS=1 $(BIN)/python -m nbdist.demo
+
+test: $(STAMP)
+	$(BIN)/ruff check nbdist tests benchmarks
+	OMP_NUM_THREADS=1 $(BIN)/python -m pytest -q -p no:cacheprovider tests
+
+lint: $(STAMP)
+	$(BIN)/ruff check nbdist tests benchmarks notebooks
+	$(BIN)/mypy
+
+bench: $(STAMP)
+	OMP_NUM_THREADS=1 $(BIN)/python benchmarks/startup.py
+	OMP_NUM_THREADS=1 $(BIN)/python benchmarks/cell_latency.py
+
+clean:
+	rm -rf $(VENV) benchmarks/results
