@@ -1,0 +1,57 @@
+"""Helpers shared by the benchmark scripts: timing stats, JSON results, an IPython shell."""
+
+from __future__ import annotations
+
+import json
+import os
+import pathlib
+import platform
+import statistics
+import time
+from typing import Any
+
+RESULTS = pathlib.Path(__file__).parent / "results"
+
+
+def stats(samples: list[float]) -> dict[str, Any]:
+    return {
+        "median": statistics.median(samples),
+        "min": min(samples),
+        "max": max(samples),
+        "n": len(samples),
+        "samples": samples,
+    }
+
+
+def machine() -> dict[str, Any]:
+    import torch
+
+    return {
+        "cpus": os.cpu_count(),
+        "python": platform.python_version(),
+        "torch": torch.__version__,
+        "when": time.strftime("%Y-%m-%dT%H:%M:%S"),
+    }
+
+
+def save(name: str, data: dict[str, Any]) -> pathlib.Path:
+    RESULTS.mkdir(exist_ok=True)
+    path = RESULTS / f"{name}.json"
+    data = {"benchmark": name, "machine": machine(), **data}
+    path.write_text(json.dumps(data, indent=2))
+    print(f"saved {path}")
+    return path
+
+
+def shell() -> Any:
+    from IPython.testing.globalipapp import start_ipython
+
+    ip = start_ipython()
+    ip.run_line_magic("load_ext", "nbdist")
+    return ip
+
+
+def run_cell(ip: Any, code: str) -> Any:
+    result = ip.run_cell(code, silent=True)
+    result.raise_error()
+    return result.result
