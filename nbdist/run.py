@@ -89,7 +89,7 @@ class RunResult:
         others = [f["summary"] for f in failures[1:]]
         if others:
             message += "\n" + "\n".join(others)
-        cls = RunTimeout if self.released == "timeout" else RankError
+        cls = RunTimeout if self.released in ("timeout", "watchdog") else RankError
         raise cls(message, failures=failures, notes=self.notes)
 
 
@@ -268,6 +268,8 @@ class _Watch:
         grace = cluster.config.grace
         deadline = self.tic + deadline_s if deadline_s else None
         first_failure: float | None = None
+        first_finish: float | None = None
+        watchdog = cluster.config.watchdog
         released_at: float | None = None
         released: str | None = None
         reports: dict[int, dict[str, Any]] = {}
@@ -288,11 +290,21 @@ class _Watch:
                 failed_any = any(_child_error(c) is not None for c in self.children)
                 if failed_any and first_failure is None:
                     first_failure = now
+                finished_any = len(pending) < len(self.children)
+                if finished_any and first_finish is None:
+                    first_finish = now
                 if released is None:
                     if first_failure is not None and now - first_failure > grace:
                         released = "failure"
                     elif deadline is not None and now > deadline:
                         released = "timeout"
+                    elif watchdog and first_finish is not None and now - first_finish > watchdog:
+                        # Some ranks are done, others still running: a hang only if they wait in a collective.
+                        reports = _collect_reports(cluster, pending)
+                        if any(rep.get("in_collective") for rep in reports.values()):
+                            released = "watchdog"
+                        else:
+                            first_finish = now  # legitimate work on the other ranks; look again later
                     if released:
                         reports = _collect_reports(cluster, pending)
                         cluster.signal_ranks(pending)
@@ -359,7 +371,7 @@ class _Watch:
                 if ename == "EngineError":
                     rr.status = "dead"
                 elif ename == "KeyboardInterrupt" or (released and _DIST_ERROR.search(rr.error["evalue"] or "")):
-                    rr.status = "timeout" if released == "timeout" else "interrupted"
+                    rr.status = "timeout" if released in ("timeout", "watchdog") else "interrupted"
                 else:
                     rr.status = "error"
                 if rank in reports and reports[rank].get("cell_line"):
@@ -449,9 +461,12 @@ def _explain(result: RunResult) -> None:
             f"note: rank(s) {', '.join(str(r.rank) for r in ok)} finished this cell, so state on the ranks may now differ."
         )
     if result.released:
-        why = {"failure": "a rank failed", "timeout": "the cell ran past its timeout", "interrupt": "of Ctrl-C"}[
-            result.released
-        ]
+        why = {
+            "failure": "a rank failed",
+            "timeout": "the cell ran past its timeout",
+            "interrupt": "of Ctrl-C",
+            "watchdog": "other ranks had finished the cell and it waited in a collective past the watchdog",
+        }[result.released]
         for rank, rep in sorted(result.reports.items()):
             if rep.get("busy"):
                 where = f"cell line {rep['cell_line']}" if rep.get("cell_line") else "library code"

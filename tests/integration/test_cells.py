@@ -210,3 +210,30 @@ def test_status_lists_ranks(cluster, ip, capsys):
     run_cell(ip, "%dist_status")
     out = capsys.readouterr().out
     assert "rank" in out and "engine_id" in out and str(rows[1]["pid"]) in out
+
+
+def test_fault10_default_watchdog_releases_a_rank_left_alone_in_a_collective(cluster):
+    old = cluster.config.watchdog
+    cluster.config.watchdog = 2.0
+    try:
+        tic = time.perf_counter()
+        r = cluster.run("if dist.get_rank() == 0:\n    dist.all_reduce(torch.ones(1))")  # rank 1 skips it
+        took = time.perf_counter() - tic
+    finally:
+        cluster.config.watchdog = old
+    assert r.released == "watchdog" and r[0].status == "timeout" and r[1].status == "ok"
+    assert any("rank 0 was at cell line 2, in all_reduce" in n for n in r.notes)
+    assert took < 2.0 + 5
+    with pytest.raises(RunTimeout):
+        r.raise_for_error()
+    assert_usable(cluster)
+
+
+def test_watchdog_leaves_legitimate_work_alone(cluster):
+    old = cluster.config.watchdog
+    cluster.config.watchdog = 0.5
+    try:
+        r = cluster.run("import time\nif dist.get_rank() == 0:\n    time.sleep(2.0)\ndone_sleeping = True")
+    finally:
+        cluster.config.watchdog = old
+    assert r.ok and r.released is None
