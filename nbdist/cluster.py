@@ -343,22 +343,10 @@ class Cluster:
 
     def dead_ranks(self) -> list[int]:
         """Ranks whose engine process has died or left the controller."""
-        import psutil
-
         if self.client is None:
             return [r.rank for r in self.ranks]
         live_ids = set(self.client.ids)
-        dead = []
-        for r in self.ranks:
-            alive = r.engine_id in live_ids
-            if alive and r.pid:
-                try:
-                    alive = psutil.Process(r.pid).status() != psutil.STATUS_ZOMBIE
-                except psutil.NoSuchProcess:
-                    alive = False
-            if not alive:
-                dead.append(r.rank)
-        return dead
+        return [r.rank for r in self.ranks if r.engine_id not in live_ids or (r.pid and not _pid_alive(r.pid))]
 
     def status(self) -> list[dict[str, Any]]:
         """One row per rank: rank, engine id, host, pid, device, backend, state."""
@@ -392,6 +380,15 @@ class Cluster:
 
     def engine_ids(self, ranks: list[int]) -> list[int]:
         return [self.ranks[r].engine_id for r in ranks]
+
+    def view(self, ranks: list[int]) -> Any:
+        """A DirectView on these ranks' engines, reused while the engine ids stay the same."""
+        ids = tuple(self.engine_ids(ranks))
+        cache = self.__dict__.setdefault("_views", {})
+        view = cache.get(ids)
+        if view is None or view.client is not self.client:
+            view = cache[ids] = self.client[list(ids)]
+        return view
 
     def signal_ranks(self, ranks: list[int], sig: int = signal.SIGINT) -> None:
         """Send a signal to the engines of these ranks (by pid: local launcher)."""
@@ -446,6 +443,23 @@ class Cluster:
 
         self._require_started()
         return rebuild_world(self)
+
+
+def _pid_alive(pid: int) -> bool:
+    """Is this process running (not gone, not a zombie)? Reads /proc directly: this is on every cell's path."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as fh:
+            stat = fh.read()
+    except FileNotFoundError:
+        return False
+    except OSError:  # no /proc (not Linux): ask psutil
+        import psutil
+
+        try:
+            return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
+        except psutil.NoSuchProcess:
+            return False
+    return stat[stat.rfind(b")") + 2 : stat.rfind(b")") + 3] not in (b"Z", b"X")
 
 
 def _exited(launcher: Any) -> bool:

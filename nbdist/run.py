@@ -217,7 +217,7 @@ def execute(cluster: Cluster, code: str, cfg: RunConfig, sink: Any = None) -> Ru
     if sink is None:
         quiet = set(cfg.ranks[1:]) if cfg.quiet else set()
         sink = TaggedPrinter(quiet_ranks=quiet)
-    view = cluster.client[cluster.engine_ids(cfg.ranks)]
+    view = cluster.view(cfg.ranks)
     ar = view.execute(code, silent=False, block=False)
     watcher = _Watch(cluster, cfg, ar, sink)
     if not cfg.block:
@@ -238,12 +238,16 @@ class _Watch:
         self.children = list(ar._children)
         self.seen = [{"stdout": 0, "stderr": 0, "outputs": 0, "result": False} for _ in self.children]
         self.tic = time.perf_counter()
+        self.timings: dict[str, float] = {}
         for child in self.children:
             child.iopub_callbacks.append(self._poke)
             child.add_done_callback(lambda f: self.wake.put(1))
 
     def _poke(self, msg: Any) -> None:
-        self.wake.put(1)
+        # Wake the watching thread only for what it shows; bookkeeping messages would just
+        # make it compete with ipyparallel's IO thread for the GIL.
+        if msg.get("header", {}).get("msg_type") in ("stream", "display_data", "execute_result", "error"):
+            self.wake.put(1)
 
     def _emit(self) -> None:
         for i, child in enumerate(self.children):
@@ -285,6 +289,7 @@ class _Watch:
                     self._emit()
                 pending = [cfg.ranks[i] for i, c in enumerate(self.children) if not c.done()]
                 if not pending:
+                    self.timings["results"] = time.perf_counter() - self.tic
                     break
                 now = time.perf_counter()
                 failed_any = any(_child_error(c) is not None for c in self.children)
@@ -333,14 +338,14 @@ class _Watch:
         # Output can trail the reply by a moment (iopub and shell are separate sockets).
         if stream:
             end = time.perf_counter() + 1.0
-            while time.perf_counter() < end and not all(c.output.done() for c in self.children):
+            for child in self.children:
                 try:
-                    self.wake.get(timeout=0.02)
-                except queue.Empty:
+                    child.output.result(timeout=max(0.0, end - time.perf_counter()))
+                except Exception:  # the output of a dead engine never completes
                     pass
-                self._emit()
             self._emit()
             self.sink.flush()
+        self.timings["outputs"] = time.perf_counter() - self.tic
         for child in self.children:
             try:
                 child.iopub_callbacks.remove(self._poke)
