@@ -159,7 +159,7 @@ class Cluster:
     def _engine_launchers(self) -> list[Any]:
         if self._ipp is None:
             return []
-        out = []
+        out: list[Any] = []
         for engine_set in list(self._ipp.engines.values()):
             out.extend(getattr(engine_set, "launchers", {}).values())
         return out

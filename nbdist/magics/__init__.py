@@ -160,6 +160,7 @@ class DistMagics(Magics):
         if word not in ("on", "off"):
             raise UsageError(f"%dist_mode takes on or off, not {line.strip()!r}; type {USAGE['dist_mode']}")
         self.mode = word == "on"
+        assert self.shell is not None  # set by IPython when the magics are registered
         transformers = self.shell.input_transformers_cleanup
         if self.mode and self._transform not in transformers:
             transformers.insert(0, self._transform)
@@ -182,6 +183,7 @@ class DistMagics(Magics):
     def dist_push(self, line: str = "", local_ns: Any = None) -> None:
         """%dist_push a b: send notebook variables to every rank."""
         names, ranks = _names_and_ranks(line, "dist_push")
+        assert self.shell is not None
         ns = {**self.shell.user_ns, **(local_ns or {})}
         missing = [n for n in names if n not in ns]
         if missing:
