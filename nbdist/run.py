@@ -125,14 +125,27 @@ def _failure(r: RankResult) -> dict[str, Any]:
 class TaggedPrinter:
     """Default sink: prints each complete line as ``[rank N] ...``; shows displays per rank."""
 
-    def __init__(self, quiet_ranks: set[int] | None = None) -> None:
+    def __init__(self, quiet_ranks: set[int] | None = None, limit: int = 100_000) -> None:
         self.quiet_ranks = quiet_ranks or set()
+        self.limit = limit  # characters shown per rank and stream per cell (FAULTS.md row 9)
         self._partial: dict[tuple[int, str], str] = {}
+        self._shown: dict[tuple[int, str], int] = {}
 
     def stream(self, rank: int, name: str, text: str) -> None:
         if rank in self.quiet_ranks:
             return
-        buf = self._partial.get((rank, name), "") + text
+        key = (rank, name)
+        shown = self._shown.get(key, 0)
+        if shown >= self.limit:
+            return
+        if shown + len(text) > self.limit:
+            text = text[: self.limit - shown]
+            text += (
+                f"\n... {name} of rank {rank} cut at {self.limit:,} characters; "
+                "the whole text is in the RunResult (cluster.last)\n"
+            )
+        self._shown[key] = shown + len(text)
+        buf = self._partial.get(key, "") + text
         *lines, rest = buf.split("\n")
         self._partial[(rank, name)] = rest
         if lines:

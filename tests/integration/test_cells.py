@@ -237,3 +237,15 @@ def test_watchdog_leaves_legitimate_work_alone(cluster):
     finally:
         cluster.config.watchdog = old
     assert r.ok and r.released is None
+
+
+def test_fault9_huge_output_is_cut_in_view_but_kept_and_never_blocks(cluster, capsys):
+    tic = time.perf_counter()
+    r = cluster.run("import sys\nsys.stderr.write('e' * 200_000 + '\\n')\nbig_done = True")
+    took = time.perf_counter() - tic
+    r.raise_for_error()
+    err = capsys.readouterr().err
+    assert "cut at 100,000 characters" in err and len(err) < 2 * 110_000
+    assert len(r[0].stderr) >= 200_000  # nothing lost
+    assert took < 10
+    assert_usable(cluster)

@@ -64,3 +64,13 @@ def test_ok_result_returns_itself():
     assert r.raise_for_error() is r and r.ok
     with pytest.raises(KeyError, match="rank 3 did not run this cell"):
         r[3]
+
+
+def test_huge_output_is_cut_with_a_note(capsys):
+    p = TaggedPrinter(limit=50)
+    for _ in range(100):
+        p.stream(0, "stderr", "x" * 20 + "\n")
+    p.flush()
+    err = capsys.readouterr().err
+    assert len(err) < 400
+    assert "stderr of rank 0 cut at 50 characters; the whole text is in the RunResult" in err
