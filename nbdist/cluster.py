@@ -323,7 +323,7 @@ class Cluster:
             controller = self._ipp.controller
             if controller is not None and getattr(controller, "pid", None):
                 pids.append(controller.pid)
-        return sorted(set(pids))
+        return sorted(set(pids) | _descendants(pids))
 
     def __enter__(self) -> Cluster:
         return self.start()
@@ -443,6 +443,19 @@ class Cluster:
 
         self._require_started()
         return rebuild_world(self)
+
+
+def _descendants(pids: list[int]) -> set[int]:
+    """Processes started by these processes (the controller forks its heart monitor)."""
+    import psutil
+
+    out: set[int] = set()
+    for pid in pids:
+        try:
+            out.update(c.pid for c in psutil.Process(pid).children(recursive=True))
+        except psutil.Error:
+            pass
+    return out
 
 
 def _pid_alive(pid: int) -> bool:

@@ -9,6 +9,34 @@ import pytest
 os.environ.setdefault("OMP_NUM_THREADS", "1")
 
 
+def _nbdist_processes() -> set[int]:
+    import psutil
+
+    found = set()
+    for proc in psutil.process_iter(["cmdline"]):
+        cmd = " ".join(proc.info.get("cmdline") or [])
+        if "nbdist.engine" in cmd:
+            found.add(proc.pid)
+    return found
+
+
+@pytest.fixture(scope="session", autouse=True)
+def no_leaked_processes():
+    """Fail the run if any controller or engine started during it outlives it (orphans included)."""
+    import time
+
+    import psutil
+
+    before = _nbdist_processes()
+    yield
+    deadline = time.monotonic() + 10
+    leaked = _nbdist_processes() - before
+    while leaked and time.monotonic() < deadline:
+        time.sleep(0.2)
+        leaked = {p for p in _nbdist_processes() - before if psutil.pid_exists(p)}
+    assert not leaked, f"nbdist processes outlived the tests: {sorted(leaked)}"
+
+
 @pytest.fixture(scope="module")
 def cluster():
     import nbdist

@@ -3,7 +3,9 @@
 ipyparallel starts its controller and engines in their own sessions so Ctrl-C in a
 terminal does not reach them; the price is that they outlive a killed kernel. The
 launcher passes the kernel's pid in NBDIST_PARENT_PID; when our parent pid is no
-longer that pid (we were re-parented because it died), we exit at once.
+longer that pid (we were re-parented because it died), we end the processes we
+started ourselves (the controller forks its heart monitor) and exit at once.
+Processes forked from a watched process watch their own parent the same way.
 """
 
 from __future__ import annotations
@@ -13,6 +15,7 @@ import threading
 import time
 
 ENV = "NBDIST_PARENT_PID"
+_FORK_HOOK = False
 
 
 def watch_parent(interval: float = 0.5) -> threading.Thread | None:
@@ -21,19 +24,46 @@ def watch_parent(interval: float = 0.5) -> threading.Thread | None:
     Does nothing when NBDIST_PARENT_PID is unset or is not our parent (for example
     when a batch system started us on another host).
     """
+    global _FORK_HOOK
     try:
         parent = int(os.environ.get(ENV, "0"))
     except ValueError:
         return None
     if parent <= 1 or os.getppid() != parent:
         return None
+    if not _FORK_HOOK:
+        os.register_at_fork(after_in_child=_watch_in_forked_child)
+        _FORK_HOOK = True
+    return _start(parent, interval)
 
+
+def _watch_in_forked_child() -> None:
+    os.environ[ENV] = str(os.getppid())
+    _start(os.getppid(), 0.5)
+
+
+def _start(parent: int, interval: float) -> threading.Thread:
     def _watch() -> None:
         while True:
             time.sleep(interval)
             if os.getppid() != parent:
+                _end_children()
                 os._exit(70)
 
     thread = threading.Thread(target=_watch, name="nbdist-parent-watch", daemon=True)
     thread.start()
     return thread
+
+
+def _end_children() -> None:
+    """Kill the processes this process started (by pid), before leaving."""
+    try:
+        import psutil
+
+        for child in psutil.Process().children(recursive=True):
+            try:
+                child.kill()
+            except psutil.Error:
+                pass
+    except Exception:
+        pass

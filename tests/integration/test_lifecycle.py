@@ -98,7 +98,7 @@ def test_fault5_engines_and_controller_end_with_the_kernel():
         assert reply["content"]["status"] == "ok"
         text = "".join(m["content"].get("text", "") for m in outputs if m["msg_type"] == "stream")
         pids = json.loads(text.strip().splitlines()[-1])
-        assert len(pids) >= 3  # controller and two engines
+        assert len(pids) >= 4  # controller, its heart monitor, two engines
         assert all(psutil.pid_exists(p) for p in pids)
         kernel_pid = km.provisioner.pid
         os.kill(kernel_pid, signal.SIGKILL)
@@ -149,7 +149,7 @@ def test_context_manager_stops_everything():
     before = _children()
     with nbdist.start(n=2) as cluster:
         pids = cluster.pids()
-        assert len(pids) == 3
+        assert len(pids) == 4  # controller, its forked heart monitor, two engines
         cluster.run("x = 1").raise_for_error()
     assert _wait_gone(pids, 5) == []
     assert _children() - before == set()
