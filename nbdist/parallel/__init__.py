@@ -1,0 +1,28 @@
+"""Helpers called inside %%distributed cells: thin over PyTorch's own APIs.
+
+Each one removes boilerplate or a common mistake and otherwise stays out of the way,
+so the notebooks teach real torch code.
+"""
+
+from __future__ import annotations
+
+from .checkpoint import latest_step, load_checkpoint, save_checkpoint
+from .data import ShardedLoader, shard
+from .ddp import accumulate, apply_ddp, autocast, device, scale_lr
+from .metrics import all_reduce_mean, all_reduce_sum, gather_values
+
+__all__ = [
+    "ShardedLoader",
+    "accumulate",
+    "all_reduce_mean",
+    "all_reduce_sum",
+    "apply_ddp",
+    "autocast",
+    "device",
+    "gather_values",
+    "latest_step",
+    "load_checkpoint",
+    "save_checkpoint",
+    "scale_lr",
+    "shard",
+]

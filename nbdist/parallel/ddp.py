@@ -1,0 +1,98 @@
+"""DDP in one call, plus the three habits the guides teach with it: LR scaling,
+gradient accumulation without needless all-reduces, and mixed precision."""
+
+from __future__ import annotations
+
+import contextlib
+import math
+import os
+from collections.abc import Iterator
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from torch.nn.parallel import DistributedDataParallel as DDP
+
+from ..config import did_you_mean
+from ..errors import ConfigError
+
+
+def device() -> torch.device:
+    """This rank's device: cuda:LOCAL_RANK under nccl, else the CPU."""
+    if dist.is_initialized() and dist.get_backend() == "nccl":
+        return torch.device("cuda", int(os.environ.get("LOCAL_RANK", "0")))
+    return torch.device("cpu")
+
+
+def apply_ddp(
+    model: torch.nn.Module,
+    *,
+    find_unused_parameters: bool = False,
+    bucket_cap_mb: float = 25.0,
+    comm_hook: Any = None,
+    hook_state: Any = None,
+    **ddp_kwargs: Any,
+) -> DDP:
+    """Move ``model`` to this rank's device and wrap it in DistributedDataParallel.
+
+    DDP broadcasts rank 0's parameters at construction, so every replica starts equal.
+    ``comm_hook`` (with ``hook_state``) is registered with ``register_comm_hook``.
+    """
+    if not dist.is_initialized():
+        raise ConfigError("apply_ddp needs a process group; run it in a %%distributed cell after %dist_start.")
+    dev = device()
+    model = model.to(dev)
+    ids = [dev.index] if dev.type == "cuda" else None
+    wrapped = DDP(
+        model,
+        device_ids=ids,
+        find_unused_parameters=find_unused_parameters,
+        bucket_cap_mb=bucket_cap_mb,
+        **ddp_kwargs,
+    )
+    if comm_hook is not None:
+        wrapped.register_comm_hook(hook_state, comm_hook)
+    return wrapped
+
+
+def scale_lr(base_lr: float, world_size: int | None = None, rule: str = "linear") -> float:
+    """The learning rate for a global batch world_size times larger.
+
+    ``linear`` (Goyal et al. 2017) multiplies by the world size; ``sqrt`` by its square
+    root, gentler for adaptive optimizers. Warm up when the factor is large.
+    """
+    if world_size is None:
+        world_size = dist.get_world_size() if dist.is_initialized() else 1
+    rules = ("linear", "sqrt", "none")
+    if rule not in rules:
+        raise ConfigError(f"rule {rule!r} is not known; {did_you_mean(rule, rules)}")
+    if rule == "linear":
+        return base_lr * world_size
+    if rule == "sqrt":
+        return base_lr * math.sqrt(world_size)
+    return base_lr
+
+
+@contextlib.contextmanager
+def accumulate(model: torch.nn.Module, step: int, every: int) -> Iterator[bool]:
+    """Accumulate gradients over ``every`` micro-batches; all-reduce only on the last.
+
+    Yields True on the micro-batch after which the optimizer should step. Inside
+    the other micro-batches DDP's ``no_sync`` skips the gradient all-reduce.
+    """
+    if every < 1:
+        raise ConfigError(f"every ({every}) must be at least 1 micro-batch.")
+    last = (step + 1) % every == 0
+    if last or not isinstance(model, DDP):
+        yield last
+    else:
+        with model.no_sync():
+            yield last
+
+
+def autocast(enabled: bool = True, dtype: torch.dtype | None = None) -> Any:
+    """Mixed precision for this rank's device: bf16 on CPU, fp16 on CUDA (pair it with a GradScaler)."""
+    dev = device()
+    if dtype is None:
+        dtype = torch.float16 if dev.type == "cuda" else torch.bfloat16
+    return torch.autocast(device_type=dev.type, dtype=dtype, enabled=enabled)
