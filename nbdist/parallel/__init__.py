@@ -9,9 +9,21 @@ from __future__ import annotations
 from .checkpoint import latest_step, load_checkpoint, save_checkpoint
 from .data import ShardedLoader, shard
 from .ddp import accumulate, apply_ddp, autocast, device, scale_lr
+from .fsdp import apply_fsdp, memory_report, mesh_1d
 from .metrics import all_reduce_mean, all_reduce_sum, gather_values
+from .pipeline import bubble_fraction, make_schedule, pipeline_step, split_sequential
+from .tensor import ColumnParallelLinear, RowParallelLinear
 
 __all__ = [
+    "ColumnParallelLinear",
+    "RowParallelLinear",
+    "apply_fsdp",
+    "bubble_fraction",
+    "make_schedule",
+    "memory_report",
+    "mesh_1d",
+    "pipeline_step",
+    "split_sequential",
     "ShardedLoader",
     "accumulate",
     "all_reduce_mean",
