@@ -75,7 +75,7 @@ def load_checkpoint(path: str, model: torch.nn.Module, optimizer: Any, step: int
     if not os.path.isdir(directory):
         raise ConfigError(f"checkpoint step {step} is not under {path!r}; latest is {latest_step(path)}.")
     model_sd, optim_sd = get_state_dict(model, optimizer)
-    state = {"model": model_sd, "optim": optim_sd, "meta": {"step": step}}
+    state: dict[str, Any] = {"model": model_sd, "optim": optim_sd, "meta": {"step": step}}
     dcp.load(state, checkpoint_id=directory)
     set_state_dict(model, optimizer, model_state_dict=state["model"], optim_state_dict=state["optim"])
     return int(state["meta"]["step"])

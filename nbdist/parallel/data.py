@@ -69,7 +69,7 @@ def shard(
             f"the dataset has {len(dataset)} samples, fewer than one batch of {batch_size} "  # type: ignore[arg-type]
             f"for each of {num_replicas} ranks; use a smaller batch_size or drop_last=False."
         )
-    sampler = DistributedSampler(
+    sampler: DistributedSampler = DistributedSampler(
         dataset, num_replicas=num_replicas, rank=rank, shuffle=shuffle, seed=seed, drop_last=drop_last
     )
     loader = DataLoader(dataset, batch_size=batch_size, sampler=sampler, drop_last=drop_last, **loader_kwargs)
