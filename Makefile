@@ -30,6 +30,7 @@ lint: $(STAMP)
 bench: $(STAMP)
 	OMP_NUM_THREADS=1 $(BIN)/python benchmarks/startup.py
 	OMP_NUM_THREADS=1 $(BIN)/python benchmarks/cell_latency.py
+	OMP_NUM_THREADS=1 $(BIN)/python benchmarks/ddp_throughput.py
 
 clean:
 	rm -rf $(VENV) benchmarks/results

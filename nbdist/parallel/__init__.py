@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from .checkpoint import latest_step, load_checkpoint, save_checkpoint
 from .data import ShardedLoader, shard
-from .ddp import accumulate, apply_ddp, autocast, device, scale_lr
+from .ddp import accumulate, apply_ddp, autocast, device, grad_scaler, scale_lr
 from .fsdp import apply_fsdp, memory_report, mesh_1d
 from .metrics import all_reduce_mean, all_reduce_sum, gather_values
 from .pipeline import bubble_fraction, make_schedule, pipeline_step, split_sequential
@@ -32,6 +32,7 @@ __all__ = [
     "autocast",
     "device",
     "gather_values",
+    "grad_scaler",
     "latest_step",
     "load_checkpoint",
     "save_checkpoint",

@@ -96,3 +96,9 @@ def autocast(enabled: bool = True, dtype: torch.dtype | None = None) -> Any:
     if dtype is None:
         dtype = torch.float16 if dev.type == "cuda" else torch.bfloat16
     return torch.autocast(device_type=dev.type, dtype=dtype, enabled=enabled)
+
+
+def grad_scaler(enabled: bool = True) -> Any:
+    """A GradScaler for fp16 on CUDA; on CPU (bf16 needs none) a disabled one, so the same loop runs everywhere."""
+    dev = device()
+    return torch.amp.GradScaler(dev.type, enabled=enabled and dev.type == "cuda")
