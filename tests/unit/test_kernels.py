@@ -1,0 +1,113 @@
+"""Compression kernels against numpy references and the properties the hooks rely on."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from hypothesis.extra.numpy import arrays
+
+from nbdist.compression import kernels as K
+
+finite = st.floats(-1e6, 1e6, allow_nan=False, allow_infinity=False, width=32)
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    x=arrays(np.float32, st.integers(1, 3000), elements=finite), frac=st.floats(0.0, 1.0), seed=st.integers(0, 2**31)
+)
+def test_topk_keeps_exactly_the_k_largest_and_contracts(x, frac, seed):
+    d = x.size
+    k = int(frac * d)
+    vals, idx = K.topk(x, k, seed)
+    assert idx.size == k and vals.size == k
+    assert np.all(np.diff(idx) > 0)  # distinct, increasing
+    np.testing.assert_array_equal(vals, x[idx])
+    rest = np.delete(np.abs(x), idx)
+    if k and rest.size:
+        assert np.abs(vals).min() >= rest.max()  # nothing left out is larger (ties allowed)
+    # contraction: ||x - C(x)||^2 <= (1 - k/d) ||x||^2
+    x64 = x.astype(np.float64)
+    err = x64.copy()
+    err[idx] = 0.0
+    assert (err**2).sum() <= (1 - k / d) * (x64**2).sum() * (1 + 1e-9) + 1e-12
+
+
+def test_topk_matches_numpy_on_distinct_values():
+    x = np.random.default_rng(1).standard_normal(100_000).astype(np.float32)
+    for k in (1, 10, 1000, 99_999):
+        _, idx = K.topk(x, k, 7)
+        np.testing.assert_array_equal(idx, np.sort(np.argpartition(-np.abs(x), k - 1)[:k]))
+
+
+def test_scatter_rebuilds_the_dense_vector():
+    x = np.random.default_rng(2).standard_normal(50).astype(np.float32)
+    vals, idx = K.topk(x, 5)
+    dense = K.scatter(vals, idx, 50)
+    assert np.count_nonzero(dense) == 5 and np.array_equal(dense[idx], vals)
+
+
+def test_randomk_indices_are_distinct_sorted_and_shared_per_seed():
+    a = K.randomk_indices(1000, 50, 42)
+    assert a.size == 50 and np.all(np.diff(a) > 0) and a.min() >= 0 and a.max() < 1000
+    assert np.array_equal(a, K.randomk_indices(1000, 50, 42))
+    assert not np.array_equal(a, K.randomk_indices(1000, 50, 43))
+    assert np.array_equal(K.randomk_indices(10, 20, 1), np.arange(10))
+
+
+def test_scaled_randomk_is_unbiased():
+    rng = np.random.default_rng(3)
+    d, k, n = 64, 8, 4000
+    x = rng.standard_normal(d)
+    total = np.zeros(d)
+    for seed in range(n):
+        idx = K.randomk_indices(d, k, seed)
+        total[idx] += x[idx] * d / k
+    mean = total / n
+    # each coordinate: (d/k) x_i with prob k/d, else 0 -> std x_i sqrt(d/k - 1); 5 sigma over n draws
+    bound = 5 * np.abs(x) * np.sqrt(d / k - 1) / np.sqrt(n)
+    assert np.all(np.abs(mean - x) <= bound + 1e-12)
+
+
+@pytest.mark.parametrize("d", [1, 7, 8, 9, 1001])
+def test_sign_pack_is_one_bit_per_element(d):
+    x = np.random.default_rng(d).standard_normal(d).astype(np.float32)
+    packed, scale = K.sign_pack(x)
+    assert packed.dtype == np.uint8 and packed.size == (d + 7) // 8
+    np.testing.assert_array_equal(packed, np.packbits(x >= 0))
+    assert scale == pytest.approx(np.abs(x).mean(), rel=1e-6)
+    out = K.sign_unpack(packed, d, scale)
+    np.testing.assert_array_equal(np.sign(out), np.where(x >= 0, 1.0, -1.0))
+    assert np.allclose(np.abs(out), scale)
+
+
+def test_qsgd_is_unbiased_and_deterministic_per_seed():
+    rng = np.random.default_rng(4)
+    x = rng.standard_normal(256).astype(np.float32)
+    s, n = 4, 3000
+    q0, norm0 = K.qsgd_quantize(x, s, 11)
+    q1, _ = K.qsgd_quantize(x, s, 11)
+    assert q0.dtype == np.int8 and np.array_equal(q0, q1)
+    assert np.abs(q0).max() <= s
+    assert norm0 == pytest.approx(np.linalg.norm(x.astype(np.float64)), rel=1e-6)
+    total = np.zeros(x.size)
+    for seed in range(n):
+        q, norm = K.qsgd_quantize(x, s, seed)
+        total += K.qsgd_dequantize(q, norm, s)
+    mean = total / n
+    # stochastic rounding to a grid of norm/s: variance <= (norm/s)^2 / 4 per draw; 5 sigma
+    bound = 5 * (norm0 / s) / 2 / np.sqrt(n)
+    assert np.all(np.abs(mean - x) <= bound)
+
+
+def test_qsgd_of_zero_is_zero():
+    q, norm = K.qsgd_quantize(np.zeros(10, np.float32), 8, 0)
+    assert norm == 0.0 and not q.any()
+
+
+def test_uniforms_look_uniform():
+    u = K.uniforms(123, 100_000)
+    assert u.min() >= 0 and u.max() < 1
+    assert abs(u.mean() - 0.5) < 0.005 and abs(u.var() - 1 / 12) < 0.002
+    assert np.array_equal(u, K.uniforms(123, 100_000))
