@@ -1,7 +1,59 @@
-"""Gradient compression for DDP communication hooks.
+"""Gradient compression as DDP communication hooks.
 
-``kernels`` holds the Numba kernels (numpy in, numpy out, no torch); ``hooks`` the DDP
-communication hooks built so far (identity, fp16, bf16, top-k with error feedback).
-Random-k, QSGD, EF-sign and PowerSGD hooks, the "did you mean" compressor names on
-apply_ddp and the benchmarks are still to come (issue 4).
+``kernels`` (Numba; numpy in and out, no torch), ``compressors`` (the pure compress and
+decompress steps), ``hooks`` (the DDP hooks and their state). ``make_hook("topk:0.01")``
+builds a (hook, state) pair from a short spec; ``apply_ddp(model, compression=...)`` uses it.
 """
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from ..config import did_you_mean
+from ..errors import ConfigError
+from .compressors import NAMES, QSGD, Cast, Identity, RandomK, Sign, TopK, parse
+
+__all__ = ["NAMES", "make_hook"]
+
+
+def _number(name: str, arg: str | None, default: float, kind: type = float) -> Any:
+    if arg is None:
+        return kind(default)
+    try:
+        return kind(arg)
+    except ValueError:
+        raise ConfigError(f"{name}:{arg} has a parameter that is not a number; write e.g. {name}:{default}.") from None
+
+
+def make_hook(spec: str, *, process_group: Any = None, start_iter: int = 2, seed: int = 0) -> tuple[Any, Any]:
+    """(hook, state) for a spec such as 'none', 'fp16', 'bf16', 'topk:0.01', 'randomk:0.01',
+    'qsgd:127', 'signsgd' (EF), 'signsgd:noef', 'powersgd:2'."""
+    from .hooks import HookState, PowerSGDHookState, compression_hook, powersgd_hook
+
+    name, arg = parse(spec)
+    if name not in NAMES:
+        raise ConfigError(f"compression {name!r} is not known; {did_you_mean(name, NAMES)}")
+    if name == "powersgd":
+        rank = _number(name, arg, 2, int)
+        return powersgd_hook, PowerSGDHookState(rank=rank, start_iter=start_iter, process_group=process_group)
+    if name in ("topk", "randomk"):
+        ratio = _number(name, arg, 0.01)
+        if not 0 < ratio <= 1:
+            raise ConfigError(f"{name} ratio ({ratio}) must be in (0, 1]; e.g. {name}:0.01 keeps 1%.")
+        comp: Any = TopK(ratio) if name == "topk" else RandomK(ratio)
+    elif name == "qsgd":
+        levels = _number(name, arg, 127, int)
+        if not 1 <= levels <= 127:
+            raise ConfigError(f"qsgd levels ({levels}) must be 1..127 to fit in int8; e.g. qsgd:127.")
+        comp = QSGD(levels)
+    elif name == "signsgd":
+        if arg not in (None, "ef", "noef"):
+            raise ConfigError(f"signsgd takes 'ef' or 'noef', not {arg!r}; e.g. signsgd (with error feedback).")
+        comp = Sign(error_feedback=arg != "noef")
+    elif name in ("fp16", "bf16"):
+        comp = Cast(torch.float16 if name == "fp16" else torch.bfloat16)
+    else:
+        comp = Identity()
+    return compression_hook, HookState(comp, start_iter=start_iter, seed=seed, process_group=process_group)

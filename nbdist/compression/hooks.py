@@ -1,9 +1,10 @@
 """DDP communication hooks in PyTorch's own shape: hook(state, bucket) -> Future[Tensor].
 
-compress -> async collective -> decompress in ``.then``. State objects keep per-bucket
-error-feedback residuals and per-step byte/time records, and pickle without their
-process group. Stateful hooks run a plain all-reduce for the first ``start_iter``
-iterations, while DDP is still rebuilding its buckets.
+compress -> async collective -> decompress in ``.then``. ``HookState`` keeps the
+error-feedback residual of each bucket and one record per bucket and step (bytes
+before and after, seconds compressing, in the collective, decompressing), and pickles
+without its process group. Stateful compressors run a plain all-reduce for the first
+``start_iter`` iterations, while DDP is still rebuilding its buckets.
 """
 
 # No `from __future__ import annotations` here: DDP's register_comm_hook compares the
@@ -11,20 +12,21 @@ iterations, while DDP is still rebuilding its buckets.
 import time
 from typing import Any
 
-import numpy as np
 import torch
 import torch.distributed as dist
 
-from . import kernels
+from .compressors import ALL_REDUCE, Compressor, Identity, _seed, powersgd_bytes
 
 
 class HookState:
-    """Records for every bucket and step: bytes before/after compression and phase times."""
+    """What a compression hook keeps between calls; readable from the notebook."""
 
-    __slots__ = ("records", "iteration", "start_iter", "process_group", "residuals", "ratio", "seed")
+    __slots__ = ("compressor", "start_iter", "seed", "process_group", "iteration", "residuals", "records")
 
-    def __init__(self, ratio: float = 0.01, start_iter: int = 2, seed: int = 0, process_group: Any = None) -> None:
-        self.ratio = ratio
+    def __init__(
+        self, compressor: Compressor | None = None, start_iter: int = 2, seed: int = 0, process_group: Any = None
+    ) -> None:
+        self.compressor = compressor or Identity()
         self.start_iter = start_iter
         self.seed = seed
         self.process_group = process_group
@@ -41,99 +43,125 @@ class HookState:
         for k, v in state.items():
             setattr(self, k, v)
 
-    def _step(self, bucket: dist.GradBucket) -> None:
-        if bucket.is_last():
-            self.iteration += 1
-
-    def record(
-        self, bucket: dist.GradBucket, before: int, after: int, compress_s: float, **extra: Any
-    ) -> dict[str, Any]:
-        rec = {
-            "step": self.iteration,
-            "bucket": bucket.index(),
-            "bytes_before": before,
-            "bytes_after": after,
-            "compress_s": compress_s,
-            **extra,
-        }
-        self.records.append(rec)
-        return rec
-
-
-def _allreduce_mean(state: HookState, bucket: dist.GradBucket) -> torch.futures.Future[torch.Tensor]:
-    group = state.process_group
-    world = dist.get_world_size(group)
-    buf = bucket.buffer().div_(world)  # divide first, as torch's allreduce_hook does
-    fut = dist.all_reduce(buf, group=group, async_op=True).get_future()
-    return fut.then(lambda f: f.value()[0])
+    def step_totals(self) -> list[dict[str, Any]]:
+        """Records summed per step: bytes before/after and the three phase times."""
+        steps: dict[int, dict[str, Any]] = {}
+        for r in self.records:
+            s = steps.setdefault(
+                r["step"],
+                {
+                    "step": r["step"],
+                    "bytes_before": 0,
+                    "bytes_after": 0,
+                    "compress_s": 0.0,
+                    "collective_s": 0.0,
+                    "decompress_s": 0.0,
+                },
+            )
+            for key in ("bytes_before", "bytes_after", "compress_s", "collective_s", "decompress_s"):
+                s[key] += r.get(key, 0)
+        return [steps[k] for k in sorted(steps)]
 
 
-def identity_hook(state: HookState, bucket: dist.GradBucket) -> torch.futures.Future[torch.Tensor]:
-    """No compression: the reference every compressor is compared with (all-reduce, then mean)."""
-    buf = bucket.buffer()
-    state.record(bucket, buf.numel() * buf.element_size(), buf.numel() * buf.element_size(), 0.0)
-    state._step(bucket)
-    return _allreduce_mean(state, bucket)
-
-
-def _cast_hook(dtype: torch.dtype) -> Any:
-    def hook(state: HookState, bucket: dist.GradBucket) -> torch.futures.Future[torch.Tensor]:
-        group = state.process_group
-        world = dist.get_world_size(group)
-        buf = bucket.buffer()
-        tic = time.perf_counter()
-        small = buf.to(dtype).div_(world)
-        state.record(
-            bucket, buf.numel() * buf.element_size(), small.numel() * small.element_size(), time.perf_counter() - tic
-        )
-        state._step(bucket)
-        fut = dist.all_reduce(small, group=group, async_op=True).get_future()
-
-        def back(f: torch.futures.Future) -> torch.Tensor:
-            buf.copy_(f.value()[0])
-            return buf
-
-        return fut.then(back)
-
-    hook.__name__ = f"{str(dtype).split('.')[-1]}_hook"
-    return hook
-
-
-fp16_hook = _cast_hook(torch.float16)
-bf16_hook = _cast_hook(torch.bfloat16)
-
-
-def topk_hook(state: HookState, bucket: dist.GradBucket) -> torch.futures.Future[torch.Tensor]:
-    """Top-k with error feedback: send the k largest of (gradient + residual) by all_gather."""
-    if state.iteration < state.start_iter:
-        state._step(bucket)
-        return _allreduce_mean(state, bucket)
+def compression_hook(state: HookState, bucket: dist.GradBucket) -> torch.futures.Future[torch.Tensor]:
+    """The one hook behind every compressor in ``compressors``."""
     group = state.process_group
     world = dist.get_world_size(group)
     buf = bucket.buffer()
-    d = buf.numel()
+    d, index = buf.numel(), bucket.index()
+    comp = state.compressor
+    warming_up = state.iteration < state.start_iter and not isinstance(comp, Identity)
+    step = state.iteration
+    if bucket.is_last():
+        state.iteration += 1
     tic = time.perf_counter()
-    corrected = buf.detach().cpu().float()
-    residual = state.residuals.get(bucket.index())
-    if residual is not None and residual.numel() == d:
-        corrected += residual
-    k = max(1, int(state.ratio * d))
-    vals, idx = kernels.topk(corrected.numpy(), k, state.seed + state.iteration)
-    sent = torch.zeros(d)
-    sent[torch.from_numpy(idx.astype(np.int64))] = torch.from_numpy(vals)
-    state.residuals[bucket.index()] = corrected - sent
-    payload = torch.cat([torch.from_numpy(vals).float(), torch.from_numpy(idx).view(torch.float32)])
-    state.record(bucket, d * buf.element_size(), payload.numel() * 4, time.perf_counter() - tic, k=k)
-    state._step(bucket)
-    gathered = [torch.empty_like(payload) for _ in range(world)]
-    fut = dist.all_gather(gathered, payload, group=group, async_op=True).get_future()
+    if warming_up:
+        wire = buf.div_(world)
+        record = {
+            "step": step,
+            "bucket": index,
+            "bytes_before": d * buf.element_size(),
+            "bytes_after": d * buf.element_size(),
+            "compress_s": 0.0,
+            "warmup": True,
+        }
+        state.records.append(record)
+        fut = dist.all_reduce(wire, group=group, async_op=True).get_future()
+        return fut.then(lambda f: f.value()[0])
+
+    x = buf.detach().to(torch.float32, copy=True).cpu()
+    if comp.error_feedback:
+        residual = state.residuals.get(index)
+        if residual is not None and residual.numel() == d:
+            x += residual
+        corrected = x.clone()
+    rank = 0 if comp.shared_seed else dist.get_rank(group)
+    payload = comp.compress(x, seed=_seed(state.seed, step, index, rank), world=world)
+    if comp.error_feedback:
+        state.residuals[index] = corrected - payload.sent
+    wire = payload.tensor.contiguous()
+    record = {
+        "step": step,
+        "bucket": index,
+        "bytes_before": d * buf.element_size(),
+        "bytes_after": wire.numel() * wire.element_size(),
+        "compress_s": time.perf_counter() - tic,
+    }
+    state.records.append(record)
+    t_coll = time.perf_counter()
+    if comp.collective == ALL_REDUCE:
+        fut = dist.all_reduce(wire, group=group, async_op=True).get_future()
+        gathered = None
+    else:
+        gathered = [torch.empty_like(wire) for _ in range(world)]
+        fut = dist.all_gather(gathered, wire, group=group, async_op=True).get_future()
 
     def decompress(f: torch.futures.Future) -> torch.Tensor:
-        total = torch.zeros(d)
-        for part in f.value():
-            v, i = part[:k], part[k:].view(torch.int32).long()
-            total.index_add_(0, i, v)
-        buf.copy_(total.div_(world))
+        record["collective_s"] = time.perf_counter() - t_coll
+        t = time.perf_counter()
+        result = f.value()[0] if gathered is None else gathered
+        mean = comp.decompress(result, d, world, payload.context)
+        buf.copy_(mean.to(device=buf.device, dtype=buf.dtype))
+        record["decompress_s"] = time.perf_counter() - t
         return buf
 
     return fut.then(decompress)
+
+
+class PowerSGDHookState:
+    """torch's PowerSGDState plus nbdist's byte records."""
+
+    __slots__ = ("psgd", "rank", "records")
+
+    def __init__(self, rank: int = 2, start_iter: int = 2, process_group: Any = None, **kwargs: Any) -> None:
+        from torch.distributed.algorithms.ddp_comm_hooks.powerSGD_hook import PowerSGDState
+
+        self.rank = rank
+        self.psgd = PowerSGDState(
+            process_group=process_group, matrix_approximation_rank=rank, start_powerSGD_iter=start_iter, **kwargs
+        )
+        self.records: list[dict[str, Any]] = []
+
+    def __getstate__(self) -> dict[str, Any]:
+        return {"psgd": self.psgd, "rank": self.rank, "records": self.records}  # PowerSGDState drops its group
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        for k, v in state.items():
+            setattr(self, k, v)
+
+
+def powersgd_hook(state: PowerSGDHookState, bucket: dist.GradBucket) -> torch.futures.Future[torch.Tensor]:
+    """torch's own powerSGD_hook, the low-rank reference, with bytes recorded."""
+    from torch.distributed.algorithms.ddp_comm_hooks.powerSGD_hook import powerSGD_hook
+
+    buf = bucket.buffer()
+    before = buf.numel() * buf.element_size()
+    if state.psgd.iter < state.psgd.start_powerSGD_iter:
+        after = before
+    else:
+        shapes = [tuple(g.shape) for g in bucket.gradients()]
+        _, after = powersgd_bytes(shapes, state.rank, state.psgd.min_compression_rate)
+    state.records.append(
+        {"step": state.psgd.iter, "bucket": bucket.index(), "bytes_before": before, "bytes_after": after}
+    )
+    return powerSGD_hook(state.psgd, bucket)

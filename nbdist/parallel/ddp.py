@@ -31,13 +31,22 @@ def apply_ddp(
     bucket_cap_mb: float = 25.0,
     comm_hook: Any = None,
     hook_state: Any = None,
+    compression: str | None = None,
     **ddp_kwargs: Any,
 ) -> DDP:
     """Move ``model`` to this rank's device and wrap it in DistributedDataParallel.
 
     DDP broadcasts rank 0's parameters at construction, so every replica starts equal.
-    ``comm_hook`` (with ``hook_state``) is registered with ``register_comm_hook``.
+    ``comm_hook`` (with ``hook_state``) is registered with ``register_comm_hook``;
+    or name a compressor, ``compression="topk:0.01"`` (see nbdist.compression.make_hook).
+    The hook's state, with its byte and time records, is then ``model.compression_state``.
     """
+    if compression is not None:
+        if comm_hook is not None:
+            raise ConfigError("pass either compression= or comm_hook=, not both.")
+        from ..compression import make_hook
+
+        comm_hook, hook_state = make_hook(compression)
     if not dist.is_initialized():
         raise ConfigError("apply_ddp needs a process group; run it in a %%distributed cell after %dist_start.")
     dev = device()
@@ -52,6 +61,7 @@ def apply_ddp(
     )
     if comm_hook is not None:
         wrapped.register_comm_hook(hook_state, comm_hook)
+        wrapped.compression_state = hook_state
     return wrapped
 
 

@@ -1,0 +1,230 @@
+"""Compressors: the pure part of each hook (no communication), so it can be tested alone.
+
+A compressor turns one bucket's (error-corrected) gradient into a payload for one
+collective, says what the receiver will reconstruct from this rank (``sent``, used for
+error feedback), and turns the collective's result back into the mean gradient.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import torch
+
+from . import kernels
+
+ALL_GATHER = "all_gather"
+ALL_REDUCE = "all_reduce"
+
+
+def _seed(base: int, *parts: int) -> int:
+    """A 63-bit seed mixed from several integers (iteration, bucket, rank)."""
+    h = base & 0x7FFFFFFFFFFFFFFF
+    for p in parts:
+        h = (h * 6364136223846793005 + p + 1442695040888963407) & 0x7FFFFFFFFFFFFFFF
+    return h
+
+
+@dataclass(frozen=True)
+class Payload:
+    tensor: torch.Tensor  # what goes on the wire
+    sent: torch.Tensor  # what receivers reconstruct from this rank (dense, float32)
+    context: Any = None  # what decompress needs besides the collective's result
+
+
+class Compressor:
+    name = "base"
+    collective = ALL_GATHER
+    error_feedback = False
+    shared_seed = False  # True: the same random draw on every rank
+
+    def compress(self, x: torch.Tensor, *, seed: int, world: int) -> Payload:
+        raise NotImplementedError
+
+    def decompress(self, result: Any, d: int, world: int, context: Any = None) -> torch.Tensor:
+        raise NotImplementedError
+
+    def describe(self) -> str:
+        return self.name
+
+
+class Identity(Compressor):
+    """No compression; divides before the all-reduce exactly as torch's allreduce_hook does."""
+
+    name, collective = "none", ALL_REDUCE
+
+    def compress(self, x: torch.Tensor, *, seed: int, world: int) -> Payload:
+        return Payload(x.div_(world), x)
+
+    def decompress(self, result: torch.Tensor, d: int, world: int, context: Any = None) -> torch.Tensor:
+        return result
+
+
+class TopK(Compressor):
+    """The k = ratio * d largest entries by magnitude; values + int32 indices, all_gather."""
+
+    name, error_feedback = "topk", True
+
+    def __init__(self, ratio: float = 0.01) -> None:
+        self.ratio = ratio
+
+    def k(self, d: int) -> int:
+        return max(1, min(d, int(math.ceil(self.ratio * d))))
+
+    def compress(self, x: torch.Tensor, *, seed: int, world: int) -> Payload:
+        d = x.numel()
+        vals, idx = kernels.topk(x.numpy(), self.k(d), seed)
+        sent = torch.from_numpy(kernels.scatter(vals, idx, d))
+        wire = torch.cat([torch.from_numpy(vals), torch.from_numpy(idx).view(torch.float32)])
+        return Payload(wire, sent)
+
+    def decompress(self, parts: list[torch.Tensor], d: int, world: int, context: Any = None) -> torch.Tensor:
+        k = self.k(d)
+        total = torch.zeros(d)
+        for part in parts:
+            total.index_add_(0, part[k:].view(torch.int32).long(), part[:k])
+        return total / world
+
+    def describe(self) -> str:
+        return f"topk:{self.ratio:g}"
+
+
+class RandomK(Compressor):
+    """k entries at indices drawn from a seed every rank shares, so values can be all-reduced."""
+
+    name, collective, error_feedback = "randomk", ALL_REDUCE, True
+
+    shared_seed = True  # every rank must pick the same indices
+
+    def __init__(self, ratio: float = 0.01) -> None:
+        self.ratio = ratio
+
+    def compress(self, x: torch.Tensor, *, seed: int, world: int) -> Payload:
+        d = x.numel()
+        k = max(1, min(d, int(math.ceil(self.ratio * d))))
+        idx = torch.from_numpy(kernels.randomk_indices(d, k, seed).astype(np.int64))
+        vals = x[idx]
+        sent = torch.zeros(d)
+        sent[idx] = vals
+        return Payload(vals.contiguous(), sent, context=idx)
+
+    def decompress(self, result: torch.Tensor, d: int, world: int, context: Any = None) -> torch.Tensor:
+        out = torch.zeros(d)
+        out[context] = result / world
+        return out
+
+    def describe(self) -> str:
+        return f"randomk:{self.ratio:g}"
+
+
+class QSGD(Compressor):
+    """Unbiased stochastic rounding to s levels, int8 payload (+ the norm in 4 bytes), all_gather."""
+
+    name = "qsgd"
+
+    def __init__(self, levels: int = 127) -> None:
+        if not 1 <= levels <= 127:
+            raise ValueError(f"qsgd levels ({levels}) must be 1..127 to fit int8")
+        self.levels = levels
+
+    def compress(self, x: torch.Tensor, *, seed: int, world: int) -> Payload:
+        q, norm = kernels.qsgd_quantize(x.numpy(), self.levels, seed)
+        sent = torch.from_numpy(kernels.qsgd_dequantize(q, norm, self.levels))
+        head = torch.tensor([norm], dtype=torch.float32).view(torch.int8)
+        return Payload(torch.cat([head, torch.from_numpy(q)]), sent)
+
+    def decompress(self, parts: list[torch.Tensor], d: int, world: int, context: Any = None) -> torch.Tensor:
+        total = torch.zeros(d)
+        for part in parts:
+            norm = float(part[:4].view(torch.float32)[0])
+            total += torch.from_numpy(kernels.qsgd_dequantize(part[4:].numpy(), norm, self.levels))
+        return total / world
+
+    def describe(self) -> str:
+        return f"qsgd:{self.levels}"
+
+
+class Sign(Compressor):
+    """1 bit per element plus a scale (mean |x|); with error feedback this is EF-signSGD."""
+
+    name = "signsgd"
+
+    def __init__(self, error_feedback: bool = True) -> None:
+        self.error_feedback = error_feedback
+
+    def compress(self, x: torch.Tensor, *, seed: int, world: int) -> Payload:
+        packed, scale = kernels.sign_pack(x.numpy())
+        sent = torch.from_numpy(kernels.sign_unpack(packed, x.numel(), scale))
+        head = torch.tensor([scale], dtype=torch.float32).view(torch.uint8)
+        return Payload(torch.cat([head, torch.from_numpy(packed)]), sent)
+
+    def decompress(self, parts: list[torch.Tensor], d: int, world: int, context: Any = None) -> torch.Tensor:
+        total = torch.zeros(d)
+        for part in parts:
+            scale = float(part[:4].view(torch.float32)[0])
+            total += torch.from_numpy(kernels.sign_unpack(part[4:].numpy(), d, scale))
+        return total / world
+
+    def describe(self) -> str:
+        return "signsgd" if self.error_feedback else "signsgd:noef"
+
+
+class Cast(Compressor):
+    """fp16 or bf16 on the wire, all-reduced (works on gloo)."""
+
+    collective = ALL_REDUCE
+
+    def __init__(self, dtype: torch.dtype) -> None:
+        self.dtype = dtype
+        self.name = "fp16" if dtype == torch.float16 else "bf16"
+
+    def compress(self, x: torch.Tensor, *, seed: int, world: int) -> Payload:
+        small = x.to(self.dtype)
+        sent = small.float()
+        return Payload(small.div_(world), sent)  # divide first, as torch's fp16 hook does
+
+    def decompress(self, result: torch.Tensor, d: int, world: int, context: Any = None) -> torch.Tensor:
+        return result.float()
+
+
+NAMES = ("none", "fp16", "bf16", "topk", "randomk", "qsgd", "signsgd", "powersgd")
+
+
+def parse(spec: str) -> tuple[str, str | None]:
+    """'topk:0.01' -> ('topk', '0.01'); names are checked by the caller."""
+    name, _, arg = spec.partition(":")
+    return name.strip().lower(), (arg.strip() or None)
+
+
+def resnet18_shapes(num_classes: int = 10) -> list[tuple[int, ...]]:
+    """Parameter shapes of the CIFAR ResNet-18 (3x3 stem, no max-pool), built by hand."""
+    shapes: list[tuple[int, ...]] = [(64, 3, 3, 3), (64,), (64,)]
+    inp = 64
+    for out, stride in ((64, 1), (128, 2), (256, 2), (512, 2)):
+        for block in range(2):
+            cin = inp if block == 0 else out
+            shapes += [(out, cin, 3, 3), (out,), (out,), (out, out, 3, 3), (out,), (out,)]
+            if block == 0 and (stride != 1 or cin != out):
+                shapes += [(out, cin, 1, 1), (out,), (out,)]
+        inp = out
+    return shapes + [(num_classes, 512), (num_classes,)]
+
+
+def powersgd_bytes(shapes: list[tuple[int, ...]], rank: int, min_compression_rate: float = 2.0) -> tuple[int, int]:
+    """(bytes before, bytes after) for PowerSGD as torch's hook does it: matrices (rows x rest)
+    become P (rows x r) and Q (rest x r); vectors, and matrices too small to gain
+    ``min_compression_rate``, are all-reduced as they are. float32."""
+    before = after = 0
+    for shape in shapes:
+        n = math.prod(shape)
+        before += 4 * n
+        if len(shape) <= 1:
+            after += 4 * n
+            continue
+        rows, cols = shape[0], n // shape[0]
+        compressed = (rows + cols) * rank
+        after += 4 * (compressed if compressed * min_compression_rate < n else n)
+    return before, after
