@@ -28,6 +28,20 @@ def _seed(base: int, *parts: int) -> int:
     return h
 
 
+def buffer(scratch: dict | None, name: str, n: int, dtype: Any) -> np.ndarray:
+    """A reusable array from this bucket's scratch space (fresh if there is none).
+
+    Touching a new multi-megabyte array costs more in page faults than the kernels
+    themselves, so hooks keep one set of buffers per bucket."""
+    if scratch is None:
+        return np.empty(n, dtype)
+    key = (name, n, np.dtype(dtype).str)
+    arr = scratch.get(key)
+    if arr is None:
+        arr = scratch[key] = np.empty(n, dtype)
+    return arr
+
+
 @dataclass(frozen=True)
 class Payload:
     tensor: torch.Tensor  # what goes on the wire
@@ -41,10 +55,12 @@ class Compressor:
     error_feedback = False
     shared_seed = False  # True: the same random draw on every rank
 
-    def compress(self, x: torch.Tensor, *, seed: int, world: int) -> Payload:
+    def compress(self, x: torch.Tensor, *, seed: int, world: int, scratch: dict | None = None) -> Payload:
         raise NotImplementedError
 
-    def decompress(self, result: Any, d: int, world: int, context: Any = None) -> torch.Tensor:
+    def decompress(
+        self, result: Any, d: int, world: int, context: Any = None, scratch: dict | None = None
+    ) -> torch.Tensor:
         raise NotImplementedError
 
     def describe(self) -> str:
@@ -56,10 +72,12 @@ class Identity(Compressor):
 
     name, collective = "none", ALL_REDUCE
 
-    def compress(self, x: torch.Tensor, *, seed: int, world: int) -> Payload:
+    def compress(self, x: torch.Tensor, *, seed: int, world: int, scratch: dict | None = None) -> Payload:
         return Payload(x.div_(world), x)
 
-    def decompress(self, result: torch.Tensor, d: int, world: int, context: Any = None) -> torch.Tensor:
+    def decompress(
+        self, result: torch.Tensor, d: int, world: int, context: Any = None, scratch: dict | None = None
+    ) -> torch.Tensor:
         return result
 
 
@@ -74,19 +92,22 @@ class TopK(Compressor):
     def k(self, d: int) -> int:
         return max(1, min(d, int(math.ceil(self.ratio * d))))
 
-    def compress(self, x: torch.Tensor, *, seed: int, world: int) -> Payload:
+    def compress(self, x: torch.Tensor, *, seed: int, world: int, scratch: dict | None = None) -> Payload:
         d = x.numel()
         vals, idx = kernels.topk(x.numpy(), self.k(d), seed)
-        sent = torch.from_numpy(kernels.scatter(vals, idx, d))
+        sent = torch.from_numpy(kernels.scatter(vals, idx, buffer(scratch, "sent", d, np.float32)))
         wire = torch.cat([torch.from_numpy(vals), torch.from_numpy(idx).view(torch.float32)])
         return Payload(wire, sent)
 
-    def decompress(self, parts: list[torch.Tensor], d: int, world: int, context: Any = None) -> torch.Tensor:
+    def decompress(
+        self, parts: list[torch.Tensor], d: int, world: int, context: Any = None, scratch: dict | None = None
+    ) -> torch.Tensor:
         k = self.k(d)
-        total = torch.zeros(d)
+        total = torch.from_numpy(buffer(scratch, "total", d, np.float32))
+        total.zero_()
         for part in parts:
             total.index_add_(0, part[k:].view(torch.int32).long(), part[:k])
-        return total / world
+        return total.div_(world)
 
     def describe(self) -> str:
         return f"topk:{self.ratio:g}"
@@ -102,7 +123,7 @@ class RandomK(Compressor):
     def __init__(self, ratio: float = 0.01) -> None:
         self.ratio = ratio
 
-    def compress(self, x: torch.Tensor, *, seed: int, world: int) -> Payload:
+    def compress(self, x: torch.Tensor, *, seed: int, world: int, scratch: dict | None = None) -> Payload:
         d = x.numel()
         k = max(1, min(d, int(math.ceil(self.ratio * d))))
         idx = torch.from_numpy(kernels.randomk_indices(d, k, seed).astype(np.int64))
@@ -111,7 +132,9 @@ class RandomK(Compressor):
         sent[idx] = vals
         return Payload(vals.contiguous(), sent, context=idx)
 
-    def decompress(self, result: torch.Tensor, d: int, world: int, context: Any = None) -> torch.Tensor:
+    def decompress(
+        self, result: torch.Tensor, d: int, world: int, context: Any = None, scratch: dict | None = None
+    ) -> torch.Tensor:
         out = torch.zeros(d)
         out[context] = result / world
         return out
@@ -130,18 +153,25 @@ class QSGD(Compressor):
             raise ValueError(f"qsgd levels ({levels}) must be 1..127 to fit int8")
         self.levels = levels
 
-    def compress(self, x: torch.Tensor, *, seed: int, world: int) -> Payload:
-        q, norm = kernels.qsgd_quantize(x.numpy(), self.levels, seed)
-        sent = torch.from_numpy(kernels.qsgd_dequantize(q, norm, self.levels))
+    def compress(self, x: torch.Tensor, *, seed: int, world: int, scratch: dict | None = None) -> Payload:
+        q = np.empty(x.numel(), np.int8)  # goes on the wire: fresh, not reused while in flight
+        norm = kernels.qsgd_quantize(x.numpy(), self.levels, seed, q)
+        sent = torch.from_numpy(
+            kernels.qsgd_dequantize(q, norm, self.levels, buffer(scratch, "sent", x.numel(), np.float32))
+        )
         head = torch.tensor([norm], dtype=torch.float32).view(torch.int8)
         return Payload(torch.cat([head, torch.from_numpy(q)]), sent)
 
-    def decompress(self, parts: list[torch.Tensor], d: int, world: int, context: Any = None) -> torch.Tensor:
-        total = torch.zeros(d)
+    def decompress(
+        self, parts: list[torch.Tensor], d: int, world: int, context: Any = None, scratch: dict | None = None
+    ) -> torch.Tensor:
+        total = torch.from_numpy(buffer(scratch, "total", d, np.float32))
+        total.zero_()
+        one = buffer(scratch, "one", d, np.float32)
         for part in parts:
             norm = float(part[:4].view(torch.float32)[0])
-            total += torch.from_numpy(kernels.qsgd_dequantize(part[4:].numpy(), norm, self.levels))
-        return total / world
+            total += torch.from_numpy(kernels.qsgd_dequantize(part[4:].numpy(), norm, self.levels, one))
+        return total.div_(world)
 
     def describe(self) -> str:
         return f"qsgd:{self.levels}"
@@ -155,18 +185,24 @@ class Sign(Compressor):
     def __init__(self, error_feedback: bool = True) -> None:
         self.error_feedback = error_feedback
 
-    def compress(self, x: torch.Tensor, *, seed: int, world: int) -> Payload:
-        packed, scale = kernels.sign_pack(x.numpy())
-        sent = torch.from_numpy(kernels.sign_unpack(packed, x.numel(), scale))
+    def compress(self, x: torch.Tensor, *, seed: int, world: int, scratch: dict | None = None) -> Payload:
+        d = x.numel()
+        packed = np.empty((d + 7) // 8, np.uint8)  # goes on the wire: fresh
+        scale = kernels.sign_pack(x.numpy(), packed)
+        sent = torch.from_numpy(kernels.sign_unpack(packed, scale, buffer(scratch, "sent", d, np.float32)))
         head = torch.tensor([scale], dtype=torch.float32).view(torch.uint8)
         return Payload(torch.cat([head, torch.from_numpy(packed)]), sent)
 
-    def decompress(self, parts: list[torch.Tensor], d: int, world: int, context: Any = None) -> torch.Tensor:
-        total = torch.zeros(d)
+    def decompress(
+        self, parts: list[torch.Tensor], d: int, world: int, context: Any = None, scratch: dict | None = None
+    ) -> torch.Tensor:
+        total = torch.from_numpy(buffer(scratch, "total", d, np.float32))
+        total.zero_()
+        one = buffer(scratch, "one", d, np.float32)
         for part in parts:
             scale = float(part[:4].view(torch.float32)[0])
-            total += torch.from_numpy(kernels.sign_unpack(part[4:].numpy(), d, scale))
-        return total / world
+            total += torch.from_numpy(kernels.sign_unpack(part[4:].numpy(), scale, one))
+        return total.div_(world)
 
     def describe(self) -> str:
         return "signsgd" if self.error_feedback else "signsgd:noef"
@@ -181,12 +217,14 @@ class Cast(Compressor):
         self.dtype = dtype
         self.name = "fp16" if dtype == torch.float16 else "bf16"
 
-    def compress(self, x: torch.Tensor, *, seed: int, world: int) -> Payload:
+    def compress(self, x: torch.Tensor, *, seed: int, world: int, scratch: dict | None = None) -> Payload:
         small = x.to(self.dtype)
         sent = small.float()
         return Payload(small.div_(world), sent)  # divide first, as torch's fp16 hook does
 
-    def decompress(self, result: torch.Tensor, d: int, world: int, context: Any = None) -> torch.Tensor:
+    def decompress(
+        self, result: torch.Tensor, d: int, world: int, context: Any = None, scratch: dict | None = None
+    ) -> torch.Tensor:
         return result.float()
 
 

@@ -21,7 +21,7 @@ from .compressors import ALL_REDUCE, Compressor, Identity, _seed, powersgd_bytes
 class HookState:
     """What a compression hook keeps between calls; readable from the notebook."""
 
-    __slots__ = ("compressor", "start_iter", "seed", "process_group", "iteration", "residuals", "records")
+    __slots__ = ("compressor", "start_iter", "seed", "process_group", "iteration", "residuals", "records", "scratch")
 
     def __init__(
         self, compressor: Compressor | None = None, start_iter: int = 2, seed: int = 0, process_group: Any = None
@@ -33,10 +33,12 @@ class HookState:
         self.iteration = 0
         self.residuals: dict[int, torch.Tensor] = {}
         self.records: list[dict[str, Any]] = []
+        self.scratch: dict[int, dict] = {}  # reusable buffers per bucket
 
     def __getstate__(self) -> dict[str, Any]:
         state = {k: getattr(self, k) for k in self.__slots__}
         state["process_group"] = None  # a process group does not pickle
+        state["scratch"] = {}
         return state
 
     def __setstate__(self, state: dict[str, Any]) -> None:
@@ -96,7 +98,8 @@ def compression_hook(state: HookState, bucket: dist.GradBucket) -> torch.futures
             x += residual
         corrected = x.clone()
     rank = 0 if comp.shared_seed else dist.get_rank(group)
-    payload = comp.compress(x, seed=_seed(state.seed, step, index, rank), world=world)
+    scratch = state.scratch.setdefault(index, {})
+    payload = comp.compress(x, seed=_seed(state.seed, step, index, rank), world=world, scratch=scratch)
     if comp.error_feedback:
         state.residuals[index] = corrected - payload.sent
     wire = payload.tensor.contiguous()
@@ -120,7 +123,7 @@ def compression_hook(state: HookState, bucket: dist.GradBucket) -> torch.futures
         record["collective_s"] = time.perf_counter() - t_coll
         t = time.perf_counter()
         result = f.value()[0] if gathered is None else gathered
-        mean = comp.decompress(result, d, world, payload.context)
+        mean = comp.decompress(result, d, world, payload.context, scratch)
         buf.copy_(mean.to(device=buf.device, dtype=buf.dtype))
         record["decompress_s"] = time.perf_counter() - t
         return buf

@@ -3,17 +3,27 @@
 Randomness comes from a counter-based generator (splitmix64 of seed and element index),
 so a kernel's result depends only on its inputs and seed, whatever the thread count,
 and every rank can draw the same numbers without communicating.
+
+Speed notes (profiled on one core against a numpy copy of the same array):
+the loops are branch-free so LLVM vectorises them (``fastmath`` allows vectorised
+reductions), and every kernel that writes a full-size array takes an ``out`` buffer:
+a fresh 40 MB array costs more in page faults than the whole computation, so the
+hooks keep one buffer per bucket. ``parallel=True`` is not used: each rank runs one
+thread per core already, and the parallel runtime adds start-up time to every process.
 """
 
 from __future__ import annotations
 
 import numpy as np
-from numba import njit, prange
+from numba import njit
 
 _GOLDEN = np.uint64(0x9E3779B97F4A7C15)
 _M1 = np.uint64(0xBF58476D1CE4E5B9)
 _M2 = np.uint64(0x94D049BB133111EB)
 _INV53 = 1.0 / 9007199254740992.0  # 2**-53
+_INV24 = np.float32(1.0 / 16777216.0)  # 2**-24
+
+_FLAGS = {"cache": True, "nogil": True, "fastmath": True}
 
 
 @njit(cache=True, nogil=True, inline="always")
@@ -26,7 +36,7 @@ def _mix(z: np.uint64) -> np.uint64:
 
 @njit(cache=True, nogil=True, inline="always")
 def _uniform(seed: np.uint64, i: np.uint64) -> float:
-    """A float in [0, 1) for (seed, i): the same on every rank and thread."""
+    """A float64 in [0, 1) for (seed, i): the same on every rank and thread."""
     return float(_mix(_mix(seed) ^ i) >> np.uint64(11)) * _INV53
 
 
@@ -42,70 +52,76 @@ def uniforms(seed: int, n: int) -> np.ndarray:
 # ------------------------------------------------------------------ top-k
 
 
-@njit(cache=True, nogil=True)
-def _count_at_least(x: np.ndarray, t: float) -> int:
-    c = 0
-    for i in range(x.size):
-        if abs(x[i]) >= t:
-            c += 1
-    return c
-
-
-@njit(cache=True, nogil=True)
-def _gather_at_least(x: np.ndarray, t: float, count: int) -> np.ndarray:
-    idx = np.empty(count, np.int32)
+@njit(**_FLAGS)
+def _gather_at_least(x: np.ndarray, t: float, cap: int) -> tuple[np.ndarray, int]:
+    """Indices with |x| >= t, at most cap of them kept; returns (buffer, how many passed)."""
+    idx = np.empty(cap + 1, np.int32)
     j = 0
+    tt = np.float32(t)
     for i in range(x.size):
-        if abs(x[i]) >= t:
-            idx[j] = i
-            j += 1
-    return idx
+        idx[j] = i  # branch-free compaction: always write, advance only on a hit
+        j += abs(x[i]) >= tt
+        j = min(j, cap)
+    return idx, j
 
 
-@njit(cache=True, nogil=True)
+@njit(**_FLAGS)
 def topk(x: np.ndarray, k: int, seed: int = 0) -> tuple[np.ndarray, np.ndarray]:
     """The k entries of x largest in magnitude: (values, int32 indices in increasing order).
 
-    A threshold is estimated from a sample of |x| (set a little low so that at least k
-    entries pass), one pass gathers the candidates, and an exact partition among the
-    few candidates keeps exactly k. No full sort of x.
+    A threshold is estimated from a random sample of |x| (set a little low so that at
+    least k entries pass), one pass gathers the candidates, and a partition among the
+    candidates keeps exactly k. No sort of x.
     """
     d = x.size
     if k >= d:
-        idx = np.arange(d).astype(np.int32)
-        return x.copy(), idx
+        return x.copy(), np.arange(d).astype(np.int32)
     if k <= 0:
         return np.empty(0, x.dtype), np.empty(0, np.int32)
-    m = min(d, 4096)
-    sample = np.empty(m, np.float64)
+    m = min(d, 65536)
+    sample = np.empty(m, np.float32)
     s = np.uint64(seed)
     for j in range(m):
         sample[j] = abs(x[int(_uniform(s, np.uint64(j)) * d)])
-    sample.sort()
-    # aim for about 1.5k + a margin of candidates
-    frac = min(1.0, (1.5 * k + 3.0 * np.sqrt(k) + 8.0) / d)
-    pos = int((1.0 - frac) * (m - 1))
-    t = sample[pos] if frac < 1.0 else 0.0
-    count = _count_at_least(x, t)
-    if count < k:  # the sample was unlucky: take everything
-        t = 0.0
-        count = d
-    cand = _gather_at_least(x, t, count)
-    mags = np.empty(count, np.float64)
+    # Expected passing fraction k/d; the sample quantile's error is about
+    # sqrt(q / m), so aim 4 of those above, plus a small floor.
+    q = k / d
+    frac = min(1.0, q + 4.0 * np.sqrt(q / m) + 8.0 / d)
+    t = 0.0
+    if frac < 1.0:
+        pos = int((1.0 - frac) * (m - 1))
+        t = np.partition(sample, pos)[pos]
+    cap = min(d, int(frac * d * 1.5) + 64)
+    cand, count = _gather_at_least(x, t, cap)
+    if count < k or count >= cap:  # an unlucky sample: fall back to every entry
+        cand, count = np.arange(d).astype(np.int32), d
+    mags = np.empty(count, np.float32)
     for j in range(count):
         mags[j] = abs(x[cand[j]])
-    keep = np.argsort(-mags, kind="mergesort")[:k]  # only the candidates are sorted
-    idx = np.sort(cand[keep])
+    kth = np.partition(mags, count - k)[count - k]  # the k-th largest magnitude
+    idx = np.empty(k, np.int32)
+    n = 0
+    for j in range(count):  # strictly larger ones first ...
+        if mags[j] > kth:
+            idx[n] = cand[j]
+            n += 1
+    for j in range(count):  # ... then ties at the k-th value, in index order
+        if n >= k:
+            break
+        if mags[j] == kth:
+            idx[n] = cand[j]
+            n += 1
+    idx.sort()
     vals = np.empty(k, x.dtype)
     for j in range(k):
         vals[j] = x[idx[j]]
     return vals, idx
 
 
-@njit(cache=True, nogil=True)
-def scatter(values: np.ndarray, indices: np.ndarray, d: int) -> np.ndarray:
-    """A dense vector of length d with values at indices (zeros elsewhere); repeats add up."""
-    out = np.zeros(d, values.dtype)
+@njit(**_FLAGS)
+def scatter(values: np.ndarray, indices: np.ndarray, out: np.ndarray) -> np.ndarray:
+    """``out`` zeroed, then values placed at indices (repeats add up)."""
+    out[:] = 0
     for j in range(indices.size):
         out[indices[j]] += values[j]
     return out
@@ -141,65 +157,84 @@ def randomk_indices(d: int, k: int, seed: int) -> np.ndarray:
 # ------------------------------------------------------------------ sign
 
 
-@njit(cache=True, nogil=True, parallel=True)
-def sign_pack(x: np.ndarray) -> tuple[np.ndarray, float]:
-    """1 bit per element (1 = non-negative), packed 8 to a byte, and the scale mean(|x|)."""
+@njit(**_FLAGS)
+def sign_pack(x: np.ndarray, out: np.ndarray) -> float:
+    """Writes 1 bit per element (1 = non-negative, most significant bit first, as
+    np.packbits) into ``out`` (uint8, (d + 7) // 8); returns the scale mean(|x|)."""
     d = x.size
-    nbytes = (d + 7) // 8
-    out = np.zeros(nbytes, np.uint8)
-    for b in prange(nbytes):
+    full = d // 8
+    for b in range(full):
+        i = b * 8
+        out[b] = (
+            (np.uint8(x[i] >= 0) << 7)
+            | (np.uint8(x[i + 1] >= 0) << 6)
+            | (np.uint8(x[i + 2] >= 0) << 5)
+            | (np.uint8(x[i + 3] >= 0) << 4)
+            | (np.uint8(x[i + 4] >= 0) << 3)
+            | (np.uint8(x[i + 5] >= 0) << 2)
+            | (np.uint8(x[i + 6] >= 0) << 1)
+            | np.uint8(x[i + 7] >= 0)
+        )
+    if full * 8 < d:
         v = 0
-        for j in range(8):
-            i = b * 8 + j
-            if i < d and x[i] >= 0:
+        for j in range(d - full * 8):
+            if x[full * 8 + j] >= 0:
                 v |= 1 << (7 - j)
-        out[b] = v
+        out[full] = v
     total = 0.0
-    for i in prange(d):
+    for i in range(d):
         total += abs(x[i])
-    return out, total / max(d, 1)
+    return total / max(d, 1)
 
 
-@njit(cache=True, nogil=True, parallel=True)
-def sign_unpack(packed: np.ndarray, d: int, scale: float) -> np.ndarray:
-    """+scale / -scale per element, from sign_pack's bits."""
-    out = np.empty(d, np.float32)
-    for i in prange(d):
-        bit = (packed[i // 8] >> (7 - i % 8)) & 1
-        out[i] = scale if bit else -scale
+@njit(**_FLAGS)
+def sign_unpack(packed: np.ndarray, scale: float, out: np.ndarray) -> np.ndarray:
+    """+scale / -scale per element of ``out`` from sign_pack's bits."""
+    s = np.float32(scale)
+    s2 = np.float32(2.0 * scale)
+    full = out.size // 8
+    for b in range(full):
+        v = packed[b]
+        i = b * 8
+        for j in range(8):
+            out[i + j] = np.float32((v >> (7 - j)) & 1) * s2 - s
+    for i in range(full * 8, out.size):
+        out[i] = np.float32((packed[i >> 3] >> (7 - (i & 7))) & 1) * s2 - s
     return out
 
 
 # ------------------------------------------------------------------ QSGD
 
 
-@njit(cache=True, nogil=True, parallel=True)
-def qsgd_quantize(x: np.ndarray, s: int, seed: int) -> tuple[np.ndarray, float]:
-    """Stochastic rounding of |x_i| / ||x|| to s levels: int8 signed levels and the norm.
+@njit(**_FLAGS)
+def qsgd_quantize(x: np.ndarray, s: int, seed: int, out: np.ndarray) -> float:
+    """Stochastic rounding of |x_i| / ||x|| to s levels into ``out`` (int8); returns the norm.
 
-    E[level_i] * norm / s = x_i exactly (unbiased). s must be at most 127.
+    E[level_i] * norm / s = x_i (unbiased up to the 2**-24 resolution of the uniform
+    draw). s must be at most 127.
     """
     d = x.size
-    norm = 0.0
-    for i in prange(d):
-        norm += float(x[i]) * float(x[i])
-    norm = np.sqrt(norm)
-    out = np.zeros(d, np.int8)
+    total = 0.0
+    for i in range(d):
+        total += np.float64(x[i]) * np.float64(x[i])
+    norm = np.sqrt(total)
     if norm == 0.0:
-        return out, 0.0
-    sd = np.uint64(seed)
-    for i in prange(d):
-        a = abs(float(x[i])) / norm * s
+        out[:] = 0
+        return 0.0
+    inv = np.float32(s / norm)
+    base = _mix(np.uint64(seed))
+    for i in range(d):
+        a = abs(x[i]) * inv
         lo = np.floor(a)
-        level = lo + (1.0 if _uniform(sd, np.uint64(i)) < a - lo else 0.0)
-        out[i] = np.int8(level if x[i] >= 0 else -level)
-    return out, norm
+        u = np.float32(_mix(base ^ np.uint64(i)) >> np.uint64(40)) * _INV24
+        level = np.int8(lo + np.float32(u < a - lo))
+        out[i] = level if x[i] >= 0 else -level
+    return norm
 
 
-@njit(cache=True, nogil=True, parallel=True)
-def qsgd_dequantize(levels: np.ndarray, norm: float, s: int) -> np.ndarray:
-    d = levels.size
-    out = np.empty(d, np.float32)
-    for i in prange(d):
-        out[i] = levels[i] * norm / s
+@njit(**_FLAGS)
+def qsgd_dequantize(levels: np.ndarray, norm: float, s: int, out: np.ndarray) -> np.ndarray:
+    f = np.float32(norm / s)
+    for i in range(levels.size):
+        out[i] = np.float32(levels[i]) * f
     return out

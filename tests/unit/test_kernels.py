@@ -13,6 +13,24 @@ from nbdist.compression import kernels as K
 finite = st.floats(-1e6, 1e6, allow_nan=False, allow_infinity=False, width=32)
 
 
+def sign_pack(x):
+    packed = np.empty((x.size + 7) // 8, np.uint8)
+    return packed, K.sign_pack(x, packed)
+
+
+def sign_unpack(packed, d, scale):
+    return K.sign_unpack(packed, scale, np.empty(d, np.float32))
+
+
+def qsgd(x, s, seed):
+    q = np.empty(x.size, np.int8)
+    return q, K.qsgd_quantize(x, s, seed, q)
+
+
+def dequantize(q, norm, s):
+    return K.qsgd_dequantize(q, norm, s, np.empty(q.size, np.float32))
+
+
 @settings(max_examples=60, deadline=None)
 @given(
     x=arrays(np.float32, st.integers(1, 3000), elements=finite), frac=st.floats(0.0, 1.0), seed=st.integers(0, 2**31)
@@ -44,7 +62,7 @@ def test_topk_matches_numpy_on_distinct_values():
 def test_scatter_rebuilds_the_dense_vector():
     x = np.random.default_rng(2).standard_normal(50).astype(np.float32)
     vals, idx = K.topk(x, 5)
-    dense = K.scatter(vals, idx, 50)
+    dense = K.scatter(vals, idx, np.full(50, 7.0, np.float32))  # the buffer's old contents are cleared
     assert np.count_nonzero(dense) == 5 and np.array_equal(dense[idx], vals)
 
 
@@ -73,11 +91,11 @@ def test_scaled_randomk_is_unbiased():
 @pytest.mark.parametrize("d", [1, 7, 8, 9, 1001])
 def test_sign_pack_is_one_bit_per_element(d):
     x = np.random.default_rng(d).standard_normal(d).astype(np.float32)
-    packed, scale = K.sign_pack(x)
+    packed, scale = sign_pack(x)
     assert packed.dtype == np.uint8 and packed.size == (d + 7) // 8
     np.testing.assert_array_equal(packed, np.packbits(x >= 0))
     assert scale == pytest.approx(np.abs(x).mean(), rel=1e-6)
-    out = K.sign_unpack(packed, d, scale)
+    out = sign_unpack(packed, d, scale)
     np.testing.assert_array_equal(np.sign(out), np.where(x >= 0, 1.0, -1.0))
     assert np.allclose(np.abs(out), scale)
 
@@ -86,15 +104,15 @@ def test_qsgd_is_unbiased_and_deterministic_per_seed():
     rng = np.random.default_rng(4)
     x = rng.standard_normal(256).astype(np.float32)
     s, n = 4, 3000
-    q0, norm0 = K.qsgd_quantize(x, s, 11)
-    q1, _ = K.qsgd_quantize(x, s, 11)
+    q0, norm0 = qsgd(x, s, 11)
+    q1, _ = qsgd(x, s, 11)
     assert q0.dtype == np.int8 and np.array_equal(q0, q1)
     assert np.abs(q0).max() <= s
     assert norm0 == pytest.approx(np.linalg.norm(x.astype(np.float64)), rel=1e-6)
     total = np.zeros(x.size)
     for seed in range(n):
-        q, norm = K.qsgd_quantize(x, s, seed)
-        total += K.qsgd_dequantize(q, norm, s)
+        q, norm = qsgd(x, s, seed)
+        total += dequantize(q, norm, s)
     mean = total / n
     # stochastic rounding to a grid of norm/s: variance <= (norm/s)^2 / 4 per draw; 5 sigma
     bound = 5 * (norm0 / s) / 2 / np.sqrt(n)
@@ -102,7 +120,7 @@ def test_qsgd_is_unbiased_and_deterministic_per_seed():
 
 
 def test_qsgd_of_zero_is_zero():
-    q, norm = K.qsgd_quantize(np.zeros(10, np.float32), 8, 0)
+    q, norm = qsgd(np.zeros(10, np.float32), 8, 0)
     assert norm == 0.0 and not q.any()
 
 
