@@ -12,10 +12,11 @@ without its process group. Stateful compressors run a plain all-reduce for the f
 import time
 from typing import Any
 
+import numpy as np
 import torch
 import torch.distributed as dist
 
-from .compressors import ALL_REDUCE, Compressor, Identity, _seed, powersgd_bytes
+from .compressors import ALL_REDUCE, Compressor, Identity, _seed, buffer, powersgd_bytes
 
 
 class HookState:
@@ -91,17 +92,21 @@ def compression_hook(state: HookState, bucket: dist.GradBucket) -> torch.futures
         fut = dist.all_reduce(wire, group=group, async_op=True).get_future()
         return fut.then(lambda f: f.value()[0])
 
-    x = buf.detach().to(torch.float32, copy=True).cpu()
+    # Every full-size tensor here lives in per-bucket buffers: fresh multi-megabyte
+    # allocations each step cost more in page faults than the compression itself.
+    scratch = state.scratch.setdefault(index, {})
+    x = torch.from_numpy(buffer(scratch, "x", d, np.float32))
+    x.copy_(buf.detach())
+    residual = None
     if comp.error_feedback:
         residual = state.residuals.get(index)
-        if residual is not None and residual.numel() == d:
-            x += residual
-        corrected = x.clone()
+        if residual is None or residual.numel() != d:
+            residual = state.residuals[index] = torch.zeros(d)
+        x += residual
     rank = 0 if comp.shared_seed else dist.get_rank(group)
-    scratch = state.scratch.setdefault(index, {})
     payload = comp.compress(x, seed=_seed(state.seed, step, index, rank), world=world, scratch=scratch)
-    if comp.error_feedback:
-        state.residuals[index] = corrected - payload.sent
+    if residual is not None:
+        torch.sub(x, payload.sent, out=residual)  # what was not sent waits for the next step
     wire = payload.tensor.contiguous()
     record = {
         "step": step,

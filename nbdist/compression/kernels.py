@@ -54,15 +54,34 @@ def uniforms(seed: int, n: int) -> np.ndarray:
 
 @njit(**_FLAGS)
 def _gather_at_least(x: np.ndarray, t: float, cap: int) -> tuple[np.ndarray, int]:
-    """Indices with |x| >= t, at most cap of them kept; returns (buffer, how many passed)."""
+    """Indices with |x| >= t (at most cap kept); returns (buffer, min(count, cap)).
+
+    Chunk by chunk: a vectorised compare writes a small byte mask that stays in cache,
+    then the mask is read 8 bytes at a time, skipping the (mostly) empty words.
+    """
     idx = np.empty(cap + 1, np.int32)
     j = 0
     tt = np.float32(t)
-    for i in range(x.size):
-        idx[j] = i  # branch-free compaction: always write, advance only on a hit
-        j += abs(x[i]) >= tt
-        j = min(j, cap)
-    return idx, j
+    chunk = 4096
+    mask = np.zeros(chunk, np.uint8)
+    words = mask.view(np.uint64)
+    d = x.size
+    for start in range(0, d, chunk):
+        xs = x[start : start + chunk]  # a slice view: indexing it lets LLVM vectorise the compare
+        n = xs.size
+        for i in range(n):
+            mask[i] = np.uint8(abs(xs[i]) >= tt)
+        for i in range(n, chunk):
+            mask[i] = 0
+        for w in range(chunk // 8):
+            if words[w] != 0:
+                base = w * 8
+                for b in range(8):
+                    if mask[base + b]:
+                        if j < cap:
+                            idx[j] = start + base + b
+                        j += 1
+    return idx, min(j, cap)
 
 
 @njit(**_FLAGS)
@@ -99,19 +118,18 @@ def topk(x: np.ndarray, k: int, seed: int = 0) -> tuple[np.ndarray, np.ndarray]:
     for j in range(count):
         mags[j] = abs(x[cand[j]])
     kth = np.partition(mags, count - k)[count - k]  # the k-th largest magnitude
+    greater = 0
+    for j in range(count):
+        greater += mags[j] > kth
+    ties = k - greater  # how many entries equal to the k-th value to keep (lowest indices)
     idx = np.empty(k, np.int32)
     n = 0
-    for j in range(count):  # strictly larger ones first ...
-        if mags[j] > kth:
+    for j in range(count):  # candidates are in index order, so idx comes out sorted
+        if mags[j] > kth or (mags[j] == kth and ties > 0):
+            if mags[j] == kth:
+                ties -= 1
             idx[n] = cand[j]
             n += 1
-    for j in range(count):  # ... then ties at the k-th value, in index order
-        if n >= k:
-            break
-        if mags[j] == kth:
-            idx[n] = cand[j]
-            n += 1
-    idx.sort()
     vals = np.empty(k, x.dtype)
     for j in range(k):
         vals[j] = x[idx[j]]
