@@ -31,6 +31,7 @@ bench: $(STAMP)
 	OMP_NUM_THREADS=1 $(BIN)/python benchmarks/startup.py
 	OMP_NUM_THREADS=1 $(BIN)/python benchmarks/cell_latency.py
 	OMP_NUM_THREADS=1 $(BIN)/python benchmarks/ddp_throughput.py
+	OMP_NUM_THREADS=1 $(BIN)/python benchmarks/compression.py
 
 clean:
 	rm -rf $(VENV) benchmarks/results
