@@ -23,7 +23,7 @@ _M2 = np.uint64(0x94D049BB133111EB)
 _INV53 = 1.0 / 9007199254740992.0  # 2**-53
 _INV24 = np.float32(1.0 / 16777216.0)  # 2**-24
 
-_FLAGS = {"cache": True, "nogil": True, "fastmath": True}
+_jit = njit(cache=True, nogil=True, fastmath=True)  # the kernels' common flags
 
 
 @njit(cache=True, nogil=True, inline="always")
@@ -52,7 +52,7 @@ def uniforms(seed: int, n: int) -> np.ndarray:
 # ------------------------------------------------------------------ top-k
 
 
-@njit(**_FLAGS)
+@_jit
 def _gather_at_least(x: np.ndarray, t: float, cap: int) -> tuple[np.ndarray, int]:
     """Indices with |x| >= t (at most cap kept); returns (buffer, min(count, cap)).
 
@@ -84,7 +84,7 @@ def _gather_at_least(x: np.ndarray, t: float, cap: int) -> tuple[np.ndarray, int
     return idx, min(j, cap)
 
 
-@njit(**_FLAGS)
+@_jit
 def topk(x: np.ndarray, k: int, seed: int = 0) -> tuple[np.ndarray, np.ndarray]:
     """The k entries of x largest in magnitude: (values, int32 indices in increasing order).
 
@@ -136,7 +136,7 @@ def topk(x: np.ndarray, k: int, seed: int = 0) -> tuple[np.ndarray, np.ndarray]:
     return vals, idx
 
 
-@njit(**_FLAGS)
+@_jit
 def scatter(values: np.ndarray, indices: np.ndarray, out: np.ndarray) -> np.ndarray:
     """``out`` zeroed, then values placed at indices (repeats add up)."""
     out[:] = 0
@@ -175,7 +175,7 @@ def randomk_indices(d: int, k: int, seed: int) -> np.ndarray:
 # ------------------------------------------------------------------ sign
 
 
-@njit(**_FLAGS)
+@_jit
 def sign_pack(x: np.ndarray, out: np.ndarray) -> float:
     """Writes 1 bit per element (1 = non-negative, most significant bit first, as
     np.packbits) into ``out`` (uint8, (d + 7) // 8); returns the scale mean(|x|)."""
@@ -205,7 +205,7 @@ def sign_pack(x: np.ndarray, out: np.ndarray) -> float:
     return total / max(d, 1)
 
 
-@njit(**_FLAGS)
+@_jit
 def sign_unpack(packed: np.ndarray, scale: float, out: np.ndarray) -> np.ndarray:
     """+scale / -scale per element of ``out`` from sign_pack's bits."""
     s = np.float32(scale)
@@ -224,7 +224,7 @@ def sign_unpack(packed: np.ndarray, scale: float, out: np.ndarray) -> np.ndarray
 # ------------------------------------------------------------------ QSGD
 
 
-@njit(**_FLAGS)
+@_jit
 def qsgd_quantize(x: np.ndarray, s: int, seed: int, out: np.ndarray) -> float:
     """Stochastic rounding of |x_i| / ||x|| to s levels into ``out`` (int8); returns the norm.
 
@@ -250,7 +250,7 @@ def qsgd_quantize(x: np.ndarray, s: int, seed: int, out: np.ndarray) -> float:
     return norm
 
 
-@njit(**_FLAGS)
+@_jit
 def qsgd_dequantize(levels: np.ndarray, norm: float, s: int, out: np.ndarray) -> np.ndarray:
     f = np.float32(norm / s)
     for i in range(levels.size):
