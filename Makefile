@@ -19,7 +19,7 @@ demo: $(STAMP)
 	OMP_NUM_THREADS=1 $(BIN)/python -m nbdist.demo
 
 test: $(STAMP)
-	$(BIN)/ruff check nbdist tests benchmarks
+	$(BIN)/ruff check nbdist tests benchmarks notebooks
 	$(BIN)/mypy
 	OMP_NUM_THREADS=1 $(BIN)/python -m pytest -q -p no:cacheprovider tests
 
