@@ -19,6 +19,7 @@ __all__ = [
     "__version__",
     "current",
     "load_ipython_extension",
+    "log",
     "start",
     "unload_ipython_extension",
 ]
@@ -32,6 +33,10 @@ def __getattr__(name: str) -> Any:
         from . import cluster
 
         return getattr(cluster, name)
+    if name == "log":
+        from .engine.metrics import log
+
+        return log
     raise AttributeError(f"module 'nbdist' has no attribute {name!r}")
 
 

@@ -32,6 +32,7 @@ if TYPE_CHECKING:
     from .cluster import Cluster
 
 ESCALATE_S = 3.0
+METRICS_KEY = "nbdist.metrics."
 _ANSI = re.compile(r"\x1b\[[0-9;]*[A-Za-z]")
 _CELL_LINE = re.compile(r"(?:Cell In\[\d+\]|<cell[^>]*>|ipykernel_\d+/\d+\.py)\D+line (\d+)")
 _DIST_ERROR = re.compile(r"gloo|nccl|Connection closed by peer|DistBackendError|c10d|ProcessGroup", re.I)
@@ -61,6 +62,7 @@ class RunResult:
     notes: list[str] = field(default_factory=list)
     released: str | None = None  # why ranks were interrupted, if they were
     reports: dict[int, dict[str, Any]] = field(default_factory=dict)  # where each released rank waited
+    metrics: dict[int, list[dict[str, Any]]] = field(default_factory=dict)  # nbdist.log rows by rank
 
     @property
     def ok(self) -> bool:
@@ -130,6 +132,7 @@ class TaggedPrinter:
         self.limit = limit  # characters shown per rank and stream per cell (FAULTS.md row 9)
         self._partial: dict[tuple[int, str], str] = {}
         self._shown: dict[tuple[int, str], int] = {}
+        self.dashboard: Any = None
 
     def stream(self, rank: int, name: str, text: str) -> None:
         if rank in self.quiet_ranks:
@@ -163,13 +166,35 @@ class TaggedPrinter:
             return
         _show(rank, content.get("data", {}), content.get("metadata", {}), prefix=f"[rank {rank}] Out:")
 
+    def metrics(self, rank: int, rows: list[dict[str, Any]]) -> None:
+        """Rows from nbdist.log: plotted live in a notebook (the dashboard appears on the first rows)."""
+        if self.dashboard is None:
+            if not _in_kernel():
+                return
+            from .widgets.dashboard import Dashboard
+
+            self.dashboard = Dashboard()
+            self.dashboard.show()
+        self.dashboard.update(rank, rows)
+
     def flush(self) -> None:
+        if self.dashboard is not None:
+            self.dashboard.close()  # the final state, as a static figure
         for (rank, name), rest in sorted(self._partial.items()):
             if rest:
                 out = sys.stderr if name == "stderr" else sys.stdout
                 out.write(f"[rank {rank}] {rest}\n")
                 out.flush()
         self._partial.clear()
+
+
+def _in_kernel() -> bool:
+    try:
+        from IPython import get_ipython
+    except ImportError:  # pragma: no cover
+        return False
+    shell = get_ipython()
+    return shell is not None and getattr(shell, "kernel", None) is not None
 
 
 def _show(rank: int, data: dict[str, Any], metadata: dict[str, Any], prefix: str) -> None:
@@ -249,7 +274,10 @@ class _Watch:
         self.cluster, self.cfg, self.ar, self.sink = cluster, cfg, ar, sink
         self.wake: queue.SimpleQueue[int] = queue.SimpleQueue()
         self.children = list(ar._children)
-        self.seen = [{"stdout": 0, "stderr": 0, "outputs": 0, "result": False} for _ in self.children]
+        self.seen: list[dict[str, Any]] = [
+            {"stdout": 0, "stderr": 0, "outputs": 0, "result": False, "data": set()} for _ in self.children
+        ]
+        self.metrics: dict[int, list[dict[str, Any]]] = {r: [] for r in cfg.ranks}
         self.tic = time.perf_counter()
         self.timings: dict[str, float] = {}
         for child in self.children:
@@ -259,7 +287,13 @@ class _Watch:
     def _poke(self, msg: Any) -> None:
         # Wake the watching thread only for what it shows; bookkeeping messages would just
         # make it compete with ipyparallel's IO thread for the GIL.
-        if msg.get("header", {}).get("msg_type") in ("stream", "display_data", "execute_result", "error"):
+        if msg.get("header", {}).get("msg_type") in (
+            "stream",
+            "display_data",
+            "execute_result",
+            "error",
+            "data_message",
+        ):
             self.wake.put(1)
 
     def _emit(self) -> None:
@@ -279,6 +313,15 @@ class _Watch:
             if md.get("execute_result") and not seen["result"]:
                 seen["result"] = True
                 self.sink.result(rank, md["execute_result"])
+            data = md.get("data") or {}
+            fresh = sorted(k for k in data if k.startswith(METRICS_KEY) and k not in seen["data"])
+            for key in fresh:
+                seen["data"].add(key)
+                rows = data[key].get("rows", [])
+                self.metrics[rank].extend(rows)
+                on_metrics = getattr(self.sink, "metrics", None)
+                if on_metrics is not None:
+                    on_metrics(rank, rows)
 
     def follow(self, deadline_s: float | None, stream: bool) -> RunResult:
         cluster, cfg = self.cluster, self.cfg
@@ -397,7 +440,9 @@ class _Watch:
             else:
                 rr.status = "ok"
             out.append(rr)
-        result = RunResult(ranks=out, wall_s=time.perf_counter() - self.tic, released=released, reports=reports)
+        result = RunResult(
+            ranks=out, wall_s=time.perf_counter() - self.tic, released=released, reports=reports, metrics=self.metrics
+        )
         _explain(result)
         return result
 

@@ -230,6 +230,9 @@ def _install_cell_hooks() -> None:
 
     def post(result: Any = None) -> None:
         STATE["busy_since"] = None
+        from .metrics import flush
+
+        flush()  # what the cell logged since the last batch
 
     shell.events.register("pre_run_cell", pre)
     shell.events.register("post_run_cell", post)

@@ -108,6 +108,24 @@ class DistMagics(Magics):
         print(f"world rebuilt in {seconds:.1f} s; restarted ranks start with empty namespaces.")
 
     @line_magic
+    def dist_dashboard(self, line: str = "") -> Any:
+        """Plot what the last %%distributed cell logged with nbdist.log."""
+        from ..widgets.dashboard import Dashboard
+
+        last = _call(api.current).last
+        metrics = getattr(last, "metrics", None)
+        if last is not None and not metrics and hasattr(last, "wait"):
+            metrics = last.wait(show=False).metrics
+        if not metrics or not any(metrics.values()):
+            raise UsageError(
+                "the last cell logged no metrics; call nbdist.log(step=i, loss=...) in a %%distributed cell."
+            )
+        board = Dashboard()
+        for rank, rows in metrics.items():
+            board.store.add(rank, rows)
+        return board.figure()
+
+    @line_magic
     def dist_stop(self, line: str = "") -> None:
         """Stop the engines and controller nbdist started."""
         try:

@@ -249,3 +249,37 @@ def test_fault9_huge_output_is_cut_in_view_but_kept_and_never_blocks(cluster, ca
     assert len(r[0].stderr) >= 200_000  # nothing lost
     assert took < 10
     assert_usable(cluster)
+
+
+def test_logged_metrics_arrive_tagged_by_rank_while_the_cell_runs(cluster):
+    arrivals: list[tuple[float, int, int]] = []
+
+    class Sink:
+        def stream(self, rank, name, text):
+            pass
+
+        def display(self, rank, content):
+            pass
+
+        def result(self, rank, content):
+            pass
+
+        def flush(self):
+            pass
+
+        def metrics(self, rank, rows):
+            arrivals.append((time.perf_counter(), rank, len(rows)))
+
+    tic = time.perf_counter()
+    r = cluster.run(
+        "import time, nbdist\nfor i in range(20):\n    nbdist.log(step=i, loss=dist.get_rank() + 1.0 / (i + 1))\n    time.sleep(0.05)",
+        sink=Sink(),
+    )
+    r.raise_for_error()
+    took = time.perf_counter() - tic
+    assert {rank: len(rows) for rank, rows in r.metrics.items()} == {0: 20, 1: 20}
+    assert r.metrics[1][0]["loss"] == 2.0 and r.metrics[0][19]["step"] == 19
+    early = [t - tic for t, _, _ in arrivals if t - tic < took - 0.3]
+    assert early, "batches should arrive while the cell runs"
+    batches_per_rank = len(arrivals) / 2
+    assert 2 <= batches_per_rank <= took / 0.2 + 2  # batched: at most ~5 a second

@@ -1,0 +1,58 @@
+"""Dashboard arithmetic without a kernel: aggregation, decimation, overhead."""
+
+from __future__ import annotations
+
+import pytest
+
+from nbdist.widgets.dashboard import Dashboard, MetricStore, Series, overhead_percent
+
+
+def test_series_decimates_to_a_bounded_size_and_keeps_the_whole_span():
+    s = Series(max_points=100)
+    for i in range(100_000):
+        s.add(i, float(i))
+    assert 50 <= len(s) <= 100
+    assert s.xs[0] == 0 and s.xs[-1] > 99_000  # still spans the run
+    gaps = {b - a for a, b in zip(s.xs, s.xs[1:], strict=False)}
+    assert len(gaps) == 1  # evenly thinned
+
+
+def test_store_keeps_series_per_rank_and_means_across_ranks():
+    store = MetricStore()
+    store.add(0, [{"t": 0, "step": i, "loss": 1.0 * i} for i in range(5)])
+    store.add(1, [{"t": 0, "step": i, "loss": 3.0 * i, "lr": 0.1} for i in range(4)])
+    assert store.keys() == ["loss", "lr"] and store.ranks() == [0, 1]
+    xs, ys = store.mean("loss")
+    assert xs == [0, 1, 2, 3] and ys == [0.0, 2.0, 4.0, 6.0]  # only steps both ranks logged
+    assert store.last[("loss", 0)] == 4.0
+
+
+def test_rows_without_a_step_are_numbered():
+    store = MetricStore()
+    store.add(0, [{"t": 0, "step": None, "x": 5.0}, {"t": 0, "step": None, "x": 6.0}])
+    assert store.series[("x", 0)].xs == [0.0, 1.0]
+
+
+def test_overhead_arithmetic():
+    assert overhead_percent(0.012, 0.024) == pytest.approx(50.0)
+    assert overhead_percent(0.0, 0.0) == 0.0
+
+
+def test_static_figure_has_a_trace_per_rank_and_the_mean():
+    board = Dashboard()
+    board.update(0, [{"t": 0, "step": i, "loss": 1.0} for i in range(3)])
+    board.update(1, [{"t": 0, "step": i, "loss": 2.0} for i in range(3)])
+    fig = board.figure()
+    names = [t.name for t in fig.data]
+    assert names == ["loss rank 0", "loss rank 1", "loss mean"]
+    assert list(fig.data[2].y) == [1.5, 1.5, 1.5]
+
+
+def test_log_outside_an_engine_keeps_rows_locally():
+    from nbdist.engine import metrics
+
+    metrics.log(step=1, loss=0.5)
+    metrics.flush()
+    assert metrics.local_rows()[-1]["loss"] == 0.5
+    with pytest.raises(TypeError, match="is not a number"):
+        metrics.log(step=2, loss="high")
