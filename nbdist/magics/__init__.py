@@ -126,6 +126,27 @@ class DistMagics(Magics):
         return board.figure()
 
     @line_magic
+    def dist_bench(self, line: str = "") -> Any:
+        """All-reduce bandwidth sweep (4 KiB to 64 MiB) beside memcpy, and the scaling report."""
+        from ..bench import bench, figure
+
+        report = _call(bench)
+        for r in report["allreduce"]:
+            print(
+                f"{r['bytes']:>10,d} B  {r['seconds'] * 1e6:9.1f} us  algbw {r['algbw_GBps']:6.3f} GB/s  busbw {r['busbw_GBps']:6.3f} GB/s"
+            )
+        print(f"memcpy on one rank: {report['memcpy_GBps']:.2f} GB/s")
+        sc = report.get("scaling")
+        if sc:
+            print(
+                f"throughput: 1 rank {sc['one_rank_samples_per_s']:.0f}/s, 1 process on all cores "
+                f"{sc['one_process_all_cores_samples_per_s']:.0f}/s, {report['world_size']} ranks "
+                f"{sc['n_ranks_samples_per_s']:.0f}/s -> scaling efficiency {sc['efficiency']:.0%}"
+            )
+        self.shell.user_ns["bench_report"] = report  # type: ignore[union-attr]
+        return figure(report)
+
+    @line_magic
     def dist_stop(self, line: str = "") -> None:
         """Stop the engines and controller nbdist started."""
         try:

@@ -283,3 +283,19 @@ def test_logged_metrics_arrive_tagged_by_rank_while_the_cell_runs(cluster):
     assert early, "batches should arrive while the cell runs"
     batches_per_rank = len(arrivals) / 2
     assert 2 <= batches_per_rank <= took / 0.2 + 2  # batched: at most ~5 a second
+
+
+def test_bench_sweep_and_scaling_report(cluster):
+    from nbdist.bench import bench, figure
+
+    report = bench(cluster, sizes=[4096, 1 << 20], scaling=True)
+    rows = report["allreduce"]
+    assert [r["bytes"] for r in rows] == [4096, 1 << 20]
+    for r in rows:
+        assert r["seconds"] > 0
+        assert r["algbw_GBps"] == pytest.approx(r["bytes"] / r["seconds"] / 1e9)
+        assert r["busbw_GBps"] == pytest.approx(r["algbw_GBps"] * 2 * (2 - 1) / 2)  # 2(n-1)/n with n = 2
+    assert report["memcpy_GBps"] > rows[-1]["algbw_GBps"]  # loopback all_reduce cannot beat a local copy
+    sc = report["scaling"]
+    assert sc["efficiency"] == pytest.approx(sc["n_ranks_samples_per_s"] / (2 * sc["one_rank_samples_per_s"]))
+    assert len(figure(report).data) == 3

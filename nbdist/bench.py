@@ -1,0 +1,73 @@
+"""nbdist.bench: the all_reduce bandwidth sweep and the scaling report, measured on the cluster.
+
+algbw = bytes / time; busbw = algbw x 2(n-1)/n, the traffic a ring all-reduce puts on each
+link, comparable across world sizes (the convention of NCCL's tests). The memcpy bandwidth
+measured in the same run is the in-process ceiling to read them against. Scaling
+efficiency = throughput on n ranks / (throughput on 1 rank x n).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from .cluster import Cluster, current
+from .engine import benchfns
+
+DEFAULT_SIZES = [4 << 10 << (2 * i) for i in range(8)]  # 4 KiB, 16 KiB, ..., 64 MiB
+
+
+def bench(cluster: Cluster | None = None, sizes: list[int] | None = None, scaling: bool = True) -> dict[str, Any]:
+    cluster = cluster or current()
+    sizes = sizes or DEFAULT_SIZES
+    n = cluster.world_size
+    view = cluster.view(list(range(n)))
+    sweeps = view.apply_sync(benchfns.allreduce_sweep, sizes)
+    rows = []
+    for i, size in enumerate(sizes):
+        seconds = max(s[i]["seconds"] for s in sweeps)  # the slowest rank sets the pace
+        algbw = size / seconds
+        rows.append(
+            {"bytes": size, "seconds": seconds, "algbw_GBps": algbw / 1e9, "busbw_GBps": algbw * 2 * (n - 1) / n / 1e9}
+        )
+    memcpy = min(view.apply_sync(benchfns.memcpy_bandwidth)) / 1e9
+    report: dict[str, Any] = {"world_size": n, "backend": cluster.backend, "allreduce": rows, "memcpy_GBps": memcpy}
+    if scaling:
+        rank0 = cluster.client[cluster.ranks[0].engine_id]  # a single-engine view returns the bare result
+        alone = rank0.apply_sync(benchfns.train_throughput, distributed=False)
+        alone_all_cores = rank0.apply_sync(benchfns.train_throughput, distributed=False, threads=_cores())
+        together = view.apply_sync(benchfns.train_throughput, distributed=True)
+        total = sum(t["samples_per_s"] for t in together)
+        report["scaling"] = {
+            "one_rank_samples_per_s": alone["samples_per_s"],
+            "one_process_all_cores_samples_per_s": alone_all_cores["samples_per_s"],
+            "n_ranks_samples_per_s": total,
+            "efficiency": total / (alone["samples_per_s"] * n),
+        }
+    return report
+
+
+def figure(report: dict[str, Any]) -> Any:
+    """Bandwidth against message size, with the memcpy ceiling."""
+    import plotly.graph_objects as go
+
+    rows = report["allreduce"]
+    xs = [r["bytes"] for r in rows]
+    fig = go.Figure()
+    fig.add_scatter(x=xs, y=[r["busbw_GBps"] for r in rows], name="all_reduce busbw", mode="lines+markers")
+    fig.add_scatter(x=xs, y=[r["algbw_GBps"] for r in rows], name="all_reduce algbw", mode="lines+markers")
+    fig.add_scatter(
+        x=[xs[0], xs[-1]], y=[report["memcpy_GBps"]] * 2, name="memcpy (same run)", mode="lines", line={"dash": "dot"}
+    )
+    fig.update_layout(
+        title=f"all_reduce over {report['backend']}, {report['world_size']} ranks",
+        xaxis={"type": "log", "title": "message bytes"},
+        yaxis={"type": "log", "title": "GB/s"},
+        height=360,
+    )
+    return fig
+
+
+def _cores() -> int:
+    import os
+
+    return os.cpu_count() or 1
