@@ -32,6 +32,7 @@ def apply_ddp(
     comm_hook: Any = None,
     hook_state: Any = None,
     compression: str | None = None,
+    metrics: bool = True,
     **ddp_kwargs: Any,
 ) -> DDP:
     """Move ``model`` to this rank's device and wrap it in DistributedDataParallel.
@@ -40,6 +41,9 @@ def apply_ddp(
     ``comm_hook`` (with ``hook_state``) is registered with ``register_comm_hook``;
     or name a compressor, ``compression="topk:0.01"`` (see nbdist.compression.make_hook).
     The hook's state, with its byte and time records, is then ``model.compression_state``.
+    With ``metrics=True`` every training step logs its time, exposed communication,
+    bytes and samples/s through ``nbdist.log`` (see nbdist.parallel.instrument), which
+    the notebook's dashboard plots live.
     """
     if compression is not None:
         if comm_hook is not None:
@@ -62,6 +66,10 @@ def apply_ddp(
     if comm_hook is not None:
         wrapped.register_comm_hook(hook_state, comm_hook)
         wrapped.compression_state = hook_state
+    if metrics:
+        from .instrument import instrument
+
+        instrument(wrapped, hook_registered=comm_hook is not None)
     return wrapped
 
 

@@ -1,0 +1,98 @@
+# No `from __future__ import annotations`: DDP checks a comm hook's annotations as objects.
+"""Automatic step metrics for a DDP model: step time, exposed communication, bytes, samples/s.
+
+``apply_ddp(model, metrics=True)`` registers ``timing_hook`` (torch's all-reduce, timed)
+and a forward pre-hook that closes the previous step and logs it with ``nbdist.log``:
+
+- ``time/step_s``: forward-to-forward time of one step;
+- ``comm/time_s``: communication that training waited for: from the moment the last
+  bucket was handed to the all-reduce (backward compute is done then) until every
+  bucket's all-reduce finished. Communication that overlapped backward is free, so it
+  is not counted;
+- ``comm/overhead(%)`` = comm/time_s / time/step_s;
+- ``comm/bytes``: bytes handed to the collectives in the step;
+- ``throughput/samples_per_s``: this rank's batch / step time.
+"""
+
+import time
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+
+class StepMeter:
+    __slots__ = ("step", "start", "batch", "bytes", "first_launch", "last_launch", "done", "process_group")
+
+    def __init__(self, process_group: Any = None) -> None:
+        self.process_group = process_group
+        self.step = -1
+        self.start = 0.0
+        self.batch = 0
+        self.bytes = 0
+        self.first_launch = 0.0
+        self.last_launch = 0.0
+        self.done = 0.0
+
+    def __getstate__(self) -> dict[str, Any]:
+        return {k: (None if k == "process_group" else getattr(self, k)) for k in self.__slots__}
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        for k, v in state.items():
+            setattr(self, k, v)
+
+    def on_forward(self, module: Any, args: tuple) -> None:
+        now = time.perf_counter()
+        if self.step >= 0 and module.training:
+            step_s = now - self.start
+            comm = max(0.0, self.done - self.last_launch) if self.done else 0.0
+            inflight = max(0.0, self.done - self.first_launch) if self.done else 0.0
+            from ..engine.metrics import log
+
+            log(
+                step=self.step,
+                **{
+                    "time/step_s": step_s,
+                    "comm/time_s": comm,
+                    "comm/inflight_s": inflight,
+                    "comm/overhead(%)": 100.0 * comm / step_s if step_s > 0 else 0.0,
+                    "comm/bytes": self.bytes,
+                    "throughput/samples_per_s": self.batch / step_s if step_s > 0 else 0.0,
+                },
+            )
+        first = args[0] if args else None
+        self.batch = int(first.shape[0]) if isinstance(first, torch.Tensor) and first.dim() > 0 else 0
+        self.step += 1
+        self.start = now
+        self.bytes = 0
+        self.first_launch = 0.0
+        self.last_launch = 0.0
+        self.done = 0.0
+
+
+def timing_hook(state: StepMeter, bucket: dist.GradBucket) -> torch.futures.Future[torch.Tensor]:
+    """torch's allreduce_hook (divide, then all-reduce), with launch and completion times recorded."""
+    group = state.process_group
+    buf = bucket.buffer().div_(dist.get_world_size(group))
+    state.bytes += buf.numel() * buf.element_size()
+    if not state.first_launch:
+        state.first_launch = time.perf_counter()
+    if bucket.is_last():
+        state.last_launch = time.perf_counter()
+    fut = dist.all_reduce(buf, group=group, async_op=True).get_future()
+
+    def done(f: torch.futures.Future) -> torch.Tensor:
+        state.done = max(state.done, time.perf_counter())
+        return f.value()[0]
+
+    return fut.then(done)
+
+
+def instrument(model: Any, hook_registered: bool) -> StepMeter:
+    """Attach a StepMeter to a DDP model (the timing hook only if no other hook is set)."""
+    meter = StepMeter()
+    if not hook_registered:
+        model.register_comm_hook(meter, timing_hook)
+    model.register_forward_pre_hook(meter.on_forward)
+    model.step_meter = meter
+    return meter
