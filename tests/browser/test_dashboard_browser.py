@@ -1,0 +1,160 @@
+"""The dashboard in a real browser: JupyterLab on 127.0.0.1 with a token, Debian's Chromium
+driven by Playwright. A notebook trains for a few seconds; the dashboard's plot must be on
+the page and its number of points must grow while the cell runs. A screenshot is kept in
+test-artifacts/."""
+
+from __future__ import annotations
+
+import json
+import os
+import pathlib
+import secrets
+import shutil
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+
+import pytest
+
+ARTIFACTS = pathlib.Path(__file__).resolve().parents[2] / "test-artifacts"
+CHROMIUM = "/usr/bin/chromium"
+
+CELLS = [
+    "%load_ext nbdist\n%dist_start -n 2",
+    "%%distributed\nimport time, nbdist\nfor step in range(200):\n    nbdist.log(step=step, loss=1.0 / (step + 1) + dist.get_rank())\n    time.sleep(0.05)",
+    "%dist_stop",
+]
+
+
+def _ensure_chromium() -> str:
+    if shutil.which("chromium") or os.path.exists(CHROMIUM):
+        return shutil.which("chromium") or CHROMIUM
+    if os.geteuid() != 0:
+        pytest.skip("Chromium is not installed and installing it needs root: apt-get install chromium")
+    env = {**os.environ, "DEBIAN_FRONTEND": "noninteractive"}
+    for cmd in (["apt-get", "update", "-qq"], ["apt-get", "install", "-y", "-qq", "chromium"]):
+        done = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=600)
+        if done.returncode != 0:
+            pytest.skip(f"could not install Chromium with apt ({' '.join(cmd)}): {done.stderr[-300:]}")
+    return shutil.which("chromium") or CHROMIUM
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture()
+def lab(tmp_path):
+    nb = {
+        "cells": [
+            {"cell_type": "code", "metadata": {}, "source": c, "outputs": [], "execution_count": None} for c in CELLS
+        ],
+        "metadata": {"kernelspec": {"name": "python3", "display_name": "Python 3", "language": "python"}},
+        "nbformat": 4,
+        "nbformat_minor": 5,
+    }
+    (tmp_path / "live.ipynb").write_text(json.dumps(nb))
+    port, token = _free_port(), secrets.token_hex(16)
+    cmd = [
+        sys.executable,
+        "-m",
+        "jupyterlab",
+        "--no-browser",
+        "--ip=127.0.0.1",
+        f"--port={port}",
+        f"--IdentityProvider.token={token}",
+        f"--ServerApp.root_dir={tmp_path}",
+        "--ServerApp.open_browser=False",
+        "--LabApp.news_url=",
+        "--LabApp.check_for_updates_class=jupyterlab.NeverCheckForUpdate",
+        *(["--allow-root"] if os.geteuid() == 0 else []),
+    ]
+    log = open(tmp_path / "lab.log", "w")
+    proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, cwd=tmp_path)
+    base = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + 90
+        while True:
+            try:
+                urllib.request.urlopen(f"{base}/api/status?token={token}", timeout=2)
+                break
+            except OSError:
+                if time.monotonic() > deadline or proc.poll() is not None:
+                    raise RuntimeError(
+                        "JupyterLab did not start: " + (tmp_path / "lab.log").read_text()[-2000:]
+                    ) from None
+                time.sleep(0.5)
+        yield base, token
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(timeout=20)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+        log.close()
+
+
+def _points(page) -> int:
+    return page.evaluate(
+        """() => {
+        let n = 0;
+        for (const gd of document.querySelectorAll('.js-plotly-plot')) {
+            for (const trace of (gd.data || [])) { n += (trace.x || []).length; }
+        }
+        return n;
+    }"""
+    )
+
+
+def test_dashboard_plot_grows_in_jupyterlab(lab):
+    from playwright.sync_api import sync_playwright
+
+    executable = _ensure_chromium()
+    base, token = lab
+    ARTIFACTS.mkdir(exist_ok=True)
+    with sync_playwright() as pw:
+        browser = pw.chromium.launch(
+            executable_path=executable,
+            headless=True,
+            args=[
+                "--no-sandbox",
+                "--disable-gpu",
+                "--disable-quic",
+                "--no-first-run",
+                "--disable-background-networking",
+                "--disable-component-update",
+                "--disable-sync",
+            ],
+        )
+        try:
+            page = browser.new_page(viewport={"width": 1400, "height": 1000})
+            page.goto(f"{base}/lab/tree/live.ipynb?token={token}")
+            page.wait_for_selector(".jp-Notebook .jp-Cell", timeout=90_000)
+            try:  # JupyterLab may ask which kernel to start
+                page.click(".jp-Dialog button:has-text('Select')", timeout=10_000)
+            except Exception:
+                pass
+            page.wait_for_selector(".jp-Notebook-ExecutionIndicator[data-status='idle']", timeout=90_000)
+            page.click("text=Run", timeout=30_000)
+            page.click("text=Run All Cells", timeout=30_000)
+            try:
+                page.wait_for_selector(".js-plotly-plot", timeout=120_000)
+            finally:
+                page.screenshot(path=str(ARTIFACTS / "dashboard-wait.png"), full_page=True)
+            samples = []
+            for _ in range(4):  # the cell trains for ~10 s; sample the plot while it runs
+                samples.append(_points(page))
+                time.sleep(1.0)
+            page.screenshot(path=str(ARTIFACTS / "dashboard.png"), full_page=True)
+            assert samples[0] > 0 and max(samples) > samples[0], f"the plot should grow while the cell runs: {samples}"
+            second = max(samples)
+            # the run finishes, the static figure stays, and the last cell stops the cluster
+            page.wait_for_function("() => document.body.innerText.includes('cluster stopped')", timeout=120_000)
+            assert _points(page) >= second
+            page.screenshot(path=str(ARTIFACTS / "dashboard-final.png"), full_page=True)
+        finally:
+            browser.close()
