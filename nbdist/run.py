@@ -133,6 +133,8 @@ class TaggedPrinter:
         self._partial: dict[tuple[int, str], str] = {}
         self._shown: dict[tuple[int, str], int] = {}
         self.dashboard: Any = None
+        self._states: dict[int, str] = {}
+        self._bar: Any = None
 
     def stream(self, rank: int, name: str, text: str) -> None:
         if rank in self.quiet_ranks:
@@ -166,6 +168,23 @@ class TaggedPrinter:
             return
         _show(rank, content.get("data", {}), content.get("metadata", {}), prefix=f"[rank {rank}] Out:")
 
+    def state(self, rank: int, state: str) -> None:
+        """A rank's state changed (busy, idle, failed, dead): shown in the dashboard's strip."""
+        self._states[rank] = state
+        if self.dashboard is not None:
+            self.dashboard.set_state(rank, state)
+
+    def progress(self, done: int, total: int) -> None:
+        """Ranks finished so far, as tqdm's notebook bar, for cells that run longer than a moment."""
+        if self._bar is None:
+            if not _in_kernel():
+                return
+            from tqdm.notebook import tqdm
+
+            self._bar = tqdm(total=total, desc="ranks finished", leave=False)
+        self._bar.n = done
+        self._bar.refresh()
+
     def metrics(self, rank: int, rows: list[dict[str, Any]]) -> None:
         """Rows from nbdist.log: plotted live in a notebook (the dashboard appears on the first rows)."""
         if self.dashboard is None:
@@ -174,10 +193,17 @@ class TaggedPrinter:
             from .widgets.dashboard import Dashboard
 
             self.dashboard = Dashboard()
+            for r, st in self._states.items():
+                self.dashboard.states[r] = st
             self.dashboard.show()
         self.dashboard.update(rank, rows)
 
     def flush(self) -> None:
+        if self._bar is not None:
+            self._bar.n = self._bar.total  # every rank has finished by now (or failed, which the cell reports)
+            self._bar.refresh()
+            self._bar.close()  # leave=False: the bar goes away
+            self._bar = None
         if self.dashboard is not None:
             self.dashboard.close()  # the final state, as a static figure
         for (rank, name), rest in sorted(self._partial.items()):
@@ -278,11 +304,32 @@ class _Watch:
             {"stdout": 0, "stderr": 0, "outputs": 0, "result": False, "data": set()} for _ in self.children
         ]
         self.metrics: dict[int, list[dict[str, Any]]] = {r: [] for r in cfg.ranks}
+        self.states: dict[int, str] = {}
         self.tic = time.perf_counter()
         self.timings: dict[str, float] = {}
         for child in self.children:
             child.iopub_callbacks.append(self._poke)
             child.add_done_callback(lambda f: self.wake.put(1))
+
+    def _report_states(self) -> None:
+        """Tell the sink which ranks are busy or done (and, after 2 s, show progress)."""
+        done = 0
+        for i, child in enumerate(self.children):
+            rank = self.cfg.ranks[i]
+            if child.done():
+                done += 1
+                err = _child_error(child)
+                state = "idle" if err is None else ("dead" if getattr(err, "ename", "") == "EngineError" else "failed")
+            else:
+                state = "busy"
+            if self.states.get(rank) != state:
+                self.states[rank] = state
+                on_state = getattr(self.sink, "state", None)
+                if on_state is not None:
+                    on_state(rank, state)
+        on_progress = getattr(self.sink, "progress", None)
+        if on_progress is not None and time.perf_counter() - self.tic > 2.0 and done < len(self.children):
+            on_progress(done, len(self.children))
 
     def _poke(self, msg: Any) -> None:
         # Wake the watching thread only for what it shows; bookkeeping messages would just
@@ -343,6 +390,7 @@ class _Watch:
                     pass
                 if stream:
                     self._emit()
+                    self._report_states()
                 pending = [cfg.ranks[i] for i, c in enumerate(self.children) if not c.done()]
                 if not pending:
                     self.timings["results"] = time.perf_counter() - self.tic
@@ -400,6 +448,7 @@ class _Watch:
                 except Exception:  # the output of a dead engine never completes
                     pass
             self._emit()
+            self._report_states()
             self.sink.flush()
         self.timings["outputs"] = time.perf_counter() - self.tic
         for child in self.children:

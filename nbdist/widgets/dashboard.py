@@ -119,9 +119,31 @@ class Dashboard:
         self.store = MetricStore(max_points)
         self.refresh_s = refresh_s
         self.renders = 0
+        self.states: dict[int, str] = {}
         self._last = 0.0
         self._handle: Any = None
         self._widget: Any = None
+        self._box: Any = None
+        self._strip: Any = None
+
+    def set_state(self, rank: int, state: str) -> None:
+        """idle / busy / failed / dead for one rank, shown in the strip above the plots."""
+        self.states[rank] = state
+        if self._strip is not None:
+            self._strip.value = self.strip_html()
+
+    def strip_html(self) -> str:
+        from . import STATE_COLOURS
+
+        badges = []
+        for rank in sorted(self.states):
+            state = self.states[rank]
+            colour = STATE_COLOURS.get(state, "#555")
+            badges.append(
+                f'<span style="background:{colour};color:white;padding:2px 8px;margin-right:6px;'
+                f'border-radius:4px">rank {rank}: {state}</span>'
+            )
+        return '<div class="nbdist-ranks">' + "".join(badges) + "</div>"
 
     def update(self, rank: int, rows: list[dict[str, Any]]) -> None:
         self.store.add(rank, rows)
@@ -140,7 +162,7 @@ class Dashboard:
         fig = _figure(self.store, widget=False)
         if self._widget is None or len(self._widget.data) != len(fig.data):
             self._widget = _figure(self.store, widget=True)
-            self._handle.update(self._widget)
+            self._box.children = (self._strip, self._widget)
         else:
             with self._widget.batch_update():
                 for live, new in zip(self._widget.data, fig.data, strict=True):
@@ -149,17 +171,22 @@ class Dashboard:
 
     def show(self) -> None:
         """Display in the notebook (live while the cell runs)."""
+        import ipywidgets
         from IPython.display import display
 
         self._widget = _figure(self.store, widget=True)
-        self._handle = display(self._widget, display_id=True)
+        self._strip = ipywidgets.HTML(self.strip_html())
+        self._box = ipywidgets.VBox([self._strip, self._widget])
+        self._handle = display(self._box, display_id=True)
 
     def close(self) -> None:
         """Replace the live widget by a static figure of the final state."""
         if self._handle is not None:
             fig = self.figure()
+            if self.states:
+                fig.update_layout(title=" · ".join(f"rank {r}: {st}" for r, st in sorted(self.states.items())))
             # a raw bundle: a plotly Figure's own display would add a new output instead of replacing
             bundle = {"application/vnd.plotly.v1+json": fig.to_plotly_json(), "text/plain": "nbdist dashboard"}
             self._handle.update(bundle, raw=True)
             self._handle = None
-            self._widget = None
+            self._widget = self._box = self._strip = None

@@ -56,3 +56,12 @@ def test_log_outside_an_engine_keeps_rows_locally():
     assert metrics.local_rows()[-1]["loss"] == 0.5
     with pytest.raises(TypeError, match="is not a number"):
         metrics.log(step=2, loss="high")
+
+
+def test_state_strip_shows_each_rank():
+    board = Dashboard()
+    board.set_state(1, "failed")
+    board.set_state(0, "busy")
+    html = board.strip_html()
+    assert html.index("rank 0: busy") < html.index("rank 1: failed")
+    assert "#c62828" in html  # failed is red
