@@ -12,6 +12,7 @@ from .ddp import accumulate, apply_ddp, autocast, device, grad_scaler, scale_lr
 from .fsdp import apply_fsdp, memory_report, mesh_1d
 from .metrics import all_reduce_mean, all_reduce_sum, gather_values
 from .pipeline import bubble_fraction, make_schedule, pipeline_step, split_sequential
+from .profiling import profile, trace_links
 from .tensor import ColumnParallelLinear, RowParallelLinear
 
 __all__ = [
@@ -23,6 +24,8 @@ __all__ = [
     "memory_report",
     "mesh_1d",
     "pipeline_step",
+    "profile",
+    "trace_links",
     "split_sequential",
     "ShardedLoader",
     "accumulate",
