@@ -1,0 +1,247 @@
+"""DDP, metrics, accumulation and checkpoints on a real 2-rank gloo world, against single-process references."""
+
+from __future__ import annotations
+
+import os
+import signal
+import textwrap
+
+import pytest
+import torch
+
+from tests.conftest import run_cell
+
+SETUP = textwrap.dedent(
+    """
+    import torch
+    from torch.utils.data import TensorDataset
+
+    def make_model():
+        torch.manual_seed(0)
+        return torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.Tanh(), torch.nn.Linear(16, 1))
+
+    def make_data(n=64):
+        g = torch.Generator().manual_seed(1)
+        x = torch.randn(n, 8, generator=g)
+        y = (x.sum(1, keepdim=True) > 0).float()
+        return TensorDataset(x, y)
+    """
+)
+
+
+def _local(code: str) -> dict:
+    ns: dict = {}
+    exec(code, ns)
+    return ns
+
+
+def test_ddp_matches_one_process_with_the_combined_batch(cluster):
+    b, steps = 4, 5
+    cluster.run(SETUP).raise_for_error()
+    cluster.run(
+        textwrap.dedent(
+            f"""
+            from nbdist.parallel import apply_ddp, shard
+            loader = shard(make_data(), batch_size={b}, shuffle=False)
+            model = apply_ddp(make_model())
+            opt = torch.optim.SGD(model.parameters(), lr=0.1)
+            for step, (x, y) in zip(range({steps}), loader):
+                opt.zero_grad()
+                torch.nn.functional.mse_loss(model(x), y).backward()
+                opt.step()
+            params = [p.detach().clone() for p in model.module.parameters()]
+            """
+        )
+    ).raise_for_error()
+    replicas = cluster.pull("params")
+    for p0, p1 in zip(*replicas, strict=True):
+        assert torch.equal(p0, p1), "DDP replicas must stay bit-identical"
+
+    ref = _local(SETUP)
+    model, data = ref["make_model"](), ref["make_data"]()
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    shards = [list(range(r, 64, 2)) for r in range(2)]  # rank r reads samples r, r+2, ...
+    for step in range(steps):
+        idx = [i for r in range(2) for i in shards[r][step * b : (step + 1) * b]]
+        x, y = data[idx]
+        opt.zero_grad()
+        torch.nn.functional.mse_loss(model(x), y).backward()
+        opt.step()
+    # Same maths: DDP averages the two ranks' mean gradients, which is the mean over 2b.
+    # Only float32 summation order differs, so a few ulps: 1e-6 absolute.
+    for p_ddp, p_ref in zip(replicas[0], model.parameters(), strict=True):
+        torch.testing.assert_close(p_ddp, p_ref.detach(), rtol=0, atol=1e-6)
+
+
+def test_accumulation_with_no_sync_equals_the_full_batch(cluster):
+    cluster.run(SETUP).raise_for_error()
+    cluster.run(
+        textwrap.dedent(
+            """
+            from nbdist.parallel import accumulate, apply_ddp
+            data = make_data()
+            x, y = data[list(range(dist.get_rank(), 16, 2))]  # 8 samples per rank
+            results = []
+            for micro in (1, 2, 4):
+                model = apply_ddp(make_model())
+                opt = torch.optim.SGD(model.parameters(), lr=0.1)
+                opt.zero_grad()
+                chunk = 8 // micro
+                for i in range(micro):
+                    with accumulate(model, i, micro) as last:
+                        loss = torch.nn.functional.mse_loss(model(x[i*chunk:(i+1)*chunk]), y[i*chunk:(i+1)*chunk]) / micro
+                        loss.backward()
+                opt.step()
+                results.append(torch.cat([p.detach().flatten() for p in model.parameters()]))
+            """
+        )
+    ).raise_for_error()
+    for results in cluster.pull("results"):
+        # Mean of micro-batch means over equal chunks = full-batch mean; rounding only.
+        torch.testing.assert_close(results[1], results[0], rtol=0, atol=1e-6)
+        torch.testing.assert_close(results[2], results[0], rtol=0, atol=1e-6)
+
+
+def test_metric_helpers_reduce_across_ranks(cluster):
+    cluster.run(
+        "from nbdist.parallel import all_reduce_mean, all_reduce_sum, gather_values\n"
+        "m = all_reduce_mean(float(dist.get_rank()))\n"
+        "s = all_reduce_sum(torch.tensor([1.0, dist.get_rank()]))\n"
+        "g = gather_values({'rank': dist.get_rank()})"
+    ).raise_for_error()
+    assert cluster.pull("m") == [0.5, 0.5]
+    assert [s.tolist() for s in cluster.pull("s")] == [[2.0, 1.0], [2.0, 1.0]]
+    assert cluster.pull("g") == [[{"rank": 0}, {"rank": 1}]] * 2
+
+
+TRAIN = textwrap.dedent(
+    """
+    from nbdist.parallel import apply_ddp, shard, save_checkpoint, load_checkpoint
+    loader = shard(make_data(), batch_size=4, shuffle=False)
+    batches = list(loader)
+    model = apply_ddp(make_model())
+    opt = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
+
+    def train(first, last):
+        for step in range(first, last):
+            x, y = batches[step % len(batches)]
+            opt.zero_grad()
+            torch.nn.functional.mse_loss(model(x), y).backward()
+            opt.step()
+    """
+)
+
+
+def test_checkpoint_survives_killed_engines_bit_identically(cluster, ip, tmp_path):
+    ckpt = str(tmp_path / "ckpt")
+    cluster.run(SETUP + TRAIN).raise_for_error()
+    cluster.push({"ckpt": ckpt})
+    cluster.run(
+        "train(0, 3)\nsave_checkpoint(ckpt, model, opt, step=3)\ntrain(3, 6)\n"
+        "straight = [p.detach().clone() for p in model.module.parameters()]"
+    ).raise_for_error()
+    straight = cluster.pull("straight", ranks=0)[0]
+    assert sorted(os.listdir(ckpt)) == ["latest", "step-000000003"]
+
+    for rank in cluster.ranks:  # kill -9 every engine, then bring the world back
+        os.kill(rank.pid, signal.SIGKILL)
+    run_cell(ip, "%dist_restart")
+    cluster.run(SETUP + TRAIN).raise_for_error()
+    cluster.push({"ckpt": ckpt})
+    cluster.run(
+        "step = load_checkpoint(ckpt, model, opt)\ntrain(step, 6)\n"
+        "resumed = [p.detach().clone() for p in model.module.parameters()]"
+    ).raise_for_error()
+    assert cluster.pull("step") == [3, 3]
+    for a, b in zip(straight, cluster.pull("resumed", ranks=0)[0], strict=True):
+        assert torch.equal(a, b), "training must continue bit-identically after a restart"
+
+
+def test_a_half_written_checkpoint_never_becomes_the_latest(cluster, tmp_path):
+    ckpt = str(tmp_path / "ckpt")
+    cluster.run(SETUP + TRAIN).raise_for_error()
+    cluster.push({"ckpt": ckpt})
+    cluster.run("train(0, 2)\nsave_checkpoint(ckpt, model, opt, step=2)\nkeep = [p.detach().clone() for p in model.parameters()]").raise_for_error()
+    os.makedirs(os.path.join(ckpt, "step-000000004.partial"))  # a save that died half-way
+    with open(os.path.join(ckpt, "step-000000004.partial", "junk"), "w") as fh:
+        fh.write("not a checkpoint")
+    cluster.run(
+        "from nbdist.parallel import latest_step\ntrain(2, 4)\nlatest = latest_step(ckpt)\n"
+        "step = load_checkpoint(ckpt, model, opt)\nsame = all(torch.equal(a, b) for a, b in zip(keep, model.parameters()))"
+    ).raise_for_error()
+    assert cluster.pull("latest") == [2, 2] and cluster.pull("step") == [2, 2] and cluster.pull("same") == [True, True]
+
+
+def test_fsdp_checkpoint_round_trips(cluster, tmp_path):
+    ckpt = str(tmp_path / "fsdp")
+    cluster.run(SETUP).raise_for_error()
+    cluster.push({"ckpt": ckpt})
+    cluster.run(
+        textwrap.dedent(
+            """
+            from nbdist.parallel import apply_fsdp, save_checkpoint, load_checkpoint
+            m = apply_fsdp(make_model())
+            o = torch.optim.Adam(m.parameters(), lr=0.01)
+            x, y = make_data()[:8]
+            torch.nn.functional.mse_loss(m(x), y).backward()
+            o.step()
+            save_checkpoint(ckpt, m, o, step=1)
+            m2 = apply_fsdp(make_model())
+            o2 = torch.optim.Adam(m2.parameters(), lr=0.01)
+            load_checkpoint(ckpt, m2, o2)
+            same = all(torch.equal(a.full_tensor(), b.full_tensor()) for a, b in zip(m.parameters(), m2.parameters()))
+            moved = not torch.equal(next(m2.parameters()).full_tensor(), next(apply_fsdp(make_model()).parameters()).full_tensor())
+            """
+        )
+    ).raise_for_error()
+    assert cluster.pull("same") == [True, True] and cluster.pull("moved") == [True, True]
+
+
+def test_apply_ddp_logs_step_metrics_for_the_dashboard(cluster):
+    cluster.run(SETUP).raise_for_error()
+    r = cluster.run(
+        textwrap.dedent(
+            """
+            from nbdist.parallel import apply_ddp
+            model = apply_ddp(make_model())
+            opt = torch.optim.SGD(model.parameters(), lr=0.1)
+            x, y = make_data()[:8]
+            for step in range(6):
+                opt.zero_grad()
+                torch.nn.functional.mse_loss(model(x), y).backward()
+                opt.step()
+            nbytes = sum(p.numel() * p.element_size() for p in model.parameters())
+            """
+        )
+    )
+    r.raise_for_error()
+    nbytes = cluster.pull("nbytes", ranks=0)[0]
+    for rank in (0, 1):
+        rows = r.metrics[rank]
+        assert [row["step"] for row in rows] == [0, 1, 2, 3, 4]  # a step is closed by the next forward
+        for row in rows:
+            assert row["comm/bytes"] == nbytes
+            assert 0 <= row["comm/overhead(%)"] <= 100
+            assert row["comm/time_s"] <= row["time/step_s"]
+            assert row["throughput/samples_per_s"] == pytest.approx(8 / row["time/step_s"])
+
+
+def test_profiler_traces_are_written_per_rank(cluster, tmp_path):
+    import json
+
+    cluster.run(SETUP).raise_for_error()
+    cluster.push({"trace_dir": str(tmp_path / "traces")})
+    r = cluster.run(
+        "from nbdist.parallel import apply_ddp, profile\n"
+        "model = apply_ddp(make_model(), metrics=False)\n"
+        "x, y = make_data()[:8]\n"
+        "with profile(trace_dir):\n"
+        "    for _ in range(2):\n"
+        "        torch.nn.functional.mse_loss(model(x), y).backward()"
+    )
+    r.raise_for_error()
+    for rank in (0, 1):
+        path = tmp_path / "traces" / f"rank{rank}.json"
+        trace = json.loads(path.read_text())
+        assert trace["traceEvents"], f"rank {rank}'s trace is empty"
+        assert f"profiler trace: {path}" in r[rank].stdout

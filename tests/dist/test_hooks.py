@@ -1,0 +1,124 @@
+"""Compression hooks inside a real 2-rank gloo DDP."""
+
+from __future__ import annotations
+
+import textwrap
+
+import torch
+
+from tests.dist.test_ddp import SETUP
+
+SPECS = ("fp16", "bf16", "topk:0.1", "randomk:0.1", "qsgd:127", "signsgd", "powersgd:1")
+
+LOOP = textwrap.dedent(
+    """
+    from torch.distributed.algorithms.ddp_comm_hooks.default_hooks import allreduce_hook
+    from nbdist.parallel import apply_ddp, shard
+
+    def run(steps=6, **kwargs):
+        model = apply_ddp(make_model(), **kwargs)
+        opt = torch.optim.SGD(model.parameters(), lr=0.1)
+        for step, (x, y) in zip(range(steps), shard(make_data(), 4, shuffle=False)):
+            opt.zero_grad()
+            torch.nn.functional.mse_loss(model(x), y).backward()
+            opt.step()
+        return [p.detach().clone() for p in model.module.parameters()], getattr(model, "compression_state", None)
+    """
+)
+
+
+def test_identity_compressor_matches_allreduce_hook_bit_for_bit(cluster):
+    cluster.run(SETUP + LOOP).raise_for_error()
+    cluster.run("ref, _ = run(comm_hook=allreduce_hook, hook_state=None)\nmine, _ = run(compression='none')").raise_for_error()
+    for ref, mine in zip(cluster.pull("ref"), cluster.pull("mine"), strict=True):
+        for a, b in zip(ref, mine, strict=True):
+            assert torch.equal(a, b)
+
+
+def test_every_compressor_keeps_replicas_identical_and_reports_the_bytes_it_sends(cluster):
+    cluster.run(SETUP + LOOP).raise_for_error()
+    cluster.push({"SPECS": SPECS})
+    cluster.run(
+        "out = {}\n"
+        "for spec in SPECS:\n"
+        "    params, state = run(compression=spec)\n"
+        "    out[spec] = (params, [(r['step'], r['bytes_before'], r['bytes_after']) for r in state.records])"
+    ).raise_for_error()
+    r0, r1 = cluster.pull("out")
+    d = sum(p.numel() for p in r0["fp16"][0])  # one bucket holds every gradient of this small model
+    for spec in SPECS:
+        for a, b in zip(r0[spec][0], r1[spec][0], strict=True):
+            assert torch.equal(a, b), f"{spec}: replicas diverged"
+        records = r0[spec][1]
+        assert records and all(before == 4 * d for _, before, _ in records)
+        late = [after for step, _, after in records if step >= 2]  # after the warm-up iterations
+        k = -(-d // 10)  # ceil(0.1 d)
+        expected = {
+            "fp16": 2 * d, "bf16": 2 * d, "topk:0.1": 8 * k, "randomk:0.1": 4 * k,
+            "qsgd:127": d + 4, "signsgd": (d + 7) // 8 + 4,
+        }
+        if spec in expected:
+            assert late and all(a == expected[spec] for a in late), (spec, late[:2], expected[spec])
+        else:
+            assert late and all(a < 4 * d for a in late)
+
+
+def test_hook_result_is_the_mean_of_the_decompressed_payloads(cluster):
+    cluster.run(
+        textwrap.dedent(
+            """
+            from nbdist.compression import make_hook
+            class FakeBucket:
+                def __init__(self, t): self.t = t
+                def buffer(self): return self.t
+                def index(self): return 0
+                def is_last(self): return True
+            g = torch.Generator().manual_seed(dist.get_rank())
+            grad = torch.randn(100, generator=g)
+            res = {}
+            for spec in ("topk:0.05", "randomk:0.05", "signsgd", "qsgd:16"):
+                hook, state = make_hook(spec, start_iter=0)
+                out = hook(state, FakeBucket(grad.clone())).wait().clone()
+                sent = grad - state.residuals[0] if state.compressor.error_feedback else None
+                res[spec] = (out, sent)
+            """
+        )
+    ).raise_for_error()
+    r0, r1 = cluster.pull("res")
+    for spec in ("topk:0.05", "randomk:0.05", "signsgd"):
+        expected = (r0[spec][1] + r1[spec][1]) / 2
+        torch.testing.assert_close(r0[spec][0], expected, rtol=0, atol=1e-6)
+        torch.testing.assert_close(r1[spec][0], expected, rtol=0, atol=1e-6)
+    torch.testing.assert_close(r0["qsgd:16"][0], r1["qsgd:16"][0], rtol=0, atol=0)
+
+
+def test_every_compressor_reaches_the_uncompressed_loss(cluster):
+    """400 steps of the same task; final full-data loss within 2% of no compression.
+
+    2% is the issue's bar; measured gaps are under 1%. (At lr 0.2 random-k with error
+    feedback diverges here: its residual releases ~10 steps of gradient at once.)"""
+    cluster.run(SETUP).raise_for_error()
+    cluster.run(
+        textwrap.dedent(
+            """
+            from nbdist.parallel import apply_ddp, shard
+            data = make_data(512)
+            batches = list(shard(data, 16, shuffle=False))
+            final = {}
+            for spec in ("none", "fp16", "bf16", "topk:0.1", "randomk:0.1", "qsgd:127", "signsgd", "powersgd:2"):
+                model = apply_ddp(make_model(), compression=spec)
+                opt = torch.optim.SGD(model.parameters(), lr=0.05)
+                for step in range(400):
+                    x, y = batches[step % len(batches)]
+                    opt.zero_grad()
+                    torch.nn.functional.mse_loss(model(x), y).backward()
+                    opt.step()
+                X, Y = data[:]
+                final[spec] = torch.nn.functional.mse_loss(model(X), Y).item()
+            """
+        )
+    ).raise_for_error()
+    final = cluster.pull("final", ranks=0)[0]
+    base = final.pop("none")
+    for spec, loss in final.items():
+        assert abs(loss - base) <= 0.02 * base, f"{spec}: final loss {loss:.5f} vs uncompressed {base:.5f}"
