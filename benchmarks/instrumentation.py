@@ -9,6 +9,8 @@ import time
 
 from _common import save, stats
 
+from nbdist.run import Sink
+
 LOOP = """
 import time, statistics
 from nbdist.parallel import apply_ddp
@@ -29,21 +31,9 @@ step_s = statistics.median(times[10:])
 """
 
 
-class Counter:
+class Counter(Sink):
     def __init__(self) -> None:
         self.batches: list[float] = []
-
-    def stream(self, rank, name, text):
-        pass
-
-    def display(self, rank, content):
-        pass
-
-    def result(self, rank, content):
-        pass
-
-    def flush(self):
-        pass
 
     def metrics(self, rank, rows):
         if rank == 0:

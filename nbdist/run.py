@@ -124,7 +124,33 @@ def _failure(r: RankResult) -> dict[str, Any]:
 # ----------------------------------------------------------------------------- output
 
 
-class TaggedPrinter:
+class Sink:
+    """Where a running cell's output goes. Subclass it and override what you need;
+    every method is optional (TaggedPrinter, the default, prints and plots)."""
+
+    def stream(self, rank: int, name: str, text: str) -> None:
+        pass
+
+    def display(self, rank: int, content: dict[str, Any]) -> None:
+        pass
+
+    def result(self, rank: int, content: dict[str, Any]) -> None:
+        pass
+
+    def metrics(self, rank: int, rows: list[dict[str, Any]]) -> None:
+        pass
+
+    def state(self, rank: int, state: str) -> None:
+        pass
+
+    def progress(self, done: int, total: int) -> None:
+        pass
+
+    def flush(self) -> None:
+        pass
+
+
+class TaggedPrinter(Sink):
     """Default sink: prints each complete line as ``[rank N] ...``; shows displays per rank."""
 
     def __init__(self, quiet_ranks: set[int] | None = None, limit: int = 100_000) -> None:

@@ -42,6 +42,18 @@ def buffer(scratch: dict | None, name: str, n: int, dtype: Any) -> np.ndarray:
     return arr
 
 
+def _mean_of_parts(parts: list[torch.Tensor], d: int, world: int, scratch: dict | None, decode: Any) -> torch.Tensor:
+    """Mean over ranks of payloads laid out as a float32 header (norm or scale) + a body;
+    ``decode(body, header, out)`` writes one rank's dense float32 gradient into ``out``."""
+    total = torch.from_numpy(buffer(scratch, "total", d, np.float32))
+    total.zero_()
+    one = buffer(scratch, "one", d, np.float32)
+    for part in parts:
+        header = float(part[:4].view(torch.float32)[0])
+        total += torch.from_numpy(decode(part[4:].numpy(), header, one))
+    return total.div_(world)
+
+
 @dataclass(frozen=True)
 class Payload:
     tensor: torch.Tensor  # what goes on the wire
@@ -165,13 +177,9 @@ class QSGD(Compressor):
     def decompress(
         self, parts: list[torch.Tensor], d: int, world: int, context: Any = None, scratch: dict | None = None
     ) -> torch.Tensor:
-        total = torch.from_numpy(buffer(scratch, "total", d, np.float32))
-        total.zero_()
-        one = buffer(scratch, "one", d, np.float32)
-        for part in parts:
-            norm = float(part[:4].view(torch.float32)[0])
-            total += torch.from_numpy(kernels.qsgd_dequantize(part[4:].numpy(), norm, self.levels, one))
-        return total.div_(world)
+        return _mean_of_parts(
+            parts, d, world, scratch, lambda body, norm, out: kernels.qsgd_dequantize(body, norm, self.levels, out)
+        )
 
     def describe(self) -> str:
         return f"qsgd:{self.levels}"
@@ -196,13 +204,7 @@ class Sign(Compressor):
     def decompress(
         self, parts: list[torch.Tensor], d: int, world: int, context: Any = None, scratch: dict | None = None
     ) -> torch.Tensor:
-        total = torch.from_numpy(buffer(scratch, "total", d, np.float32))
-        total.zero_()
-        one = buffer(scratch, "one", d, np.float32)
-        for part in parts:
-            scale = float(part[:4].view(torch.float32)[0])
-            total += torch.from_numpy(kernels.sign_unpack(part[4:].numpy(), scale, one))
-        return total.div_(world)
+        return _mean_of_parts(parts, d, world, scratch, kernels.sign_unpack)
 
     def describe(self) -> str:
         return "signsgd" if self.error_feedback else "signsgd:noef"

@@ -48,14 +48,29 @@ def flush() -> int:
         return 0
     rank = int(os.environ.get("RANK", "0"))
     _STATE["seq"] += 1
-    try:
-        from ipyparallel.datapub import publish_data
-
-        publish_data({f"{KEY}{_STATE['seq']:09d}": {"rank": rank, "rows": rows}})
-    except Exception:  # not inside an ipyparallel engine: keep them here
+    data_pub = _engine_data_pub()
+    if data_pub is None:  # not inside an ipyparallel engine: keep them here
         _LOCAL.extend(rows)
         del _LOCAL[:-100_000]
+    else:
+        data_pub.publish_data({f"{KEY}{_STATE['seq']:09d}": {"rank": rank, "rows": rows}})
     return len(rows)
+
+
+def _engine_data_pub() -> Any:
+    """The engine's datapub publisher, or None outside an ipyparallel engine.
+
+    Looks at the running shell instead of calling ipyparallel's publish_data, which
+    would create a kernel shell singleton in a plain Python or terminal IPython process."""
+    try:
+        from IPython import get_ipython
+    except ImportError:  # pragma: no cover
+        return None
+    shell = get_ipython()
+    kernel = getattr(shell, "kernel", None)
+    if kernel is None or not type(kernel).__module__.startswith("ipyparallel"):
+        return None
+    return getattr(shell, "data_pub", None)
 
 
 def local_rows() -> list[dict[str, Any]]:

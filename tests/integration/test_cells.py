@@ -14,6 +14,7 @@ import time
 import pytest
 
 from nbdist.errors import RankError, RunTimeout
+from nbdist.run import Sink
 from tests.conftest import run_cell
 
 PROOF = "z = torch.ones(1) * (dist.get_rank() + 1)\ndist.all_reduce(z)\nproof = z.item()"
@@ -65,22 +66,13 @@ def test_quiet_shows_rank_zero_only(cluster, ip, capsys):
 def test_output_streams_while_the_cell_runs(cluster):
     seen: list[tuple[float, str]] = []
 
-    class Sink:
+    class Recorder(Sink):
         def stream(self, rank, name, text):
             seen.append((time.perf_counter(), text))
 
-        def display(self, rank, content):
-            pass
-
-        def result(self, rank, content):
-            pass
-
-        def flush(self):
-            pass
-
     tic = time.perf_counter()
     cluster.run(
-        "import time\nprint('early', flush=True)\ntime.sleep(1.5)\nprint('late')", ranks=0, sink=Sink()
+        "import time\nprint('early', flush=True)\ntime.sleep(1.5)\nprint('late')", ranks=0, sink=Recorder()
     ).raise_for_error()
     early = [t for t, text in seen if "early" in text]
     assert early and early[0] - tic < 1.2, "the first line should arrive before the cell ends"
@@ -254,26 +246,14 @@ def test_fault9_huge_output_is_cut_in_view_but_kept_and_never_blocks(cluster, ca
 def test_logged_metrics_arrive_tagged_by_rank_while_the_cell_runs(cluster):
     arrivals: list[tuple[float, int, int]] = []
 
-    class Sink:
-        def stream(self, rank, name, text):
-            pass
-
-        def display(self, rank, content):
-            pass
-
-        def result(self, rank, content):
-            pass
-
-        def flush(self):
-            pass
-
+    class Recorder(Sink):
         def metrics(self, rank, rows):
             arrivals.append((time.perf_counter(), rank, len(rows)))
 
     tic = time.perf_counter()
     r = cluster.run(
         "import time, nbdist\nfor i in range(20):\n    nbdist.log(step=i, loss=dist.get_rank() + 1.0 / (i + 1))\n    time.sleep(0.05)",
-        sink=Sink(),
+        sink=Recorder(),
     )
     r.raise_for_error()
     took = time.perf_counter() - tic
