@@ -132,26 +132,33 @@ TRAIN = textwrap.dedent(
 )
 
 
-def test_checkpoint_survives_killed_engines_bit_identically(cluster, ip, tmp_path):
-    ckpt = str(tmp_path / "ckpt")
+def _train(cluster, ckpt: str, body: str) -> None:
+    """Fresh model and optimizer on every rank (SETUP + TRAIN), ckpt pushed, then body."""
     cluster.run(SETUP + TRAIN).raise_for_error()
     cluster.push({"ckpt": ckpt})
-    cluster.run(
+    cluster.run(body).raise_for_error()
+
+
+def test_checkpoint_survives_killed_engines_bit_identically(cluster, ip, tmp_path):
+    ckpt = str(tmp_path / "ckpt")
+    _train(
+        cluster,
+        ckpt,
         "train(0, 3)\nsave_checkpoint(ckpt, model, opt, step=3)\ntrain(3, 6)\n"
-        "straight = [p.detach().clone() for p in model.module.parameters()]"
-    ).raise_for_error()
+        "straight = [p.detach().clone() for p in model.module.parameters()]",
+    )
     straight = cluster.pull("straight", ranks=0)[0]
     assert sorted(os.listdir(ckpt)) == ["latest", "step-000000003"]
 
     for rank in cluster.ranks:  # kill -9 every engine, then bring the world back
         os.kill(rank.pid, signal.SIGKILL)
     run_cell(ip, "%dist_restart")
-    cluster.run(SETUP + TRAIN).raise_for_error()
-    cluster.push({"ckpt": ckpt})
-    cluster.run(
+    _train(
+        cluster,
+        ckpt,
         "step = load_checkpoint(ckpt, model, opt)\ntrain(step, 6)\n"
-        "resumed = [p.detach().clone() for p in model.module.parameters()]"
-    ).raise_for_error()
+        "resumed = [p.detach().clone() for p in model.module.parameters()]",
+    )
     assert cluster.pull("step") == [3, 3]
     for a, b in zip(straight, cluster.pull("resumed", ranks=0)[0], strict=True):
         assert torch.equal(a, b), "training must continue bit-identically after a restart"
@@ -159,9 +166,7 @@ def test_checkpoint_survives_killed_engines_bit_identically(cluster, ip, tmp_pat
 
 def test_a_half_written_checkpoint_never_becomes_the_latest(cluster, tmp_path):
     ckpt = str(tmp_path / "ckpt")
-    cluster.run(SETUP + TRAIN).raise_for_error()
-    cluster.push({"ckpt": ckpt})
-    cluster.run("train(0, 2)\nsave_checkpoint(ckpt, model, opt, step=2)\nkeep = [p.detach().clone() for p in model.parameters()]").raise_for_error()
+    _train(cluster, ckpt, "train(0, 2)\nsave_checkpoint(ckpt, model, opt, step=2)\nkeep = [p.detach().clone() for p in model.parameters()]")
     os.makedirs(os.path.join(ckpt, "step-000000004.partial"))  # a save that died half-way
     with open(os.path.join(ckpt, "step-000000004.partial", "junk"), "w") as fh:
         fh.write("not a checkpoint")
