@@ -123,7 +123,10 @@ class Cluster:
 
         cfg = self.config
         profile = ProfileDir.create_profile_dir(os.path.join(self._workdir, "profile"))
+        from .pool import ENGINE_CMD, WarmEngineSetLauncher
+
         controller_name, engine_name = LAUNCHERS[cfg.launcher]
+        engines: Any = WarmEngineSetLauncher if engine_name == "Local" else engine_name
         cluster = ipp.Cluster(
             profile_dir=profile.location,
             n=cfg.n,
@@ -133,7 +136,7 @@ class Cluster:
             controller_ip="127.0.0.1",
             controller_args=["--usethreads", f"--HeartMonitor.period={cfg.heartbeat_ms}"],
             controller=controller_name,
-            engines=engine_name,
+            engines=engines,
             log=_IPP_LOG,
             load_profile=False,
         )
@@ -145,7 +148,7 @@ class Cluster:
         }
         c = cluster.config
         c.LocalControllerLauncher.controller_cmd = [sys.executable, "-m", "nbdist.engine.controller"]
-        c.LocalEngineSetLauncher.engine_cmd = [sys.executable, "-m", "nbdist.engine"]
+        c.LocalEngineSetLauncher.engine_cmd = list(ENGINE_CMD)
         c.LocalEngineSetLauncher.engine_args = ["--IPEngine.enable_nanny=False"]
         c.LocalEngineSetLauncher.delay = 0.0
         c.LocalProcessLauncher.stop_seconds_until_kill = 2

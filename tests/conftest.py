@@ -29,6 +29,9 @@ def no_leaked_processes():
 
     before = _nbdist_processes()
     yield
+    import nbdist.pool
+
+    nbdist.pool.shutdown()  # warm engines nobody took (started by %load_ext) end with the session
     deadline = time.monotonic() + 10
     leaked = _nbdist_processes() - before
     while leaked and time.monotonic() < deadline:

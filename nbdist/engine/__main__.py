@@ -25,16 +25,27 @@ def _fault_exit_one() -> None:
     sys.exit(3)
 
 
+def preload() -> None:
+    """Import what every engine needs and is slow to import (torch: about 2 s)."""
+    import ipyparallel.engine.app  # noqa: F401
+    import torch  # noqa: F401
+    import torch.distributed  # noqa: F401
+
+
+def run_engine() -> None:
+    """Run ipyparallel's engine with this process's arguments (after the fault drill)."""
+    from ipyparallel.engine.app import main as engine_main
+
+    _fault_exit_one()
+    engine_main()
+
+
 def main() -> None:
     from nbdist.engine.parentwatch import watch_parent
 
     watch_parent()
-    _fault_exit_one()
-    import torch  # noqa: F401
-    import torch.distributed  # noqa: F401
-    from ipyparallel.engine.app import main as engine_main
-
-    engine_main()
+    preload()
+    run_engine()
 
 
 if __name__ == "__main__":

@@ -271,12 +271,20 @@ _LOADED: dict[int, DistMagics] = {}
 
 
 def load(ipython: Any) -> None:
+    from .. import pool
+    from ..config import default_threads
+
     magics = DistMagics(ipython)
     _LOADED[id(ipython)] = magics
     ipython.register_magics(magics)
+    # Import torch for the likely first %dist_start (2 ranks) while the user types it.
+    pool.warm(2, default_threads(2))
 
 
 def unload(ipython: Any) -> None:
+    from .. import pool
+
+    pool.shutdown()
     magics = _LOADED.pop(id(ipython), None)
     if magics is not None and magics._transform in ipython.input_transformers_cleanup:
         ipython.input_transformers_cleanup.remove(magics._transform)

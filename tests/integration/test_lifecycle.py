@@ -82,9 +82,11 @@ def test_fault4_killed_rank_is_named_and_restart_brings_the_world_back(ip, tmp_p
 
 
 KERNEL_CODE = """
-import nbdist, json
+import nbdist, nbdist.pool, json
+from nbdist.config import default_threads
+nbdist.pool.warm(3, default_threads(2))  # two serve the engines, one stays warm
 c = nbdist.start(n=2)
-print(json.dumps(c.pids()))
+print(json.dumps(c.pids() + nbdist.pool.pids()))
 """
 
 
@@ -98,7 +100,7 @@ def test_fault5_engines_and_controller_end_with_the_kernel():
         assert reply["content"]["status"] == "ok"
         text = "".join(m["content"].get("text", "") for m in outputs if m["msg_type"] == "stream")
         pids = json.loads(text.strip().splitlines()[-1])
-        assert len(pids) >= 4  # controller, its heart monitor, two engines
+        assert len(pids) >= 5  # controller, its heart monitor, two engines, one warm process
         assert all(psutil.pid_exists(p) for p in pids)
         kernel_pid = km.provisioner.pid
         os.kill(kernel_pid, signal.SIGKILL)
