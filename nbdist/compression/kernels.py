@@ -52,88 +52,177 @@ def uniforms(seed: int, n: int) -> np.ndarray:
 # ------------------------------------------------------------------ top-k
 
 
-@_jit
-def _gather_at_least(x: np.ndarray, t: float, cap: int) -> tuple[np.ndarray, int]:
-    """Indices with |x| >= t (at most cap kept); returns (buffer, min(count, cap)).
+# Lowest set bit -> its position, by de Bruijn multiplication (no branch, no loop).
+_DEBRUIJN = np.uint64(0x03F79D71B4CB0A89)
+_DEBRUIJN_POS = np.zeros(64, np.int64)
+for _i in range(64):
+    _DEBRUIJN_POS[((1 << _i) * 0x03F79D71B4CB0A89 & 0xFFFFFFFFFFFFFFFF) >> 58] = _i
 
-    Chunk by chunk: a vectorised compare writes a small byte mask that stays in cache,
-    then the mask is read 8 bytes at a time, skipping the (mostly) empty words.
+
+@_jit
+def _gather_at_least(x: np.ndarray, t: float, idx: np.ndarray, vals: np.ndarray) -> int:
+    """Writes the indices and values of the entries with |x| >= t into idx and vals (as
+    many as fit); returns how many there are.
+
+    Chunk by chunk: a vectorised compare packs one bit per entry (as sign_pack does)
+    into a small mask that stays in cache, then each 64-bit word of it is walked set
+    bit by set bit. Few entries pass, so this costs about one read of x.
     """
-    idx = np.empty(cap + 1, np.int32)
+    cap = idx.size
     j = 0
     tt = np.float32(t)
     chunk = 4096
-    mask = np.zeros(chunk, np.uint8)
-    words = mask.view(np.uint64)
+    bits = np.zeros(chunk // 8, np.uint8)
+    words = bits.view(np.uint64)
     d = x.size
-    for start in range(0, d, chunk):
+    full = d - d % chunk
+    for start in range(0, full, chunk):
         xs = x[start : start + chunk]  # a slice view: indexing it lets LLVM vectorise the compare
-        n = xs.size
-        for i in range(n):
-            mask[i] = np.uint8(abs(xs[i]) >= tt)
-        for i in range(n, chunk):
-            mask[i] = 0
-        for w in range(chunk // 8):
-            if words[w] != 0:
-                base = w * 8
-                for b in range(8):
-                    if mask[base + b]:
-                        if j < cap:
-                            idx[j] = start + base + b
-                        j += 1
-    return idx, min(j, cap)
+        for b in range(chunk // 8):
+            i = b * 8
+            bits[b] = (
+                np.uint8(abs(xs[i]) >= tt)
+                | (np.uint8(abs(xs[i + 1]) >= tt) << 1)
+                | (np.uint8(abs(xs[i + 2]) >= tt) << 2)
+                | (np.uint8(abs(xs[i + 3]) >= tt) << 3)
+                | (np.uint8(abs(xs[i + 4]) >= tt) << 4)
+                | (np.uint8(abs(xs[i + 5]) >= tt) << 5)
+                | (np.uint8(abs(xs[i + 6]) >= tt) << 6)
+                | (np.uint8(abs(xs[i + 7]) >= tt) << 7)
+            )
+        for w in range(chunk // 64):
+            word = words[w]  # bit p of word w is entry w * 64 + p (little-endian bytes)
+            while word != 0:
+                low = word & (~word + np.uint64(1))
+                p = w * 64 + _DEBRUIJN_POS[(low * _DEBRUIJN) >> np.uint64(58)]
+                if j < cap:
+                    idx[j] = start + p
+                    vals[j] = xs[p]
+                j += 1
+                word ^= low
+    for i in range(full, d):  # the tail
+        if abs(x[i]) >= tt:
+            if j < cap:
+                idx[j] = i
+                vals[j] = x[i]
+            j += 1
+    return j
+
+
+@_jit
+def _kth_largest_key(keys: np.ndarray, k: int) -> np.int32:
+    """The k-th largest of non-negative int32 keys: a 4096-bin histogram finds the bin
+    that holds it, then only that bin is partitioned."""
+    lo = keys[0]
+    hi = keys[0]
+    for v in keys:
+        lo = min(lo, v)
+        hi = max(hi, v)
+    shift = 0
+    while ((hi - lo) >> shift) >= 4096:
+        shift += 1
+    hist = np.zeros(4096, np.int64)
+    for v in keys:
+        hist[(v - lo) >> shift] += 1
+    above = 0
+    b = 4095
+    while above + hist[b] < k:
+        above += hist[b]
+        b -= 1
+    members = np.empty(hist[b], np.int32)
+    m = 0
+    for v in keys:
+        if (v - lo) >> shift == b:
+            members[m] = v
+            m += 1
+    r = k - above  # the r-th largest inside bin b
+    return np.partition(members, m - r)[m - r]
+
+
+_BLOCK = 32  # contiguous elements per sampled block
+
+
+@_jit
+def _sample_abs(x: np.ndarray, blocks: int, seed: int) -> np.ndarray:
+    """|x| at ``blocks`` blocks of _BLOCK contiguous elements, one at a random offset in
+    each of ``blocks`` equal strata (stratified: every layer of a bucket is seen).
+    Reading blocks instead of single random elements keeps this a few hundred cache
+    misses rather than one per sample (which cost more than the whole pass over x)."""
+    d = x.size
+    stride = d // blocks
+    sample = np.empty(blocks * _BLOCK, np.float32)
+    s = np.uint64(seed)
+    for b in range(blocks):
+        off = b * stride + int(_uniform(s, np.uint64(b)) * (stride - _BLOCK + 1))
+        xs = x[off : off + _BLOCK]
+        for i in range(_BLOCK):
+            sample[b * _BLOCK + i] = abs(xs[i])
+    return sample
 
 
 @_jit
 def topk(x: np.ndarray, k: int, seed: int = 0) -> tuple[np.ndarray, np.ndarray]:
     """The k entries of x largest in magnitude: (values, int32 indices in increasing order).
 
-    A threshold is estimated from a random sample of |x| (set a little low so that at
-    least k entries pass), one pass gathers the candidates, and a partition among the
-    candidates keeps exactly k. No sort of x.
+    A threshold is estimated from a stratified sample of |x| (set a little low so that
+    at least k entries pass), one pass gathers the candidates, and a partition among the
+    candidates keeps exactly k. No sort of x. If the estimate was off, the pass is
+    repeated with a lower threshold (too few passed) or a buffer of the exact size
+    (too many), so the result is always exact.
     """
     d = x.size
     if k >= d:
         return x.copy(), np.arange(d).astype(np.int32)
     if k <= 0:
         return np.empty(0, x.dtype), np.empty(0, np.int32)
-    m = min(d, 65536)
-    sample = np.empty(m, np.float32)
-    s = np.uint64(seed)
-    for j in range(m):
-        sample[j] = abs(x[int(_uniform(s, np.uint64(j)) * d)])
-    # Expected passing fraction k/d; the sample quantile's error is about
-    # sqrt(q / m), so aim 4 of those above, plus a small floor.
+    blocks = min(512, d // (4 * _BLOCK))
     q = k / d
-    frac = min(1.0, q + 4.0 * np.sqrt(q / m) + 8.0 / d)
-    t = 0.0
-    if frac < 1.0:
-        pos = int((1.0 - frac) * (m - 1))
-        t = np.partition(sample, pos)[pos]
-    cap = min(d, int(frac * d * 1.5) + 64)
-    cand, count = _gather_at_least(x, t, cap)
-    if count < k or count >= cap:  # an unlucky sample: fall back to every entry
-        cand, count = np.arange(d).astype(np.int32), d
-    mags = np.empty(count, np.float32)
-    for j in range(count):
-        mags[j] = abs(x[cand[j]])
-    kth = np.partition(mags, count - k)[count - k]  # the k-th largest magnitude
+    if blocks >= 16:
+        sample = _sample_abs(x, blocks, seed)
+        # Blocks hold neighbours that look alike, so count a block as 8 independent
+        # draws when setting the margin (about 4 standard errors of the quantile).
+        frac = min(1.0, q + 4.0 * np.sqrt(q / (blocks * 8)) + 8.0 / d)
+    else:
+        sample = np.abs(x)
+        frac = q
+    m = sample.size
+    cap = min(d, int(frac * d * 1.25) + 64)
+    idx_buf = np.empty(cap, np.int32)
+    val_buf = np.empty(cap, x.dtype)
+    count = 0
+    for _ in range(8):
+        t = 0.0
+        if frac < 1.0:
+            pos = int((1.0 - frac) * (m - 1))
+            t = np.partition(sample, pos)[pos]
+        count = _gather_at_least(x, t, idx_buf, val_buf)
+        if count > idx_buf.size:  # more passed than expected: again, into buffers that fit
+            idx_buf = np.empty(count, np.int32)
+            val_buf = np.empty(count, x.dtype)
+            count = _gather_at_least(x, t, idx_buf, val_buf)
+        if count >= k:
+            break
+        frac = min(1.0, frac * 4.0)  # too few passed: lower the threshold
+    mags = np.abs(val_buf[:count])
+    keys = mags.view(np.int32)  # non-negative floats order like their bit patterns
+    kth = _kth_largest_key(keys, k)
     greater = 0
     for j in range(count):
-        greater += mags[j] > kth
+        greater += keys[j] > kth
     ties = k - greater  # how many entries equal to the k-th value to keep (lowest indices)
-    idx = np.empty(k, np.int32)
+    idx = np.empty(k + 1, np.int32)  # one spare slot: every candidate is written, kept ones advance n
+    vals = np.empty(k + 1, x.dtype)
     n = 0
     for j in range(count):  # candidates are in index order, so idx comes out sorted
-        if mags[j] > kth or (mags[j] == kth and ties > 0):
-            if mags[j] == kth:
-                ties -= 1
-            idx[n] = cand[j]
-            n += 1
-    vals = np.empty(k, x.dtype)
-    for j in range(k):
-        vals[j] = x[idx[j]]
-    return vals, idx
+        key = keys[j]
+        take = key > kth
+        if key == kth:  # rare: ties at the k-th value, the lowest indices first
+            take = ties > 0
+            ties -= take
+        idx[n] = idx_buf[j]
+        vals[n] = val_buf[j]
+        n += take
+    return vals[:k], idx[:k]
 
 
 @_jit

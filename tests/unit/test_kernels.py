@@ -59,6 +59,45 @@ def test_topk_matches_numpy_on_distinct_values():
         np.testing.assert_array_equal(idx, np.sort(np.argpartition(-np.abs(x), k - 1)[:k]))
 
 
+def _layered(rng, d):
+    """A bucket of several layers whose gradients differ in scale by up to 1e6."""
+    x = rng.standard_normal(d).astype(np.float32)
+    for part, scale in zip(np.array_split(np.arange(d), 4), (1e3, 1e-3, 1.0, 3.0), strict=True):
+        x[part] *= scale
+    return x
+
+
+@pytest.mark.parametrize(
+    "make",
+    [
+        pytest.param(lambda rng, d: rng.standard_normal(d).astype(np.float32), id="normal"),
+        pytest.param(_layered, id="layered-scales"),
+        pytest.param(lambda rng, d: rng.standard_cauchy(d).astype(np.float32), id="heavy-tailed"),
+        pytest.param(lambda rng, d: (rng.random(d) < 0.003).astype(np.float32) * 5, id="mostly-zero"),
+        pytest.param(lambda rng, d: np.full(d, 0.5, np.float32), id="all-ties"),
+        pytest.param(lambda rng, d: np.sign(rng.standard_normal(d)).astype(np.float32), id="two-values"),
+        pytest.param(lambda rng, d: np.sort(np.abs(rng.standard_normal(d))).astype(np.float32), id="sorted"),
+    ],
+)
+@pytest.mark.parametrize("ratio", [0.001, 0.01, 0.2])
+def test_topk_is_exact_on_inputs_that_mislead_the_sampled_threshold(make, ratio):
+    # Large enough that the threshold is estimated from sampled blocks; the estimate may be
+    # off (layers, ties, sorted data), and the kernel must still return exactly the top k.
+    rng = np.random.default_rng(5)
+    d = 200_003
+    x = make(rng, d)
+    k = int(ratio * d)
+    vals, idx = K.topk(x, k, 11)
+    assert idx.size == k and np.all(np.diff(idx) > 0)
+    np.testing.assert_array_equal(vals, x[idx])
+    expect = np.sort(np.abs(x))[::-1][:k]  # the k largest magnitudes, ties included
+    np.testing.assert_array_equal(np.sort(np.abs(vals))[::-1], expect)
+    kth = expect[-1]
+    ties = np.flatnonzero(np.abs(x) == kth)
+    taken = np.intersect1d(idx, ties)
+    np.testing.assert_array_equal(taken, ties[: taken.size])  # ties: the lowest indices
+
+
 def test_scatter_rebuilds_the_dense_vector():
     x = np.random.default_rng(2).standard_normal(50).astype(np.float32)
     vals, idx = K.topk(x, 5)
