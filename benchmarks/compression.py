@@ -39,7 +39,8 @@ def kernels_bench() -> dict:
     gb = x.nbytes / 1e9
     # outputs preallocated, as the hooks keep them per bucket (and as the copy's destination is)
     q, packed, dense = np.empty(N, np.int8), np.empty(N // 8, np.uint8), np.empty(N, np.float32)
-    norm = K.qsgd_quantize(x, 127, 1, q)
+    norms = np.empty(K.qsgd_chunks(N), np.float32)
+    K.qsgd_quantize(x, 127, 1, q, norms)
     scale = K.sign_pack(x, packed)
     k = N // 100
     t = {
@@ -47,8 +48,8 @@ def kernels_bench() -> dict:
         "topk_1pct": best_of(lambda: K.topk(x, k, 0)),
         "sign_pack": best_of(lambda: K.sign_pack(x, packed)),
         "sign_unpack": best_of(lambda: K.sign_unpack(packed, scale, dense)),
-        "int8_dequantize": best_of(lambda: K.qsgd_dequantize(q, norm, 127, dense)),
-        "qsgd_quantize": best_of(lambda: K.qsgd_quantize(x, 127, 1, q)),
+        "int8_dequantize": best_of(lambda: K.qsgd_dequantize(q, norms, 127, dense)),
+        "qsgd_quantize": best_of(lambda: K.qsgd_quantize(x, 127, 1, q, norms)),
     }
     xt = torch.from_numpy(x)
     t["torch_topk_1pct"] = best_of(lambda: torch.topk(xt.abs(), k), reps=3)
@@ -64,12 +65,12 @@ JIT_PROBE = textwrap.dedent(
     x = np.random.default_rng(0).standard_normal(100_000).astype(np.float32)
     tic = time.perf_counter()
     q, p, out = np.empty(x.size, np.int8), np.empty(x.size // 8, np.uint8), np.empty(x.size, np.float32)
-    K.topk(x, 1000, 0); n = K.qsgd_quantize(x, 127, 0, q); K.qsgd_dequantize(q, n, 127, out)
+    K.topk(x, 1000, 0); n = K.qsgd_quantize(x, 127, 0, q, np.empty(K.qsgd_chunks(x.size), np.float32)); K.qsgd_dequantize(q, n, 127, out)
     s = K.sign_pack(x, p); K.sign_unpack(p, s, out); K.randomk_indices(x.size, 1000, 0); K.scatter(x[:10], np.arange(10, dtype=np.int32), out)
     first = time.perf_counter() - tic
     tic = time.perf_counter()
     q, p, out = np.empty(x.size, np.int8), np.empty(x.size // 8, np.uint8), np.empty(x.size, np.float32)
-    K.topk(x, 1000, 0); n = K.qsgd_quantize(x, 127, 0, q); K.qsgd_dequantize(q, n, 127, out)
+    K.topk(x, 1000, 0); n = K.qsgd_quantize(x, 127, 0, q, np.empty(K.qsgd_chunks(x.size), np.float32)); K.qsgd_dequantize(q, n, 127, out)
     s = K.sign_pack(x, p); K.sign_unpack(p, s, out); K.randomk_indices(x.size, 1000, 0); K.scatter(x[:10], np.arange(10, dtype=np.int32), out)
     print(first - (time.perf_counter() - tic))
     """
@@ -81,7 +82,27 @@ def jit_bench() -> dict:
     for _ in range(3):  # the first may compile; the later ones load the cache
         out = subprocess.run([sys.executable, "-c", JIT_PROBE], capture_output=True, text=True, check=True)
         runs.append(float(out.stdout.strip().splitlines()[-1]))
-    return {"first_process_s": runs[0], "warm_cache_overhead_s": stats(runs[1:])}
+    return {"first_process_s": runs[0], "warm_cache_overhead_s": stats(runs[1:]), "engines": jit_in_engines()}
+
+
+def jit_in_engines(think_s: float = 6.0) -> dict:
+    """The same probe as the first code on the ranks of a fresh cluster: engines started
+    cold, and engines served from warm processes (which load numba while idle)."""
+    import nbdist
+    from nbdist import pool
+    from nbdist.config import default_threads
+
+    probe = JIT_PROBE.replace("print(", "overhead = (")
+    out = {}
+    for mode in ("cold", "warm"):
+        pool.shutdown()
+        if mode == "warm":
+            pool.warm(2, default_threads(2))
+            time.sleep(think_s)  # the user reading and typing after %load_ext
+        with nbdist.start(n=2) as cluster:
+            cluster.run(probe, quiet=True).raise_for_error()
+            out[mode] = max(cluster.pull("overhead"))
+    return out
 
 
 DDP = textwrap.dedent(
@@ -89,12 +110,16 @@ DDP = textwrap.dedent(
     import time
     from nbdist.parallel import apply_ddp
     import sys; sys.path.insert(0, BENCH_DIR)
-    from _ddp_loop import make_model
+    from _ddp_loop import make_model, _no_comm_hook
     g = torch.Generator().manual_seed(dist.get_rank())
     x, y = torch.randn(64, 512, generator=g), torch.randint(0, 10, (64,), generator=g)
     results = {}
     for spec in SPECS:
-        model = apply_ddp(make_model(), compression=spec)
+        if spec == "floor":  # the same step with no communication at all: what no compressor can beat
+            model = torch.nn.parallel.DistributedDataParallel(make_model())
+            model.register_comm_hook(None, _no_comm_hook)
+        else:  # "plain": apply_ddp(model) as users get it (torch's all-reduce, live metrics on)
+            model = apply_ddp(make_model(), compression=None if spec == "plain" else spec)
         opt = torch.optim.SGD(model.parameters(), lr=0.01)
         for i in range(STEPS + 10):
             if i == 10:
@@ -104,9 +129,44 @@ DDP = textwrap.dedent(
             loss.backward()
             opt.step()
         dist.barrier()
-        results[spec] = {"step_s": (time.perf_counter() - tic) / STEPS, "final_loss": loss.item()}
+        results[spec] = {"step_s": (time.perf_counter() - tic) / STEPS}
     """
 )
+
+# The task and settings of notebooks/05_gradient_compression.ipynb (150 steps, SGD lr 0.1,
+# momentum 0.9, batch 64 per rank, a teacher network's labels).
+CONVERGE = textwrap.dedent(
+    """
+    from nbdist.parallel import apply_ddp
+    def make_model():
+        torch.manual_seed(0)
+        return torch.nn.Sequential(torch.nn.Linear(256, 512), torch.nn.ReLU(), torch.nn.Linear(512, 512),
+                                   torch.nn.ReLU(), torch.nn.Linear(512, 10))
+    g = torch.Generator().manual_seed(0)
+    W = torch.randn(256, 10, generator=g)
+    X = torch.randn(4096, 256, generator=g)
+    Y = (X @ W).argmax(1)
+    mine = slice(dist.get_rank(), None, dist.get_world_size())
+    Xr, Yr = X[mine], Y[mine]
+    final = {}
+    for spec in CONVERGE_SPECS:
+        model = apply_ddp(make_model(), compression=spec, metrics=False)
+        opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+        losses = []
+        for step in range(150):
+            i = (step * 64) % (Xr.shape[0] - 64)
+            opt.zero_grad()
+            loss = torch.nn.functional.cross_entropy(model(Xr[i:i + 64]), Yr[i:i + 64])
+            loss.backward()
+            opt.step()
+            with torch.no_grad():  # the loss on all data, the same on every rank
+                losses.append(torch.nn.functional.cross_entropy(model.module(X), Y).item())
+        final[spec] = losses[-1]
+    """
+)
+
+SPECS = ("floor", "plain", "none", "topk:0.01", "qsgd:127", "fp16")
+CONVERGE_SPECS = ("none", "topk:0.01", "qsgd:127", "fp16")
 
 
 def ddp_bench(rounds: int) -> dict:
@@ -114,19 +174,25 @@ def ddp_bench(rounds: int) -> dict:
 
     import nbdist
 
-    specs = ("none", "topk:0.01", "qsgd:127", "fp16")
-    per: dict[str, list[dict]] = {s: [] for s in specs}
+    per: dict[str, list[dict]] = {s: [] for s in SPECS}
     with nbdist.start(n=2) as cluster:
-        cluster.push({"SPECS": specs, "STEPS": 60, "BENCH_DIR": str(pathlib.Path(__file__).parent)})
+        cluster.push({"SPECS": SPECS, "STEPS": 60, "BENCH_DIR": str(pathlib.Path(__file__).parent)})
         for _ in range(rounds):
             cluster.run(DDP, quiet=True).raise_for_error()
             res = cluster.pull("results", ranks=0)[0]
-            for s in specs:
+            for s in SPECS:
                 per[s].append(res[s])
-    out = {s: {"step_s": stats([r["step_s"] for r in per[s]]), "final_loss": per[s][-1]["final_loss"]} for s in specs}
-    base = out["none"]["step_s"]["median"]
-    for s in specs:
-        out[s]["vs_none"] = out[s]["step_s"]["median"] / base
+        cluster.push({"CONVERGE_SPECS": CONVERGE_SPECS})
+        cluster.run(CONVERGE, quiet=True).raise_for_error()
+        final = cluster.pull("final", ranks=0)[0]
+    out: dict = {s: {"step_s": stats([r["step_s"] for r in per[s]])} for s in SPECS}
+    for base in ("plain", "none"):
+        b = out[base]["step_s"]["median"]
+        for s in SPECS:
+            out[s][f"vs_{base}"] = out[s]["step_s"]["median"] / b
+    out["final_loss"] = {
+        s: {"loss": final[s], "vs_none_pct": 100 * (final[s] - final["none"]) / final["none"]} for s in CONVERGE_SPECS
+    }
     return out
 
 
@@ -151,13 +217,19 @@ def main() -> None:
     jit = jit_bench()
     print(
         f"JIT: first process {jit['first_process_s']:.2f} s; warm cache overhead median {jit['warm_cache_overhead_s']['median']:.3f} s"
+        f" (numba's own first-call set-up is most of it); on the ranks: cold engines {jit['engines']['cold']:.3f} s,"
+        f" warm engines {jit['engines']['warm']:.3f} s"
     )
     ddp = ddp_bench(args.rounds)
-    print("2-rank gloo DDP, MLP 512-1024-1024-10, batch 64 per rank:")
-    for spec, r in ddp.items():
+    print("2-rank gloo DDP, MLP 512-1024-1024-10, batch 64 per rank (floor: no communication at all):")
+    for spec in SPECS:
+        r = ddp[spec]
         print(
-            f"  {spec:10s} step {r['step_s']['median'] * 1e3:6.1f} ms  ({r['vs_none']:.2f}x none)  final loss {r['final_loss']:.4f}"
+            f"  {spec:10s} step {r['step_s']['median'] * 1e3:6.1f} ms  ({r['vs_plain']:.2f}x plain DDP, {r['vs_none']:.2f}x none)"
         )
+    print("final loss (all data) after notebook 05's 150 steps:")
+    for spec, r in ddp["final_loss"].items():
+        print(f"  {spec:10s} {r['loss']:.4f}  ({r['vs_none_pct']:+.1f}% vs none)")
     save("compression", {"kernels": kern, "jit": jit, "ddp": ddp})
 
 

@@ -8,7 +8,6 @@ error feedback), and turns the collective's result back into the mean gradient.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -42,23 +41,43 @@ def buffer(scratch: dict | None, name: str, n: int, dtype: Any) -> np.ndarray:
     return arr
 
 
-def _mean_of_parts(parts: list[torch.Tensor], d: int, world: int, scratch: dict | None, decode: Any) -> torch.Tensor:
+def _out(out: torch.Tensor | None, scratch: dict | None, d: int) -> torch.Tensor:
+    """Where a decompressed mean goes: the caller's tensor (the bucket itself) or a scratch buffer."""
+    return out if out is not None else torch.from_numpy(buffer(scratch, "total", d, np.float32))
+
+
+def _mean_of_parts(
+    parts: list[torch.Tensor], d: int, world: int, scratch: dict | None, add: Any, out: torch.Tensor | None = None
+) -> torch.Tensor:
     """Mean over ranks of payloads laid out as a float32 header (norm or scale) + a body;
-    ``decode(body, header, out)`` writes one rank's dense float32 gradient into ``out``."""
-    total = torch.from_numpy(buffer(scratch, "total", d, np.float32))
+    ``add(body, header, weight, out)`` adds weight x one rank's dense gradient to ``out``."""
+    total = _out(out, scratch, d)
     total.zero_()
-    one = buffer(scratch, "one", d, np.float32)
+    dense = total.numpy()
     for part in parts:
         header = float(part[:4].view(torch.float32)[0])
-        total += torch.from_numpy(decode(part[4:].numpy(), header, one))
-    return total.div_(world)
+        add(part[4:].numpy(), header, 1.0 / world, dense)
+    return total
 
 
-@dataclass(frozen=True)
 class Payload:
-    tensor: torch.Tensor  # what goes on the wire
-    sent: torch.Tensor  # what receivers reconstruct from this rank (dense, float32)
-    context: Any = None  # what decompress needs besides the collective's result
+    """What one rank hands to the collective, and what the receivers will make of it."""
+
+    __slots__ = ("tensor", "context", "_sent", "_densify")
+
+    def __init__(self, tensor: torch.Tensor, sent: Any = None, context: Any = None) -> None:
+        self.tensor = tensor  # what goes on the wire
+        self.context = context  # what decompress needs besides the collective's result
+        # sent: what receivers reconstruct from this rank (dense float32), or a function
+        # that builds it on demand (sparse compressors never need it in the hook)
+        self._sent = None if callable(sent) else sent
+        self._densify = sent if callable(sent) else None
+
+    @property
+    def sent(self) -> torch.Tensor:
+        if self._sent is None:
+            self._sent = self._densify()  # type: ignore[misc]
+        return self._sent
 
 
 class Compressor:
@@ -71,9 +90,21 @@ class Compressor:
         raise NotImplementedError
 
     def decompress(
-        self, result: Any, d: int, world: int, context: Any = None, scratch: dict | None = None
+        self,
+        result: Any,
+        d: int,
+        world: int,
+        context: Any = None,
+        scratch: dict | None = None,
+        out: torch.Tensor | None = None,
     ) -> torch.Tensor:
+        """The mean gradient from the collective's result; written into ``out`` when the
+        compressor can (the hook passes the bucket), else returned in a buffer of its own."""
         raise NotImplementedError
+
+    def keep_residual(self, x: torch.Tensor, payload: Payload) -> None:
+        """Error feedback: turn x (the corrected gradient) into x - sent, in place."""
+        x.sub_(payload.sent)
 
     def describe(self) -> str:
         return self.name
@@ -88,7 +119,13 @@ class Identity(Compressor):
         return Payload(x.div_(world), x)
 
     def decompress(
-        self, result: torch.Tensor, d: int, world: int, context: Any = None, scratch: dict | None = None
+        self,
+        result: torch.Tensor,
+        d: int,
+        world: int,
+        context: Any = None,
+        scratch: dict | None = None,
+        out: torch.Tensor | None = None,
     ) -> torch.Tensor:
         return result
 
@@ -107,19 +144,31 @@ class TopK(Compressor):
     def compress(self, x: torch.Tensor, *, seed: int, world: int, scratch: dict | None = None) -> Payload:
         d = x.numel()
         vals, idx = kernels.topk(x.numpy(), self.k(d), seed)
-        sent = torch.from_numpy(kernels.scatter(vals, idx, buffer(scratch, "sent", d, np.float32)))
         wire = torch.cat([torch.from_numpy(vals), torch.from_numpy(idx).view(torch.float32)])
-        return Payload(wire, sent)
+
+        def sent() -> torch.Tensor:
+            return torch.from_numpy(kernels.scatter(vals, idx, buffer(scratch, "sent", d, np.float32)))
+
+        return Payload(wire, sent, context=idx)
+
+    def keep_residual(self, x: torch.Tensor, payload: Payload) -> None:
+        x.numpy()[payload.context] = 0.0  # x - sent: the sent entries leave, the rest stays
 
     def decompress(
-        self, parts: list[torch.Tensor], d: int, world: int, context: Any = None, scratch: dict | None = None
+        self,
+        parts: list[torch.Tensor],
+        d: int,
+        world: int,
+        context: Any = None,
+        scratch: dict | None = None,
+        out: torch.Tensor | None = None,
     ) -> torch.Tensor:
         k = self.k(d)
-        total = torch.from_numpy(buffer(scratch, "total", d, np.float32))
+        total = _out(out, scratch, d)
         total.zero_()
         for part in parts:
-            total.index_add_(0, part[k:].view(torch.int32).long(), part[:k])
-        return total.div_(world)
+            kernels.scatter_add(part[:k].numpy(), part[k:].view(torch.int32).numpy(), 1.0 / world, total.numpy())
+        return total
 
     def describe(self) -> str:
         return f"topk:{self.ratio:g}"
@@ -140,23 +189,38 @@ class RandomK(Compressor):
         k = max(1, min(d, int(math.ceil(self.ratio * d))))
         idx = torch.from_numpy(kernels.randomk_indices(d, k, seed).astype(np.int64))
         vals = x[idx]
-        sent = torch.zeros(d)
-        sent[idx] = vals
+
+        def sent() -> torch.Tensor:
+            dense = torch.zeros(d)
+            dense[idx] = vals
+            return dense
+
         return Payload(vals.contiguous(), sent, context=idx)
 
+    def keep_residual(self, x: torch.Tensor, payload: Payload) -> None:
+        x[payload.context] = 0.0
+
     def decompress(
-        self, result: torch.Tensor, d: int, world: int, context: Any = None, scratch: dict | None = None
+        self,
+        result: torch.Tensor,
+        d: int,
+        world: int,
+        context: Any = None,
+        scratch: dict | None = None,
+        out: torch.Tensor | None = None,
     ) -> torch.Tensor:
-        out = torch.zeros(d)
-        out[context] = result / world
-        return out
+        total = _out(out, scratch, d)
+        total.zero_()
+        total[context] = result / world
+        return total
 
     def describe(self) -> str:
         return f"randomk:{self.ratio:g}"
 
 
 class QSGD(Compressor):
-    """Unbiased stochastic rounding to s levels, int8 payload (+ the norm in 4 bytes), all_gather."""
+    """Unbiased stochastic rounding to s levels: an int8 per entry plus one float32 norm
+    per 512 entries (kernels.QSGD_CHUNK), all_gather."""
 
     name = "qsgd"
 
@@ -166,20 +230,36 @@ class QSGD(Compressor):
         self.levels = levels
 
     def compress(self, x: torch.Tensor, *, seed: int, world: int, scratch: dict | None = None) -> Payload:
-        q = np.empty(x.numel(), np.int8)  # goes on the wire: fresh, not reused while in flight
-        norm = kernels.qsgd_quantize(x.numpy(), self.levels, seed, q)
-        sent = torch.from_numpy(
-            kernels.qsgd_dequantize(q, norm, self.levels, buffer(scratch, "sent", x.numel(), np.float32))
-        )
-        head = torch.tensor([norm], dtype=torch.float32).view(torch.int8)
-        return Payload(torch.cat([head, torch.from_numpy(q)]), sent)
+        d = x.numel()
+        # the wire: float32 norms, then int8 levels; fresh, not reused while in flight
+        wire = torch.empty(4 * kernels.qsgd_chunks(d) + d, dtype=torch.int8)
+        norms = wire[: 4 * kernels.qsgd_chunks(d)].view(torch.float32).numpy()
+        q = wire[4 * kernels.qsgd_chunks(d) :].numpy()
+        kernels.qsgd_quantize(x.numpy(), self.levels, seed, q, norms)
+
+        def sent() -> torch.Tensor:
+            return torch.from_numpy(
+                kernels.qsgd_dequantize(q, norms, self.levels, buffer(scratch, "sent", d, np.float32))
+            )
+
+        return Payload(wire, sent)
 
     def decompress(
-        self, parts: list[torch.Tensor], d: int, world: int, context: Any = None, scratch: dict | None = None
+        self,
+        parts: list[torch.Tensor],
+        d: int,
+        world: int,
+        context: Any = None,
+        scratch: dict | None = None,
+        out: torch.Tensor | None = None,
     ) -> torch.Tensor:
-        return _mean_of_parts(
-            parts, d, world, scratch, lambda body, norm, out: kernels.qsgd_dequantize(body, norm, self.levels, out)
-        )
+        head = 4 * kernels.qsgd_chunks(d)
+        total = _out(out, scratch, d)
+        total.zero_()
+        for part in parts:
+            norms = part[:head].view(torch.float32).numpy()
+            kernels.qsgd_dequantize_add(part[head:].numpy(), norms, self.levels, 1.0 / world, total.numpy())
+        return total
 
     def describe(self) -> str:
         return f"qsgd:{self.levels}"
@@ -197,14 +277,23 @@ class Sign(Compressor):
         d = x.numel()
         packed = np.empty((d + 7) // 8, np.uint8)  # goes on the wire: fresh
         scale = kernels.sign_pack(x.numpy(), packed)
-        sent = torch.from_numpy(kernels.sign_unpack(packed, scale, buffer(scratch, "sent", d, np.float32)))
+
+        def sent() -> torch.Tensor:
+            return torch.from_numpy(kernels.sign_unpack(packed, scale, buffer(scratch, "sent", d, np.float32)))
+
         head = torch.tensor([scale], dtype=torch.float32).view(torch.uint8)
         return Payload(torch.cat([head, torch.from_numpy(packed)]), sent)
 
     def decompress(
-        self, parts: list[torch.Tensor], d: int, world: int, context: Any = None, scratch: dict | None = None
+        self,
+        parts: list[torch.Tensor],
+        d: int,
+        world: int,
+        context: Any = None,
+        scratch: dict | None = None,
+        out: torch.Tensor | None = None,
     ) -> torch.Tensor:
-        return _mean_of_parts(parts, d, world, scratch, kernels.sign_unpack)
+        return _mean_of_parts(parts, d, world, scratch, kernels.sign_unpack_add, out)
 
     def describe(self) -> str:
         return "signsgd" if self.error_feedback else "signsgd:noef"
@@ -225,9 +314,17 @@ class Cast(Compressor):
         return Payload(small.div_(world), sent)  # divide first, as torch's fp16 hook does
 
     def decompress(
-        self, result: torch.Tensor, d: int, world: int, context: Any = None, scratch: dict | None = None
+        self,
+        result: torch.Tensor,
+        d: int,
+        world: int,
+        context: Any = None,
+        scratch: dict | None = None,
+        out: torch.Tensor | None = None,
     ) -> torch.Tensor:
-        return result.float()
+        if out is None:
+            return result.float()
+        return out.copy_(result)
 
 
 NAMES = ("none", "fp16", "bf16", "topk", "randomk", "qsgd", "signsgd", "powersgd")

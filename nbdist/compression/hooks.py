@@ -92,21 +92,26 @@ def compression_hook(state: HookState, bucket: dist.GradBucket) -> torch.futures
         fut = dist.all_reduce(wire, group=group, async_op=True).get_future()
         return fut.then(lambda f: f.value()[0])
 
-    # Every full-size tensor here lives in per-bucket buffers: fresh multi-megabyte
-    # allocations each step cost more in page faults than the compression itself.
+    # Full-size tensors live in the bucket itself or in per-bucket buffers: fresh
+    # multi-megabyte allocations each step cost more in page faults than compressing.
     scratch = state.scratch.setdefault(index, {})
-    x = torch.from_numpy(buffer(scratch, "x", d, np.float32))
-    x.copy_(buf.detach())
-    residual = None
+    in_place = buf.device.type == "cpu" and buf.dtype == torch.float32 and buf.is_contiguous()
     if comp.error_feedback:
-        residual = state.residuals.get(index)
-        if residual is None or residual.numel() != d:
-            residual = state.residuals[index] = torch.zeros(d)
-        x += residual
+        # The residual becomes the corrected gradient x = grad + residual; after
+        # compressing, keep_residual turns it into x - sent for the next step.
+        x = state.residuals.get(index)
+        if x is None or x.numel() != d:
+            x = state.residuals[index] = torch.zeros(d)
+        x += buf.detach() if in_place else buf.detach().to("cpu", torch.float32)
+    elif in_place:
+        x = buf.detach()
+    else:
+        x = torch.from_numpy(buffer(scratch, "x", d, np.float32))
+        x.copy_(buf.detach())
     rank = 0 if comp.shared_seed else dist.get_rank(group)
     payload = comp.compress(x, seed=_seed(state.seed, step, index, rank), world=world, scratch=scratch)
-    if residual is not None:
-        torch.sub(x, payload.sent, out=residual)  # what was not sent waits for the next step
+    if comp.error_feedback:
+        comp.keep_residual(x, payload)  # what was not sent waits for the next step
     wire = payload.tensor.contiguous()
     record = {
         "step": step,
@@ -128,8 +133,9 @@ def compression_hook(state: HookState, bucket: dist.GradBucket) -> torch.futures
         record["collective_s"] = time.perf_counter() - t_coll
         t = time.perf_counter()
         result = f.value()[0] if gathered is None else gathered
-        mean = comp.decompress(result, d, world, payload.context, scratch)
-        buf.copy_(mean.to(device=buf.device, dtype=buf.dtype))
+        mean = comp.decompress(result, d, world, payload.context, scratch, out=buf if in_place else None)
+        if mean is not buf:
+            buf.copy_(mean.to(device=buf.device, dtype=buf.dtype))
         record["decompress_s"] = time.perf_counter() - t
         return buf
 

@@ -234,6 +234,14 @@ def scatter(values: np.ndarray, indices: np.ndarray, out: np.ndarray) -> np.ndar
     return out
 
 
+@_jit
+def scatter_add(values: np.ndarray, indices: np.ndarray, scale: float, out: np.ndarray) -> None:
+    """out[indices] += values * scale (repeats add up): one rank's sparse part of a mean."""
+    f = np.float32(scale)
+    for j in range(indices.size):
+        out[indices[j]] += values[j] * f
+
+
 # ------------------------------------------------------------------ random-k
 
 
@@ -313,35 +321,84 @@ def sign_unpack(packed: np.ndarray, scale: float, out: np.ndarray) -> np.ndarray
 # ------------------------------------------------------------------ QSGD
 
 
+QSGD_CHUNK = 512  # elements per norm: the QSGD paper's "bucket size"
+
+
 @_jit
-def qsgd_quantize(x: np.ndarray, s: int, seed: int, out: np.ndarray) -> float:
-    """Stochastic rounding of |x_i| / ||x|| to s levels into ``out`` (int8); returns the norm.
+def qsgd_quantize(x: np.ndarray, s: int, seed: int, out: np.ndarray, norms: np.ndarray) -> np.ndarray:
+    """Stochastic rounding of |x_i| / ||chunk|| to s levels into ``out`` (int8), chunk by
+    chunk of QSGD_CHUNK entries, each chunk's L2 norm into ``norms`` (float32,
+    ceil(d / QSGD_CHUNK)); returns norms.
 
     E[level_i] * norm / s = x_i (unbiased up to the 2**-24 resolution of the uniform
-    draw). s must be at most 127.
+    draw). A norm per chunk keeps the variance at most chunk / s**2 of the chunk's
+    squared norm; one norm for a whole bucket of d entries would allow d / s**2, which
+    for a 400k-entry bucket is noise 2.5x the gradient. s must be at most 127.
     """
-    d = x.size
-    total = 0.0
-    for i in range(d):
-        total += np.float64(x[i]) * np.float64(x[i])
-    norm = np.sqrt(total)
-    if norm == 0.0:
-        out[:] = 0
-        return 0.0
-    inv = np.float32(s / norm)
     base = _mix(np.uint64(seed))
-    for i in range(d):
-        a = abs(x[i]) * inv
-        lo = np.floor(a)
-        u = np.float32(_mix(base ^ np.uint64(i)) >> np.uint64(40)) * _INV24
-        level = np.int8(lo + np.float32(u < a - lo))
-        out[i] = level if x[i] >= 0 else -level
-    return norm
+    for c in range(norms.size):
+        start = c * QSGD_CHUNK
+        xs = x[start : start + QSGD_CHUNK]
+        qs = out[start : start + QSGD_CHUNK]
+        total = 0.0
+        for i in range(xs.size):
+            total += np.float64(xs[i]) * np.float64(xs[i])
+        norm = np.float32(np.sqrt(total))  # the receiver scales by this float32 value
+        norms[c] = norm
+        if norm == 0.0:
+            qs[:] = 0
+            continue
+        inv = np.float32(s) / norm
+        for i in range(xs.size):
+            a = abs(xs[i]) * inv
+            lo = np.floor(a)
+            u = np.float32(_mix(base ^ np.uint64(start + i)) >> np.uint64(40)) * _INV24
+            level = np.int8(min(lo + np.float32(u < a - lo), np.float32(s)))  # rounding never passes s
+            qs[i] = level if xs[i] >= 0 else -level
+    return norms
 
 
 @_jit
-def qsgd_dequantize(levels: np.ndarray, norm: float, s: int, out: np.ndarray) -> np.ndarray:
-    f = np.float32(norm / s)
-    for i in range(levels.size):
-        out[i] = np.float32(levels[i]) * f
+def qsgd_dequantize(levels: np.ndarray, norms: np.ndarray, s: int, out: np.ndarray) -> np.ndarray:
+    for c in range(norms.size):
+        f = np.float32(norms[c] / s)
+        start = c * QSGD_CHUNK
+        ls = levels[start : start + QSGD_CHUNK]
+        os_ = out[start : start + QSGD_CHUNK]
+        for i in range(ls.size):
+            os_[i] = np.float32(ls[i]) * f
+    return out
+
+
+@_jit
+def qsgd_dequantize_add(levels: np.ndarray, norms: np.ndarray, s: int, weight: float, out: np.ndarray) -> np.ndarray:
+    """out += weight * dequantized levels: one rank's share of a mean, in one pass."""
+    for c in range(norms.size):
+        f = np.float32(weight * norms[c] / s)
+        start = c * QSGD_CHUNK
+        ls = levels[start : start + QSGD_CHUNK]
+        os_ = out[start : start + QSGD_CHUNK]
+        for i in range(ls.size):
+            os_[i] += np.float32(ls[i]) * f
+    return out
+
+
+def qsgd_chunks(d: int) -> int:
+    """How many norms qsgd_quantize writes for d entries."""
+    return -(-d // QSGD_CHUNK)
+
+
+@_jit
+def sign_unpack_add(packed: np.ndarray, scale: float, weight: float, out: np.ndarray) -> np.ndarray:
+    """out += weight * (+scale / -scale per element): one rank's share of a mean, in one pass."""
+    s = np.float32(weight * scale)
+    s2 = np.float32(2.0 * weight * scale)
+    full = out.size // 8
+    for b in range(full):
+        v = packed[b]
+        i = b * 8
+        for j in range(8):
+            out[i + j] += np.float32((v >> (7 - j)) & 1) * s2 - s
+    for i in range(full * 8, out.size):
+        out[i] += np.float32((packed[i >> 3] >> (7 - (i & 7))) & 1) * s2 - s
     return out

@@ -34,12 +34,36 @@ def _become(job: dict) -> None:
         sys.path[0] = job["cwd"]  # what `python -m` started in cwd would have
 
 
+def _job_waiting() -> bool:
+    import select
+
+    return bool(select.select([sys.stdin.buffer], [], [], 0)[0])
+
+
+def _preload_numba() -> None:
+    """Numba loads its typing registries on the first call of any jitted function
+    (about 0.3 s, even with every kernel cached): pay that here, while nobody waits,
+    so a notebook's first compressed step does not."""
+    import numpy as np
+
+    from nbdist.compression import kernels
+
+    kernels.sign_pack(np.zeros(8, np.float32), np.empty(1, np.uint8))
+    if not _job_waiting():
+        kernels.topk(np.zeros(8, np.float32), 1)
+
+
 def main() -> None:
     from nbdist.engine.__main__ import preload, run_engine
     from nbdist.engine.parentwatch import watch_parent
 
     watch_parent()
     preload()
+    if not _job_waiting():  # an engine is wanted now: don't make it wait for extras
+        try:
+            _preload_numba()
+        except Exception:  # only an optimisation; the engine reports real errors when used
+            pass
     line = sys.stdin.buffer.readline()
     if not line.strip():
         return

@@ -24,11 +24,11 @@ def sign_unpack(packed, d, scale):
 
 def qsgd(x, s, seed):
     q = np.empty(x.size, np.int8)
-    return q, K.qsgd_quantize(x, s, seed, q)
+    return q, K.qsgd_quantize(x, s, seed, q, np.empty(K.qsgd_chunks(x.size), np.float32))
 
 
-def dequantize(q, norm, s):
-    return K.qsgd_dequantize(q, norm, s, np.empty(q.size, np.float32))
+def dequantize(q, norms, s):
+    return K.qsgd_dequantize(q, norms, s, np.empty(q.size, np.float32))
 
 
 @settings(max_examples=60, deadline=None)
@@ -141,26 +141,49 @@ def test_sign_pack_is_one_bit_per_element(d):
 
 def test_qsgd_is_unbiased_and_deterministic_per_seed():
     rng = np.random.default_rng(4)
-    x = rng.standard_normal(256).astype(np.float32)
+    x = rng.standard_normal(1300).astype(np.float32)  # three chunks, the last one short
+    x[512:1024] *= 100  # chunks of very different scale
     s, n = 4, 3000
-    q0, norm0 = qsgd(x, s, 11)
+    q0, norms0 = qsgd(x, s, 11)
     q1, _ = qsgd(x, s, 11)
     assert q0.dtype == np.int8 and np.array_equal(q0, q1)
     assert np.abs(q0).max() <= s
-    assert norm0 == pytest.approx(np.linalg.norm(x.astype(np.float64)), rel=1e-6)
+    chunks = np.split(x.astype(np.float64), [512, 1024])
+    np.testing.assert_allclose(norms0, [np.linalg.norm(c) for c in chunks], rtol=1e-6)
     total = np.zeros(x.size)
     for seed in range(n):
-        q, norm = qsgd(x, s, seed)
-        total += dequantize(q, norm, s)
+        q, norms = qsgd(x, s, seed)
+        total += dequantize(q, norms, s)
     mean = total / n
     # stochastic rounding to a grid of norm/s: variance <= (norm/s)^2 / 4 per draw; 5 sigma
-    bound = 5 * (norm0 / s) / 2 / np.sqrt(n)
+    step = np.repeat(norms0 / s, [512, 512, 276])
+    bound = 5 * step / 2 / np.sqrt(n)
     assert np.all(np.abs(mean - x) <= bound)
 
 
+def test_qsgd_variance_is_bounded_per_chunk():
+    # The QSGD bound with chunks of n entries: E||Q(x) - x||^2 <= min(n / s^2, sqrt(n) / s) ||x||^2.
+    # One norm for the whole vector would allow d / s^2 (here 400x more).
+    rng = np.random.default_rng(8)
+    x = rng.standard_normal(200_000).astype(np.float32)
+    s = 127
+    q, norms = qsgd(x, s, 1)
+    err = ((dequantize(q, norms, s) - x).astype(np.float64) ** 2).sum()
+    bound = min(K.QSGD_CHUNK / s**2, np.sqrt(K.QSGD_CHUNK) / s) * (x.astype(np.float64) ** 2).sum()
+    assert err <= bound
+
+
+def test_qsgd_never_rounds_past_s_levels():
+    x = np.zeros(512, np.float32)
+    x[0] = 1.0  # the whole norm in one entry: |x| / norm * s == s exactly
+    for seed in range(50):
+        q, _ = qsgd(x, 127, seed)
+        assert q[0] == 127
+
+
 def test_qsgd_of_zero_is_zero():
-    q, norm = qsgd(np.zeros(10, np.float32), 8, 0)
-    assert norm == 0.0 and not q.any()
+    q, norms = qsgd(np.zeros(10, np.float32), 8, 0)
+    assert not norms.any() and not q.any()
 
 
 def test_uniforms_look_uniform():
@@ -168,3 +191,23 @@ def test_uniforms_look_uniform():
     assert u.min() >= 0 and u.max() < 1
     assert abs(u.mean() - 0.5) < 0.005 and abs(u.var() - 1 / 12) < 0.002
     assert np.array_equal(u, K.uniforms(123, 100_000))
+
+
+def test_accumulating_decoders_match_decode_then_add():
+    rng = np.random.default_rng(9)
+    x = rng.standard_normal(1003).astype(np.float32)
+    base = rng.standard_normal(1003).astype(np.float32)
+    q, norm = qsgd(x, 127, 3)
+    out = base.copy()
+    K.qsgd_dequantize_add(q, norm, 127, 0.5, out)
+    np.testing.assert_allclose(out, base + 0.5 * dequantize(q, norm, 127), rtol=1e-6, atol=1e-6)
+    packed, scale = sign_pack(x)
+    out = base.copy()
+    K.sign_unpack_add(packed, scale, 0.25, out)
+    np.testing.assert_allclose(out, base + 0.25 * sign_unpack(packed, x.size, scale), rtol=1e-6, atol=1e-6)
+    vals, idx = K.topk(x, 50)
+    out = base.copy()
+    K.scatter_add(vals, idx, 0.5, out)
+    expect = base.copy()
+    expect[idx] += 0.5 * vals
+    np.testing.assert_allclose(out, expect, rtol=1e-6, atol=1e-6)
