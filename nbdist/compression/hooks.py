@@ -18,11 +18,32 @@ import torch.distributed as dist
 
 from .compressors import ALL_REDUCE, Compressor, Identity, _seed, buffer, powersgd_bytes
 
+KEEP_RECORDS = 20_000  # per hook state; older records are dropped in halves (``dropped`` counts them)
+
+
+def add_record(state: Any, record: dict[str, Any]) -> None:
+    """Append one bucket's record, keeping memory bounded on long runs."""
+    state.records.append(record)
+    if len(state.records) > KEEP_RECORDS:
+        half = len(state.records) // 2
+        del state.records[:half]
+        state.dropped += half
+
 
 class HookState:
     """What a compression hook keeps between calls; readable from the notebook."""
 
-    __slots__ = ("compressor", "start_iter", "seed", "process_group", "iteration", "residuals", "records", "scratch")
+    __slots__ = (
+        "compressor",
+        "start_iter",
+        "seed",
+        "process_group",
+        "iteration",
+        "residuals",
+        "records",
+        "dropped",
+        "scratch",
+    )
 
     def __init__(
         self, compressor: Compressor | None = None, start_iter: int = 2, seed: int = 0, process_group: Any = None
@@ -34,6 +55,7 @@ class HookState:
         self.iteration = 0
         self.residuals: dict[int, torch.Tensor] = {}
         self.records: list[dict[str, Any]] = []
+        self.dropped = 0  # records dropped from the front of ``records``
         self.scratch: dict[int, dict] = {}  # reusable buffers per bucket
 
     def __getstate__(self) -> dict[str, Any]:
@@ -88,7 +110,7 @@ def compression_hook(state: HookState, bucket: dist.GradBucket) -> torch.futures
             "compress_s": 0.0,
             "warmup": True,
         }
-        state.records.append(record)
+        add_record(state, record)
         fut = dist.all_reduce(wire, group=group, async_op=True).get_future()
         return fut.then(lambda f: f.value()[0])
 
@@ -120,7 +142,7 @@ def compression_hook(state: HookState, bucket: dist.GradBucket) -> torch.futures
         "bytes_after": wire.numel() * wire.element_size(),
         "compress_s": time.perf_counter() - tic,
     }
-    state.records.append(record)
+    add_record(state, record)
     t_coll = time.perf_counter()
     if comp.collective == ALL_REDUCE:
         fut = dist.all_reduce(wire, group=group, async_op=True).get_future()
@@ -145,7 +167,7 @@ def compression_hook(state: HookState, bucket: dist.GradBucket) -> torch.futures
 class PowerSGDHookState:
     """torch's PowerSGDState plus nbdist's byte records."""
 
-    __slots__ = ("psgd", "rank", "records")
+    __slots__ = ("psgd", "rank", "records", "dropped")
 
     def __init__(self, rank: int = 2, start_iter: int = 2, process_group: Any = None, **kwargs: Any) -> None:
         from torch.distributed.algorithms.ddp_comm_hooks.powerSGD_hook import PowerSGDState
@@ -155,9 +177,11 @@ class PowerSGDHookState:
             process_group=process_group, matrix_approximation_rank=rank, start_powerSGD_iter=start_iter, **kwargs
         )
         self.records: list[dict[str, Any]] = []
+        self.dropped = 0
 
     def __getstate__(self) -> dict[str, Any]:
-        return {"psgd": self.psgd, "rank": self.rank, "records": self.records}  # PowerSGDState drops its group
+        # PowerSGDState drops its group when pickled
+        return {"psgd": self.psgd, "rank": self.rank, "records": self.records, "dropped": self.dropped}
 
     def __setstate__(self, state: dict[str, Any]) -> None:
         for k, v in state.items():
@@ -175,7 +199,5 @@ def powersgd_hook(state: PowerSGDHookState, bucket: dist.GradBucket) -> torch.fu
     else:
         shapes = [tuple(g.shape) for g in bucket.gradients()]
         _, after = powersgd_bytes(shapes, state.rank, state.psgd.min_compression_rate)
-    state.records.append(
-        {"step": state.psgd.iter, "bucket": bucket.index(), "bytes_before": before, "bytes_after": after}
-    )
+    add_record(state, {"step": state.psgd.iter, "bucket": bucket.index(), "bytes_before": before, "bytes_after": after})
     return powerSGD_hook(state.psgd, bucket)

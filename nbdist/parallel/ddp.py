@@ -69,7 +69,7 @@ def apply_ddp(
     if metrics:
         from .instrument import instrument
 
-        instrument(wrapped, hook_registered=comm_hook is not None)
+        instrument(wrapped, hook_registered=comm_hook is not None, hook_state=hook_state if compression else None)
     return wrapped
 
 

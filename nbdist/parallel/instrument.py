@@ -12,6 +12,13 @@ and a forward pre-hook that closes the previous step and logs it with ``nbdist.l
 - ``comm/overhead(%)`` = comm/time_s / time/step_s;
 - ``comm/bytes``: bytes handed to the collectives in the step;
 - ``throughput/samples_per_s``: this rank's batch / step time.
+
+With a compression hook (``apply_ddp(model, compression=...)``) the meter reads the
+hook's records instead of timing torch's all-reduce: ``comm/bytes`` is then what the
+compressed collectives carried, ``comm/bytes_raw`` the gradient bytes before, and
+``comm/ratio`` their ratio; ``comm/compress_s`` and ``comm/decompress_s`` are the
+time spent compressing and decompressing, and ``comm/time_s`` = compress + the last
+bucket's collective + decompress (what the step waited for).
 """
 
 import time
@@ -22,10 +29,25 @@ import torch.distributed as dist
 
 
 class StepMeter:
-    __slots__ = ("step", "start", "batch", "bytes", "first_launch", "last_launch", "done", "process_group")
+    __slots__ = (
+        "step",
+        "start",
+        "batch",
+        "bytes",
+        "first_launch",
+        "last_launch",
+        "done",
+        "process_group",
+        "hook_state",
+        "seen",
+        "open",
+    )
 
-    def __init__(self, process_group: Any = None) -> None:
+    def __init__(self, process_group: Any = None, hook_state: Any = None) -> None:
         self.process_group = process_group
+        self.hook_state = hook_state  # a compression hook's state, whose records say what was sent
+        self.seen = 0  # how many of its records were already logged
+        self.open = False  # a training step started and was not logged yet
         self.step = -1
         self.start = 0.0
         self.batch = 0
@@ -37,32 +59,62 @@ class StepMeter:
     def __getstate__(self) -> dict[str, Any]:
         return {k: (None if k == "process_group" else getattr(self, k)) for k in self.__slots__}
 
+    def _compressed(self) -> dict[str, float]:
+        """The compression hook's records since the last step, summed."""
+        state = self.hook_state
+        records = getattr(state, "records", None)
+        if records is None:
+            return {}
+        dropped = getattr(state, "dropped", 0)
+        new = records[max(0, self.seen - dropped) :]
+        self.seen = dropped + len(records)
+        if not new:
+            return {}
+        sent = sum(r.get("bytes_after", 0) for r in new)
+        raw = sum(r.get("bytes_before", 0) for r in new)
+        compress = sum(r.get("compress_s", 0.0) for r in new)
+        decompress = sum(r.get("decompress_s", 0.0) for r in new)
+        last = max(new, key=lambda r: (r.get("step", 0), r.get("bucket", 0)))
+        return {
+            "comm/bytes": sent,
+            "comm/bytes_raw": raw,
+            "comm/ratio": raw / sent if sent else 1.0,
+            "comm/compress_s": compress,
+            "comm/decompress_s": decompress,
+            "comm/time_s": compress + last.get("collective_s", 0.0) + decompress,
+        }
+
     def __setstate__(self, state: dict[str, Any]) -> None:
         for k, v in state.items():
             setattr(self, k, v)
 
     def on_forward(self, module: Any, args: tuple) -> None:
         now = time.perf_counter()
-        if self.step >= 0 and module.training:
+        if self.open:  # the forward after a training step closes it (an evaluation forward too)
+            self.open = False
             step_s = now - self.start
             comm = max(0.0, self.done - self.last_launch) if self.done else 0.0
             inflight = max(0.0, self.done - self.first_launch) if self.done else 0.0
+            row: dict[str, float] = {
+                "time/step_s": step_s,
+                "comm/time_s": comm,
+                "comm/inflight_s": inflight,
+                "comm/bytes": self.bytes,
+                "throughput/samples_per_s": self.batch / step_s if step_s > 0 else 0.0,
+            }
+            if self.hook_state is not None:
+                del row["comm/inflight_s"]
+                row.update(self._compressed())
+            row["comm/overhead(%)"] = 100.0 * row["comm/time_s"] / step_s if step_s > 0 else 0.0
             from ..engine.metrics import log
 
-            log(
-                step=self.step,
-                **{
-                    "time/step_s": step_s,
-                    "comm/time_s": comm,
-                    "comm/inflight_s": inflight,
-                    "comm/overhead(%)": 100.0 * comm / step_s if step_s > 0 else 0.0,
-                    "comm/bytes": self.bytes,
-                    "throughput/samples_per_s": self.batch / step_s if step_s > 0 else 0.0,
-                },
-            )
+            log(step=self.step, **row)
+        if not module.training:
+            return
         first = args[0] if args else None
         self.batch = int(first.shape[0]) if isinstance(first, torch.Tensor) and first.dim() > 0 else 0
         self.step += 1
+        self.open = True
         self.start = now
         self.bytes = 0
         self.first_launch = 0.0
@@ -88,9 +140,10 @@ def timing_hook(state: StepMeter, bucket: dist.GradBucket) -> torch.futures.Futu
     return fut.then(done)
 
 
-def instrument(model: Any, hook_registered: bool) -> StepMeter:
-    """Attach a StepMeter to a DDP model (the timing hook only if no other hook is set)."""
-    meter = StepMeter()
+def instrument(model: Any, hook_registered: bool, hook_state: Any = None) -> StepMeter:
+    """Attach a StepMeter to a DDP model (the timing hook only if no other hook is set;
+    a compression hook's state, if given, supplies bytes and times instead)."""
+    meter = StepMeter(hook_state=hook_state)
     if not hook_registered:
         model.register_comm_hook(meter, timing_hook)
     model.register_forward_pre_hook(meter.on_forward)

@@ -94,21 +94,45 @@ class MetricStore:
         return xs, [sum(m[x] for m in maps) / len(maps) for x in xs]
 
 
+# Metrics that apply_ddp logs by itself: three get a panel, the rest are in RunResult.metrics.
+AUTO_PANELS = ("throughput/samples_per_s", "comm/overhead(%)", "comm/bytes")
+AUTO_PREFIXES = ("comm/", "time/", "throughput/")
+MAX_PANELS = 6
+
+
+def panel_keys(keys: list[str]) -> list[str]:
+    """Which metrics get a panel: the user's own (loss first), then throughput,
+    communication overhead and bytes per step; at most MAX_PANELS."""
+    auto = [k for k in AUTO_PANELS if k in keys]
+    user = sorted((k for k in keys if not k.startswith(AUTO_PREFIXES)), key=lambda k: ("loss" not in k, k))
+    return user[: MAX_PANELS - len(auto)] + auto
+
+
+def _title(store: MetricStore, key: str) -> str:
+    if key == "comm/bytes" and any(k == "comm/ratio" for k, _ in store.last):
+        ratios = [v for (k, _), v in store.last.items() if k == "comm/ratio"]
+        return f"comm/bytes (compressed {sum(ratios) / len(ratios):.0f}x)"
+    return key
+
+
 def _figure(store: MetricStore, widget: bool) -> Any:
     import plotly.graph_objects as go
     from plotly.subplots import make_subplots
 
-    keys = store.keys()[:4] or ["loss"]
-    fig = make_subplots(rows=1, cols=len(keys), subplot_titles=keys)
-    for col, key in enumerate(keys, start=1):
+    keys = panel_keys(store.keys()) or ["loss"]
+    cols = min(3, len(keys))
+    rows = -(-len(keys) // cols)
+    fig = make_subplots(rows=rows, cols=cols, subplot_titles=[_title(store, k) for k in keys])
+    for i, key in enumerate(keys):
+        row, col = i // cols + 1, i % cols + 1
         for rank in store.ranks():
             s = store.series.get((key, rank))
             if s is not None:
-                fig.add_scatter(x=s.xs, y=s.ys, name=f"{key} rank {rank}", mode="lines", row=1, col=col)
+                fig.add_scatter(x=s.xs, y=s.ys, name=f"{key} rank {rank}", mode="lines", row=row, col=col)
         if len(store.ranks()) > 1:
             xs, ys = store.mean(key)
-            fig.add_scatter(x=xs, y=ys, name=f"{key} mean", mode="lines", line={"dash": "dot"}, row=1, col=col)
-    fig.update_layout(height=320, margin={"t": 40, "b": 30}, showlegend=True)
+            fig.add_scatter(x=xs, y=ys, name=f"{key} mean", mode="lines", line={"dash": "dot"}, row=row, col=col)
+    fig.update_layout(height=300 * rows, margin={"t": 40, "b": 30}, showlegend=True)
     return go.FigureWidget(fig) if widget else fig
 
 

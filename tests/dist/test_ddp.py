@@ -231,6 +231,38 @@ def test_apply_ddp_logs_step_metrics_for_the_dashboard(cluster):
             assert row["throughput/samples_per_s"] == pytest.approx(8 / row["time/step_s"])
 
 
+def test_compressed_ddp_publishes_the_hook_records_as_step_metrics(cluster):
+    cluster.run(SETUP).raise_for_error()
+    r = cluster.run(
+        textwrap.dedent(
+            """
+            from nbdist.parallel import apply_ddp
+            model = apply_ddp(make_model(), compression="topk:0.1")
+            opt = torch.optim.SGD(model.parameters(), lr=0.1)
+            x, y = make_data()[:8]
+            model.eval(); model(x); model.train()  # an evaluation forward must not shift the accounting
+            for step in range(6):
+                opt.zero_grad()
+                torch.nn.functional.mse_loss(model(x), y).backward()
+                opt.step()
+            totals = model.compression_state.step_totals()
+            """
+        )
+    )
+    r.raise_for_error()
+    for rank in (0, 1):
+        totals = cluster.pull("totals", ranks=rank)[0]
+        rows = [row for row in r.metrics[rank] if "comm/bytes" in row]
+        assert len(rows) == 5  # steps 0-4, each closed by the next training forward
+        for row, total in zip(rows, totals, strict=False):
+            assert row["comm/bytes"] == total["bytes_after"] and row["comm/bytes_raw"] == total["bytes_before"]
+            assert row["comm/ratio"] == pytest.approx(total["bytes_before"] / total["bytes_after"])
+            assert row["comm/compress_s"] == pytest.approx(total["compress_s"])
+            assert 0 <= row["comm/overhead(%)"] <= 100
+        assert rows[0]["comm/ratio"] == 1.0  # warm-up: DDP rebuilds buckets before compression starts
+        assert rows[-1]["comm/ratio"] > 4  # top-10%: values + int32 indices, 5x fewer bytes
+
+
 def test_profiler_traces_are_written_per_rank(cluster, tmp_path):
     import json
 

@@ -65,3 +65,32 @@ def test_state_strip_shows_each_rank():
     html = board.strip_html()
     assert html.index("rank 0: busy") < html.index("rank 1: failed")
     assert "#c62828" in html  # failed is red
+
+
+def test_panels_show_loss_throughput_overhead_and_bytes_with_the_compression_ratio():
+    from nbdist.widgets.dashboard import panel_keys
+
+    row = {
+        "time/step_s": 0.02,
+        "comm/time_s": 0.01,
+        "comm/inflight_s": 0.01,
+        "comm/overhead(%)": 50.0,
+        "comm/bytes": 100.0,
+        "comm/bytes_raw": 5000.0,
+        "comm/ratio": 50.0,
+        "throughput/samples_per_s": 3200.0,
+    }
+    store = MetricStore()
+    for rank in (0, 1):
+        store.add(rank, [{"step": i, "acc": 0.5, "loss": 1.0 / (i + 1), **row} for i in range(3)])
+    keys = panel_keys(store.keys())
+    assert keys == ["loss", "acc", "throughput/samples_per_s", "comm/overhead(%)", "comm/bytes"]
+    # many user metrics: the automatic panels keep their places, the user's loss stays first
+    many = panel_keys([f"m{i}" for i in range(9)] + ["val_loss", *row])
+    assert many[0] == "val_loss" and many[-3:] == ["throughput/samples_per_s", "comm/overhead(%)", "comm/bytes"]
+    assert len(many) == 6
+    fig = Dashboard()
+    fig.update(0, [])  # no rows yet: nothing breaks
+    fig.store = store
+    titles = [a.text for a in fig.figure().layout.annotations]
+    assert "comm/bytes (compressed 50x)" in titles and titles[0] == "loss"
