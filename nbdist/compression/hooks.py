@@ -111,8 +111,14 @@ def compression_hook(state: HookState, bucket: dist.GradBucket) -> torch.futures
             "warmup": True,
         }
         add_record(state, record)
+        launch = record["launch"] = time.perf_counter()
         fut = dist.all_reduce(wire, group=group, async_op=True).get_future()
-        return fut.then(lambda f: f.value()[0])
+
+        def reduced(f: torch.futures.Future) -> torch.Tensor:
+            record["collective_s"] = time.perf_counter() - launch
+            return f.value()[0]
+
+        return fut.then(reduced)
 
     # Full-size tensors live in the bucket itself or in per-bucket buffers: fresh
     # multi-megabyte allocations each step cost more in page faults than compressing.
@@ -143,7 +149,7 @@ def compression_hook(state: HookState, bucket: dist.GradBucket) -> torch.futures
         "compress_s": time.perf_counter() - tic,
     }
     add_record(state, record)
-    t_coll = time.perf_counter()
+    t_coll = record["launch"] = time.perf_counter()
     if comp.collective == ALL_REDUCE:
         fut = dist.all_reduce(wire, group=group, async_op=True).get_future()
         gathered = None

@@ -41,7 +41,7 @@ def apply_ddp(
     ``comm_hook`` (with ``hook_state``) is registered with ``register_comm_hook``;
     or name a compressor, ``compression="topk:0.01"`` (see nbdist.compression.make_hook).
     The hook's state, with its byte and time records, is then ``model.compression_state``.
-    With ``metrics=True`` every training step logs its time, exposed communication,
+    With ``metrics=True`` every training step logs its time, time in collectives,
     bytes and samples/s through ``nbdist.log`` (see nbdist.parallel.instrument), which
     the notebook's dashboard plots live.
     """

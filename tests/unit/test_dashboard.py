@@ -73,7 +73,7 @@ def test_panels_show_loss_throughput_overhead_and_bytes_with_the_compression_rat
     row = {
         "time/step_s": 0.02,
         "comm/time_s": 0.01,
-        "comm/inflight_s": 0.01,
+        "comm/exposed_s": 0.01,
         "comm/overhead(%)": 50.0,
         "comm/bytes": 100.0,
         "comm/bytes_raw": 5000.0,
