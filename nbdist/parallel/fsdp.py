@@ -26,12 +26,15 @@ def apply_fsdp(
     mesh: Any = None,
     reshard_after_forward: bool = True,
     mp_policy: Any = None,
+    metrics: bool = True,
 ) -> torch.nn.Module:
     """Shard ``model`` with FSDP2: each block first, then the root.
 
     ``blocks`` is a list of submodules or a module class (every instance is a block);
     by default every direct child that has parameters. Sharding per block lets FSDP
-    gather one block's parameters at a time instead of the whole model.
+    gather one block's parameters at a time instead of the whole model. With
+    ``metrics=True`` every training step logs its time, time in FSDP's all-gathers and
+    reduce-scatters, bytes and samples/s for the dashboard (nbdist.parallel.instrument).
     """
     from torch.distributed.fsdp import fully_shard
 
@@ -51,6 +54,10 @@ def apply_fsdp(
     for block in chosen:
         fully_shard(block, **kwargs)
     fully_shard(model, **kwargs)
+    if metrics:
+        from .instrument import instrument_fsdp
+
+        instrument_fsdp(model)
     return model
 
 

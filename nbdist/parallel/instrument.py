@@ -1,5 +1,5 @@
 # No `from __future__ import annotations`: DDP checks a comm hook's annotations as objects.
-"""Automatic step metrics for a DDP model: step time, time in collectives, bytes, samples/s.
+"""Automatic step metrics for DDP and FSDP models: step time, time in collectives, bytes, samples/s.
 
 ``apply_ddp(model, metrics=True)`` registers ``timing_hook`` (torch's all-reduce, timed)
 and a forward pre-hook that closes the previous step and logs it with ``nbdist.log``:
@@ -16,6 +16,11 @@ and a forward pre-hook that closes the previous step and logs it with ``nbdist.l
 - ``comm/overhead(%)`` = comm/time_s / time/step_s (the dashboard's number);
 - ``comm/bytes``: bytes handed to the collectives in the step;
 - ``throughput/samples_per_s``: this rank's batch / step time.
+
+``apply_fsdp(model, metrics=True)`` times FSDP2's own collectives instead: each sharded
+module's all-gather and reduce-scatter go through ``TimedAllGather`` / ``TimedReduceScatter``
+(FSDP's ``set_custom_all_gather`` / ``set_custom_reduce_scatter``), and ``comm/time_s``
+is the sum of their durations, ``comm/bytes`` what this rank handed to them.
 
 With a compression hook (``apply_ddp(model, compression=...)``) the meter reads the
 hook's records: ``comm/bytes`` is then what the compressed collectives carried,
@@ -44,10 +49,14 @@ class StepMeter:
         "hook_state",
         "seen",
         "open",
+        "fsdp",
+        "comm_s",
     )
 
-    def __init__(self, process_group: Any = None, hook_state: Any = None) -> None:
+    def __init__(self, process_group: Any = None, hook_state: Any = None, fsdp: bool = False) -> None:
         self.process_group = process_group
+        self.fsdp = fsdp  # FSDP's collectives add their durations to comm_s
+        self.comm_s = 0.0
         self.hook_state = hook_state  # a compression hook's state, whose records say what was sent
         self.seen = 0  # how many of its records were already logged
         self.open = False  # a training step started and was not logged yet
@@ -111,6 +120,9 @@ class StepMeter:
             }
             if self.hook_state is not None:
                 row.update(self._compressed())
+            if self.fsdp:  # collectives in forward too: their durations, summed
+                row["comm/time_s"] = self.comm_s
+                del row["comm/exposed_s"]
             row["comm/overhead(%)"] = 100.0 * row["comm/time_s"] / step_s if step_s > 0 else 0.0
             from ..engine.metrics import log
 
@@ -126,6 +138,7 @@ class StepMeter:
         self.first_launch = 0.0
         self.last_launch = 0.0
         self.done = 0.0
+        self.comm_s = 0.0
 
 
 def timing_hook(state: StepMeter, bucket: dist.GradBucket) -> torch.futures.Future[torch.Tensor]:
@@ -155,6 +168,64 @@ def instrument(model: Any, hook_registered: bool, hook_state: Any = None) -> Ste
     meter = StepMeter(hook_state=hook_state)
     if not hook_registered:
         model.register_comm_hook(meter, timing_hook)
+    model.register_forward_pre_hook(meter.on_forward)
+    model.step_meter = meter
+    return meter
+
+
+# ------------------------------------------------------------------ FSDP
+
+
+class _Timed:
+    """Adds each collective's duration and input bytes to a StepMeter."""
+
+    def __init__(self, meter: StepMeter) -> None:
+        self.meter = meter
+
+    def _track(self, work: Any, started: float, nbytes: int) -> Any:
+        meter = self.meter
+        meter.bytes += nbytes
+        if not meter.first_launch:
+            meter.first_launch = started
+        if work is None:  # ran synchronously
+            meter.comm_s += time.perf_counter() - started
+            return work
+
+        def finished(f: torch.futures.Future) -> None:
+            meter.comm_s += time.perf_counter() - started
+
+        work.get_future().then(finished)
+        return work
+
+
+def _fsdp_comm_classes() -> tuple[type, type]:
+    from torch.distributed.fsdp._fully_shard._fsdp_collectives import DefaultAllGather, DefaultReduceScatter
+
+    class TimedAllGather(_Timed, DefaultAllGather):
+        def __call__(self, output_tensor: Any, input_tensor: Any, group: Any, async_op: bool = False) -> Any:
+            started = time.perf_counter()
+            work = DefaultAllGather.__call__(self, output_tensor, input_tensor, group, async_op)
+            return self._track(work, started, input_tensor.numel() * input_tensor.element_size())
+
+    class TimedReduceScatter(_Timed, DefaultReduceScatter):
+        def __call__(self, output_tensor: Any, input_tensor: Any, group: Any, op: Any, async_op: bool = False) -> Any:
+            started = time.perf_counter()
+            work = DefaultReduceScatter.__call__(self, output_tensor, input_tensor, group, op, async_op)
+            return self._track(work, started, input_tensor.numel() * input_tensor.element_size())
+
+    return TimedAllGather, TimedReduceScatter
+
+
+def instrument_fsdp(model: Any) -> StepMeter:
+    """Attach a StepMeter to an FSDP2 model: every sharded module's collectives are timed."""
+    from torch.distributed.fsdp import FSDPModule
+
+    gather_cls, scatter_cls = _fsdp_comm_classes()
+    meter = StepMeter(fsdp=True)
+    for module in model.modules():
+        if isinstance(module, FSDPModule):
+            module.set_custom_all_gather(gather_cls(meter))
+            module.set_custom_reduce_scatter(scatter_cls(meter))
     model.register_forward_pre_hook(meter.on_forward)
     model.step_meter = meter
     return meter

@@ -177,6 +177,40 @@ def test_a_half_written_checkpoint_never_becomes_the_latest(cluster, tmp_path):
     assert cluster.pull("latest") == [2, 2] and cluster.pull("step") == [2, 2] and cluster.pull("same") == [True, True]
 
 
+def test_apply_fsdp_times_its_all_gathers_and_reduce_scatters(cluster):
+    cluster.run(SETUP).raise_for_error()
+    r = cluster.run(
+        textwrap.dedent(
+            """
+            from nbdist.parallel import apply_fsdp
+            def wide():  # big enough that shard padding is negligible
+                torch.manual_seed(0)
+                return torch.nn.Sequential(torch.nn.Linear(64, 128), torch.nn.ReLU(), torch.nn.Linear(128, 64))
+            model = apply_fsdp(wide())
+            opt = torch.optim.SGD(model.parameters(), lr=0.1)
+            x, y = torch.randn(8, 64), torch.randn(8, 64)
+            for step in range(5):
+                opt.zero_grad()
+                torch.nn.functional.mse_loss(model(x), y).backward()
+                opt.step()
+            full_bytes = sum(p.numel() * p.element_size() for p in wide().parameters())
+            """
+        )
+    )
+    r.raise_for_error()
+    full = cluster.pull("full_bytes", ranks=0)[0]
+    for rank in (0, 1):
+        rows = r.metrics[rank]
+        assert [row["step"] for row in rows] == [0, 1, 2, 3]
+        for row in rows:
+            # forward all-gathers send this rank's half, reduce-scatter the whole gradient; the
+            # backward may gather again: between 1.5x and 2x the parameters (plus padding)
+            assert 1.5 * full <= row["comm/bytes"] <= 2.1 * full, (row["comm/bytes"], full)
+            assert 0 < row["comm/time_s"] <= row["time/step_s"]
+            assert row["comm/overhead(%)"] == pytest.approx(100 * row["comm/time_s"] / row["time/step_s"])
+        assert len({row["comm/bytes"] for row in rows}) == 1  # the same collectives every step
+
+
 def test_fsdp_checkpoint_round_trips(cluster, tmp_path):
     ckpt = str(tmp_path / "fsdp")
     cluster.run(SETUP).raise_for_error()
