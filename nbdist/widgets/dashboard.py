@@ -120,7 +120,7 @@ def _figure(store: MetricStore, widget: bool) -> Any:
     from plotly.subplots import make_subplots
 
     keys = panel_keys(store.keys()) or ["loss"]
-    cols = min(3, len(keys))
+    cols = 2 if len(keys) == 4 else min(3, len(keys))
     rows = -(-len(keys) // cols)
     fig = make_subplots(rows=rows, cols=cols, subplot_titles=[_title(store, k) for k in keys])
     for i, key in enumerate(keys):
@@ -132,7 +132,7 @@ def _figure(store: MetricStore, widget: bool) -> Any:
         if len(store.ranks()) > 1:
             xs, ys = store.mean(key)
             fig.add_scatter(x=xs, y=ys, name=f"{key} mean", mode="lines", line={"dash": "dot"}, row=row, col=col)
-    fig.update_layout(height=300 * rows, margin={"t": 40, "b": 30}, showlegend=True)
+    fig.update_layout(height=300 * rows, margin={"t": 80, "b": 30}, showlegend=True)
     return go.FigureWidget(fig) if widget else fig
 
 

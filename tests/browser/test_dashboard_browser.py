@@ -23,7 +23,21 @@ CHROMIUM = "/usr/bin/chromium"
 
 CELLS = [
     "%load_ext nbdist\n%dist_start -n 2",
-    "%%distributed\nimport time, nbdist\nfor step in range(200):\n    nbdist.log(step=step, loss=1.0 / (step + 1) + dist.get_rank())\n    time.sleep(0.05)",
+    # a small DDP model trains for about 10 s: apply_ddp logs throughput, overhead and bytes by itself
+    "%%distributed\n"
+    "import time, nbdist\n"
+    "from nbdist.parallel import apply_ddp\n"
+    "torch.manual_seed(0)\n"
+    "model = apply_ddp(torch.nn.Sequential(torch.nn.Linear(256, 512), torch.nn.ReLU(), torch.nn.Linear(512, 10)))\n"
+    "opt = torch.optim.SGD(model.parameters(), lr=0.05)\n"
+    "x, y = torch.randn(64, 256), torch.randint(0, 10, (64,))\n"
+    "for step in range(200):\n"
+    "    opt.zero_grad()\n"
+    "    loss = torch.nn.functional.cross_entropy(model(x), y)\n"
+    "    loss.backward()\n"
+    "    opt.step()\n"
+    "    nbdist.log(step=step, loss=loss.item())\n"
+    "    time.sleep(0.04)",
     "%dist_stop",
 ]
 
@@ -125,6 +139,18 @@ def _longest_trace(page) -> int:
     )
 
 
+def _titles(page) -> list[str]:
+    return page.evaluate(
+        """() => {
+        const out = [];
+        for (const gd of document.querySelectorAll('.js-plotly-plot')) {
+            for (const a of ((gd.layout || {}).annotations || [])) { out.push(a.text); }
+        }
+        return out;
+    }"""
+    )
+
+
 def test_dashboard_plot_grows_in_jupyterlab(lab):
     from playwright.sync_api import sync_playwright
 
@@ -170,6 +196,9 @@ def test_dashboard_plot_grows_in_jupyterlab(lab):
             # the run finishes, the static figure stays, and the last cell stops the cluster
             page.wait_for_function("() => document.body.innerText.includes('cluster stopped')", timeout=120_000)
             assert _longest_trace(page) == 200, "the final figure should hold every logged step"
+            titles = set(_titles(page))
+            for panel in ("loss", "throughput/samples_per_s", "comm/overhead(%)", "comm/bytes"):
+                assert panel in titles, f"the dashboard should plot {panel}: {titles}"
             assert second > 0
             page.screenshot(path=str(ARTIFACTS / "dashboard-final.png"), full_page=True)
         finally:
