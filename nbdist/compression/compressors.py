@@ -13,7 +13,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from . import kernels
+from . import kernels, torch_kernels
 
 ALL_GATHER = "all_gather"
 ALL_REDUCE = "all_reduce"
@@ -41,9 +41,52 @@ def buffer(scratch: dict | None, name: str, n: int, dtype: Any) -> np.ndarray:
     return arr
 
 
-def _out(out: torch.Tensor | None, scratch: dict | None, d: int) -> torch.Tensor:
+# "auto": the Numba kernels for CPU tensors, torch ops (torch_kernels) for tensors on
+# other devices; "torch": torch ops everywhere (the tests use it to run the GPU path on CPU).
+BACKEND = "auto"
+
+
+def _on_torch(t: torch.Tensor) -> bool:
+    return BACKEND == "torch" or t.device.type != "cpu"
+
+
+def _dense(scratch: dict | None, name: str, d: int, like: torch.Tensor) -> torch.Tensor:
+    """A reusable float32 vector of d entries on ``like``'s device."""
+    if like.device.type == "cpu":
+        return torch.from_numpy(buffer(scratch, name, d, np.float32))
+    key = (name, d, str(like.device))
+    t = scratch.get(key) if scratch is not None else None
+    if t is None:
+        t = torch.empty(d, dtype=torch.float32, device=like.device)
+        if scratch is not None:
+            scratch[key] = t
+    return t
+
+
+def _out(out: torch.Tensor | None, scratch: dict | None, d: int, like: torch.Tensor) -> torch.Tensor:
     """Where a decompressed mean goes: the caller's tensor (the bucket itself) or a scratch buffer."""
-    return out if out is not None else torch.from_numpy(buffer(scratch, "total", d, np.float32))
+    return out if out is not None else _dense(scratch, "total", d, like)
+
+
+def _scatter_add(values: torch.Tensor, indices: torch.Tensor, weight: float, out: torch.Tensor) -> None:
+    if _on_torch(out):
+        torch_kernels.scatter_add(values, indices, weight, out)
+    else:
+        kernels.scatter_add(values.numpy(), indices.numpy(), weight, out.numpy())
+
+
+def _sign_unpack_add(body: torch.Tensor, scale: float, weight: float, out: torch.Tensor) -> None:
+    if _on_torch(out):
+        torch_kernels.sign_unpack_add(body, scale, weight, out)
+    else:
+        kernels.sign_unpack_add(body.numpy(), scale, weight, out.numpy())
+
+
+def _qsgd_dequantize_add(body: torch.Tensor, norms: torch.Tensor, s: int, weight: float, out: torch.Tensor) -> None:
+    if _on_torch(out):
+        torch_kernels.qsgd_dequantize_add(body, norms, s, weight, out)
+    else:
+        kernels.qsgd_dequantize_add(body.numpy(), norms.numpy(), s, weight, out.numpy())
 
 
 def _mean_of_parts(
@@ -51,12 +94,11 @@ def _mean_of_parts(
 ) -> torch.Tensor:
     """Mean over ranks of payloads laid out as a float32 header (norm or scale) + a body;
     ``add(body, header, weight, out)`` adds weight x one rank's dense gradient to ``out``."""
-    total = _out(out, scratch, d)
+    total = _out(out, scratch, d, parts[0])
     total.zero_()
-    dense = total.numpy()
     for part in parts:
         header = float(part[:4].view(torch.float32)[0])
-        add(part[4:].numpy(), header, 1.0 / world, dense)
+        add(part[4:], header, 1.0 / world, total)
     return total
 
 
@@ -143,16 +185,22 @@ class TopK(Compressor):
 
     def compress(self, x: torch.Tensor, *, seed: int, world: int, scratch: dict | None = None) -> Payload:
         d = x.numel()
-        vals, idx = kernels.topk(x.numpy(), self.k(d), seed)
-        wire = torch.cat([torch.from_numpy(vals), torch.from_numpy(idx).view(torch.float32)])
+        if _on_torch(x):
+            vals, idx = torch_kernels.topk(x, self.k(d), seed)
+        else:
+            v, i = kernels.topk(x.numpy(), self.k(d), seed)
+            vals, idx = torch.from_numpy(v), torch.from_numpy(i)
+        wire = torch.cat([vals, idx.view(torch.float32)])
 
         def sent() -> torch.Tensor:
-            return torch.from_numpy(kernels.scatter(vals, idx, buffer(scratch, "sent", d, np.float32)))
+            dense = _dense(scratch, "sent", d, x).zero_()
+            _scatter_add(vals, idx, 1.0, dense)
+            return dense
 
         return Payload(wire, sent, context=idx)
 
     def keep_residual(self, x: torch.Tensor, payload: Payload) -> None:
-        x.numpy()[payload.context] = 0.0  # x - sent: the sent entries leave, the rest stays
+        x.index_fill_(0, payload.context.long(), 0.0)  # x - sent: the sent entries leave, the rest stays
 
     def decompress(
         self,
@@ -164,10 +212,10 @@ class TopK(Compressor):
         out: torch.Tensor | None = None,
     ) -> torch.Tensor:
         k = self.k(d)
-        total = _out(out, scratch, d)
+        total = _out(out, scratch, d, parts[0])
         total.zero_()
         for part in parts:
-            kernels.scatter_add(part[:k].numpy(), part[k:].view(torch.int32).numpy(), 1.0 / world, total.numpy())
+            _scatter_add(part[:k], part[k:].view(torch.int32), 1.0 / world, total)
         return total
 
     def describe(self) -> str:
@@ -187,11 +235,11 @@ class RandomK(Compressor):
     def compress(self, x: torch.Tensor, *, seed: int, world: int, scratch: dict | None = None) -> Payload:
         d = x.numel()
         k = max(1, min(d, int(math.ceil(self.ratio * d))))
-        idx = torch.from_numpy(kernels.randomk_indices(d, k, seed).astype(np.int64))
+        idx = torch.from_numpy(kernels.randomk_indices(d, k, seed).astype(np.int64)).to(x.device)
         vals = x[idx]
 
         def sent() -> torch.Tensor:
-            dense = torch.zeros(d)
+            dense = torch.zeros(d, device=x.device)
             dense[idx] = vals
             return dense
 
@@ -209,7 +257,7 @@ class RandomK(Compressor):
         scratch: dict | None = None,
         out: torch.Tensor | None = None,
     ) -> torch.Tensor:
-        total = _out(out, scratch, d)
+        total = _out(out, scratch, d, result)
         total.zero_()
         total[context] = result / world
         return total
@@ -231,16 +279,21 @@ class QSGD(Compressor):
 
     def compress(self, x: torch.Tensor, *, seed: int, world: int, scratch: dict | None = None) -> Payload:
         d = x.numel()
+        head = 4 * kernels.qsgd_chunks(d)
         # the wire: float32 norms, then int8 levels; fresh, not reused while in flight
-        wire = torch.empty(4 * kernels.qsgd_chunks(d) + d, dtype=torch.int8)
-        norms = wire[: 4 * kernels.qsgd_chunks(d)].view(torch.float32).numpy()
-        q = wire[4 * kernels.qsgd_chunks(d) :].numpy()
-        kernels.qsgd_quantize(x.numpy(), self.levels, seed, q, norms)
+        if _on_torch(x):
+            levels, norms = torch_kernels.qsgd_quantize(x, self.levels, seed)
+            wire = torch.cat([norms.view(torch.int8), levels])
+        else:
+            wire = torch.empty(head + d, dtype=torch.int8)
+            kernels.qsgd_quantize(
+                x.numpy(), self.levels, seed, wire[head:].numpy(), wire[:head].view(torch.float32).numpy()
+            )
 
         def sent() -> torch.Tensor:
-            return torch.from_numpy(
-                kernels.qsgd_dequantize(q, norms, self.levels, buffer(scratch, "sent", d, np.float32))
-            )
+            dense = _dense(scratch, "sent", d, x).zero_()
+            _qsgd_dequantize_add(wire[head:], wire[:head].view(torch.float32), self.levels, 1.0, dense)
+            return dense
 
         return Payload(wire, sent)
 
@@ -254,11 +307,10 @@ class QSGD(Compressor):
         out: torch.Tensor | None = None,
     ) -> torch.Tensor:
         head = 4 * kernels.qsgd_chunks(d)
-        total = _out(out, scratch, d)
+        total = _out(out, scratch, d, parts[0])
         total.zero_()
         for part in parts:
-            norms = part[:head].view(torch.float32).numpy()
-            kernels.qsgd_dequantize_add(part[head:].numpy(), norms, self.levels, 1.0 / world, total.numpy())
+            _qsgd_dequantize_add(part[head:], part[:head].view(torch.float32), self.levels, 1.0 / world, total)
         return total
 
     def describe(self) -> str:
@@ -275,14 +327,20 @@ class Sign(Compressor):
 
     def compress(self, x: torch.Tensor, *, seed: int, world: int, scratch: dict | None = None) -> Payload:
         d = x.numel()
-        packed = np.empty((d + 7) // 8, np.uint8)  # goes on the wire: fresh
-        scale = kernels.sign_pack(x.numpy(), packed)
+        if _on_torch(x):
+            packed, scale = torch_kernels.sign_pack(x)
+        else:
+            bits = np.empty((d + 7) // 8, np.uint8)  # goes on the wire: fresh
+            scale = kernels.sign_pack(x.numpy(), bits)
+            packed = torch.from_numpy(bits)
 
         def sent() -> torch.Tensor:
-            return torch.from_numpy(kernels.sign_unpack(packed, scale, buffer(scratch, "sent", d, np.float32)))
+            dense = _dense(scratch, "sent", d, x).zero_()
+            _sign_unpack_add(packed, scale, 1.0, dense)
+            return dense
 
-        head = torch.tensor([scale], dtype=torch.float32).view(torch.uint8)
-        return Payload(torch.cat([head, torch.from_numpy(packed)]), sent)
+        head = torch.tensor([scale], dtype=torch.float32).view(torch.uint8).to(x.device)
+        return Payload(torch.cat([head, packed]), sent)
 
     def decompress(
         self,
@@ -293,7 +351,7 @@ class Sign(Compressor):
         scratch: dict | None = None,
         out: torch.Tensor | None = None,
     ) -> torch.Tensor:
-        return _mean_of_parts(parts, d, world, scratch, kernels.sign_unpack_add, out)
+        return _mean_of_parts(parts, d, world, scratch, _sign_unpack_add, out)
 
     def describe(self) -> str:
         return "signsgd" if self.error_feedback else "signsgd:noef"

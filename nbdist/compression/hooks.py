@@ -12,11 +12,10 @@ without its process group. Stateful compressors run a plain all-reduce for the f
 import time
 from typing import Any
 
-import numpy as np
 import torch
 import torch.distributed as dist
 
-from .compressors import ALL_REDUCE, Compressor, Identity, _seed, buffer, powersgd_bytes
+from .compressors import ALL_REDUCE, Compressor, Identity, _dense, _seed, powersgd_bytes
 
 KEEP_RECORDS = 20_000  # per hook state; older records are dropped in halves (``dropped`` counts them)
 
@@ -123,18 +122,19 @@ def compression_hook(state: HookState, bucket: dist.GradBucket) -> torch.futures
     # Full-size tensors live in the bucket itself or in per-bucket buffers: fresh
     # multi-megabyte allocations each step cost more in page faults than compressing.
     scratch = state.scratch.setdefault(index, {})
-    in_place = buf.device.type == "cpu" and buf.dtype == torch.float32 and buf.is_contiguous()
+    # The gradient is compressed where it lives: Numba kernels on the CPU, torch ops on a GPU.
+    in_place = buf.dtype == torch.float32 and buf.is_contiguous()
     if comp.error_feedback:
         # The residual becomes the corrected gradient x = grad + residual; after
         # compressing, keep_residual turns it into x - sent for the next step.
         x = state.residuals.get(index)
-        if x is None or x.numel() != d:
-            x = state.residuals[index] = torch.zeros(d)
-        x += buf.detach() if in_place else buf.detach().to("cpu", torch.float32)
+        if x is None or x.numel() != d or x.device != buf.device:
+            x = state.residuals[index] = torch.zeros(d, device=buf.device)
+        x += buf.detach() if in_place else buf.detach().float()
     elif in_place:
         x = buf.detach()
     else:
-        x = torch.from_numpy(buffer(scratch, "x", d, np.float32))
+        x = _dense(scratch, "x", d, buf)
         x.copy_(buf.detach())
     rank = 0 if comp.shared_seed else dist.get_rank(group)
     payload = comp.compress(x, seed=_seed(state.seed, step, index, rank), world=world, scratch=scratch)

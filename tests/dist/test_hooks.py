@@ -122,3 +122,31 @@ def test_every_compressor_reaches_the_uncompressed_loss(cluster):
     base = final.pop("none")
     for spec, loss in final.items():
         assert abs(loss - base) <= 0.02 * base, f"{spec}: final loss {loss:.5f} vs uncompressed {base:.5f}"
+
+
+def test_the_gpu_path_trains_like_the_cpu_path_in_real_ddp(cluster):
+    """The torch-op kernels (what CUDA buckets use) forced on the CPU: replicas stay identical
+    and the deterministic compressors give the Numba path's parameters."""
+    cluster.run(SETUP + LOOP).raise_for_error()
+    cluster.run(
+        textwrap.dedent(
+            """
+            import nbdist.compression.compressors as C
+            out = {}
+            try:
+                for backend in ("torch", "auto"):
+                    C.BACKEND = backend
+                    for spec in ("topk:0.1", "signsgd", "qsgd:127"):
+                        out[backend, spec] = run(compression=spec)[0]
+            finally:
+                C.BACKEND = "auto"
+            """
+        )
+    ).raise_for_error()
+    r0, r1 = cluster.pull("out")
+    for key in r0:
+        for a, b in zip(r0[key], r1[key], strict=True):
+            assert torch.equal(a, b), f"{key}: replicas diverged"
+    for spec in ("topk:0.1", "signsgd"):  # deterministic: both paths send the same payloads
+        for a, b in zip(r0["torch", spec], r0["auto", spec], strict=True):
+            torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6)

@@ -1,0 +1,87 @@
+"""The compression kernels written with torch ops, for gradients that live on a GPU.
+
+Same contracts as ``kernels`` (the Numba versions used on the CPU), but tensors in and
+tensors out on the input's device, so a CUDA bucket is compressed where it lives
+instead of being copied to the host and back. Bit layouts match the Numba kernels
+(sign bits most significant first, as ``np.packbits``; QSGD norms per QSGD_CHUNK
+entries), so payloads decode the same on either path. The random draws differ (torch's
+generator instead of the counter-based one); both are unbiased.
+
+On the CPU the Numba kernels are faster; the hooks pick these only for other devices
+(or when ``nbdist.compression.compressors.BACKEND = "torch"``, which the tests use to
+run this path without a GPU).
+"""
+
+from __future__ import annotations
+
+import torch
+
+from .kernels import QSGD_CHUNK
+
+_SHIFTS = torch.tensor([7, 6, 5, 4, 3, 2, 1, 0], dtype=torch.uint8)
+
+
+def _generator(seed: int, device: torch.device) -> torch.Generator:
+    return torch.Generator(device=device).manual_seed(seed & 0x7FFFFFFFFFFFFFFF)
+
+
+def topk(x: torch.Tensor, k: int, seed: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
+    """The k entries largest in magnitude: (values, int32 indices in increasing order)."""
+    d = x.numel()
+    k = max(0, min(k, d))
+    idx = torch.topk(x.abs(), k, sorted=False).indices.sort().values
+    return x[idx], idx.to(torch.int32)
+
+
+def scatter_add(values: torch.Tensor, indices: torch.Tensor, scale: float, out: torch.Tensor) -> torch.Tensor:
+    """out[indices] += values * scale."""
+    return out.index_add_(0, indices.long(), values * scale)
+
+
+def sign_pack(x: torch.Tensor) -> tuple[torch.Tensor, float]:
+    """1 bit per element (1 = non-negative, most significant first) and the scale mean(|x|)."""
+    d = x.numel()
+    bits = torch.zeros(-(-d // 8) * 8, dtype=torch.uint8, device=x.device)
+    bits[:d] = x >= 0
+    packed = (bits.view(-1, 8) << _SHIFTS.to(x.device)).sum(dim=1, dtype=torch.uint8)
+    return packed, float(x.abs().mean()) if d else 0.0
+
+
+def sign_unpack_add(packed: torch.Tensor, scale: float, weight: float, out: torch.Tensor) -> torch.Tensor:
+    """out += weight * (+scale / -scale per element)."""
+    d = out.numel()
+    bits = ((packed.unsqueeze(1) >> _SHIFTS.to(packed.device)) & 1).reshape(-1)[:d]
+    return out.add_(bits.to(out.dtype) * (2.0 * weight * scale) - weight * scale)
+
+
+def qsgd_chunks(d: int) -> int:
+    return -(-d // QSGD_CHUNK)
+
+
+def qsgd_quantize(x: torch.Tensor, s: int, seed: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """(int8 levels, float32 norm per QSGD_CHUNK entries): unbiased stochastic rounding."""
+    d = x.numel()
+    chunks = qsgd_chunks(d)
+    padded = torch.zeros(chunks * QSGD_CHUNK, dtype=torch.float32, device=x.device)
+    padded[:d] = x
+    rows = padded.view(chunks, QSGD_CHUNK)
+    norms = rows.double().pow(2).sum(dim=1).sqrt().float()
+    scale = torch.where(norms > 0, s / norms, torch.zeros_like(norms)).unsqueeze(1)
+    a = rows.abs() * scale
+    lo = a.floor()
+    u = torch.rand(rows.shape, generator=_generator(seed, x.device), device=x.device)
+    level = torch.clamp(lo + (u < a - lo).float(), max=s)
+    levels = (level * torch.sign(rows).where(rows != 0, torch.ones_like(rows))).to(torch.int8)
+    return levels.reshape(-1)[:d], norms
+
+
+def qsgd_dequantize_add(
+    levels: torch.Tensor, norms: torch.Tensor, s: int, weight: float, out: torch.Tensor
+) -> torch.Tensor:
+    """out += weight * dequantized levels."""
+    d = out.numel()
+    chunks = norms.numel()
+    padded = torch.zeros(chunks * QSGD_CHUNK, dtype=torch.float32, device=out.device)
+    padded[:d] = levels.to(torch.float32)
+    padded.view(chunks, QSGD_CHUNK).mul_((norms * (weight / s)).unsqueeze(1))
+    return out.add_(padded[:d])
