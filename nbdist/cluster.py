@@ -47,6 +47,7 @@ class RankInfo:
     local_rank: int = 0
     local_world_size: int = 1
     cuda_devices: int = 0
+    cpus: list[int] | None = None  # the cores this rank is pinned to (None: not pinned)
 
 
 def current() -> Cluster:
@@ -208,13 +209,17 @@ class Cluster:
 
     def _configure_ranks(self, ranks: list[RankInfo]) -> None:
         from .engine import runtime
-        from .rendezvous import master_address, plan_local_ranks
+        from .rendezvous import master_address, plan_cpus, plan_local_ranks
 
         infos = self.client[[r.engine_id for r in ranks]].apply_sync(runtime.local_info)
+        allowed = {}
         for r, info in zip(ranks, infos, strict=True):
             r.pid, r.host, r.cuda_devices = info["pid"], info["host"], info["cuda_devices"]
+            allowed[r.rank] = info["cpus"]
         for r, (local_rank, local_size) in zip(self.ranks, plan_local_ranks([r.host for r in self.ranks]), strict=True):
             r.local_rank, r.local_world_size = local_rank, local_size
+        for r in ranks:
+            r.cpus = plan_cpus(allowed[r.rank], r.local_rank, r.local_world_size) if self.config.pin else None
         self.master_addr = master_address(self.config.launcher, self.ranks[0].host)
         futures = [
             self.client[r.engine_id].apply_async(
@@ -226,6 +231,7 @@ class Cluster:
                 master_addr=self.master_addr,
                 threads=self.config.threads,
                 report_dir=self._workdir,
+                cpus=r.cpus,
             )
             for r in ranks
         ]
@@ -375,6 +381,7 @@ class Cluster:
                     "host": r.host,
                     "pid": r.pid,
                     "device": device,
+                    "cpus": _cpu_list(r.cpus),
                     "backend": self.backend,
                     "state": state,
                 }
@@ -446,6 +453,15 @@ class Cluster:
 
         self._require_started()
         return rebuild_world(self)
+
+
+def _cpu_list(cpus: list[int] | None) -> str:
+    """'0', '0-3' or 'all' for the status table."""
+    if not cpus:
+        return "all"
+    if cpus == list(range(cpus[0], cpus[-1] + 1)) and len(cpus) > 1:
+        return f"{cpus[0]}-{cpus[-1]}"
+    return ",".join(map(str, cpus))
 
 
 def _descendants(pids: list[int]) -> set[int]:

@@ -82,6 +82,7 @@ class StartConfig:
     auto_restart: bool = False
     threads: int | None = None
     cores: int | None = field(default=None)
+    pin: bool = True  # give each rank its own cores (when there are enough)
 
     def __post_init__(self) -> None:
         if isinstance(self.n, bool) or not isinstance(self.n, int):

@@ -19,6 +19,15 @@ if TYPE_CHECKING:
 LOOPBACK = "127.0.0.1"
 
 
+def plan_cpus(allowed: list[int], local_rank: int, local_world_size: int) -> list[int] | None:
+    """The cores for one rank: the host's allowed cores split into local_world_size equal
+    contiguous groups, or None (no pinning) when there are fewer cores than ranks."""
+    per = len(allowed) // max(1, local_world_size)
+    if per < 1:
+        return None
+    return sorted(allowed)[local_rank * per : (local_rank + 1) * per]
+
+
 def plan_local_ranks(hosts: list[str]) -> list[tuple[int, int]]:
     """(LOCAL_RANK, LOCAL_WORLD_SIZE) for each rank, given each rank's host name."""
     counts: dict[str, int] = {}

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import time
 from typing import Any
 
@@ -56,7 +57,11 @@ def train_throughput(
     import torch.distributed as dist
 
     old = torch.get_num_threads()
+    mine = sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else []
     if threads:
+        from .runtime import pin
+
+        pin(None)  # a rank is pinned to its own cores: measuring "one process on all cores" needs them all
         torch.set_num_threads(threads)
     try:
         torch.manual_seed(0)
@@ -79,3 +84,5 @@ def train_throughput(
         return {"samples_per_s": steps * batch / took, "threads": torch.get_num_threads()}
     finally:
         torch.set_num_threads(old)
+        if threads and mine:
+            os.sched_setaffinity(0, mine)

@@ -53,8 +53,9 @@ def configure(
     threads: int,
     report_dir: str,
     grace: float = 0.3,
+    cpus: list[int] | None = None,
 ) -> dict[str, Any]:
-    """Give this engine its rank: env vars, thread count, watcher, cell hooks."""
+    """Give this engine its rank: env vars, thread count, cores, watcher, cell hooks."""
     env = {
         "RANK": str(rank),
         "LOCAL_RANK": str(local_rank),
@@ -67,6 +68,7 @@ def configure(
     os.environ.update(env)
     import torch
 
+    pin(cpus)  # before the process group starts gloo's threads, so they inherit it
     torch.set_num_threads(threads)
     STATE.update(rank=rank, world_size=world_size, report_dir=report_dir, grace=grace)
     STATE["main_ident"] = threading.main_thread().ident
@@ -89,7 +91,18 @@ def local_info() -> dict[str, Any]:
         "pid": os.getpid(),
         "host": socket.gethostname(),
         "cuda_devices": torch.cuda.device_count() if torch.cuda.is_available() else 0,
+        "cpus": sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else [],
     }
+
+
+def pin(cpus: list[int] | None) -> None:
+    """Keep this rank's main thread, and the threads it starts from now on (gloo's, the
+    OpenMP pool), on these cores; None: every core this engine may use."""
+    if not hasattr(os, "sched_setaffinity"):
+        return
+    if "all_cpus" not in STATE:
+        STATE["all_cpus"] = sorted(os.sched_getaffinity(0))
+    os.sched_setaffinity(0, cpus or STATE["all_cpus"])
 
 
 # --------------------------------------------------------------------------- world

@@ -57,6 +57,7 @@ class DistMagics(Magics):
     @argument("--launcher", default="local", help="local (slurm and mpi come later)")
     @argument("--timeout", type=float, default=45.0, help="seconds to wait for the world to form")
     @argument("--oversubscribe", action="store_true", help="allow more ranks than cores")
+    @argument("--no-pin", action="store_true", help="let every rank run on every core (default: each rank its own)")
     @line_magic
     def dist_start(self, line: str = "") -> None:
         """Start n ranked engines with an initialised torch.distributed world."""
@@ -77,6 +78,7 @@ class DistMagics(Magics):
                 launcher=args.launcher,
                 timeout=args.timeout,
                 oversubscribe=args.oversubscribe,
+                pin=not args.no_pin,
             )
         except ConfigError as exc:
             raise UsageError(str(exc)) from None

@@ -195,6 +195,31 @@ def test_dist_mode_runs_every_cell_on_all_ranks(cluster, ip, capsys):
     assert "mode_value" not in ip.user_ns
 
 
+def test_each_rank_and_its_gloo_threads_run_on_their_own_cores(cluster):
+    import os
+
+    allowed = sorted(os.sched_getaffinity(0))
+    cluster.run(
+        "import os, threading\n"
+        "mine = sorted(os.sched_getaffinity(0))\n"
+        "threads = {}\n"
+        "for tid in os.listdir('/proc/self/task'):\n"  # threads the process group started inherit it
+        "    with open(f'/proc/self/task/{tid}/comm') as fh:\n"
+        "        name = fh.read().strip()\n"
+        "    threads[name] = sorted(os.sched_getaffinity(int(tid)))"
+    ).raise_for_error()
+    mine = cluster.pull("mine")
+    if len(allowed) >= 2:
+        assert mine[0] and mine[1] and not set(mine[0]) & set(mine[1]), mine
+        assert set(mine[0]) | set(mine[1]) <= set(allowed)
+        assert [r["cpus"] for r in cluster.status()] == [
+            ",".join(map(str, m)) if len(m) == 1 else f"{m[0]}-{m[-1]}" for m in mine
+        ]
+        for rank, threads in enumerate(cluster.pull("threads")):
+            gloo = [cpus for name, cpus in threads.items() if "gloo" in name.lower()]
+            assert all(cpus == mine[rank] for cpus in gloo), threads
+
+
 def test_status_lists_ranks(cluster, ip, capsys):
     rows = cluster.status()
     assert [r["rank"] for r in rows] == [0, 1]

@@ -161,3 +161,12 @@ def test_context_manager_stops_everything():
 
 if sys.platform != "linux":  # pragma: no cover
     pytestmark = pytest.mark.skip("the fault drills use Linux process semantics")
+
+
+def test_no_pin_leaves_every_core_to_every_rank():
+    import os
+
+    with nbdist.start(n=2, pin=False) as c:
+        c.run("import os\nmine = sorted(os.sched_getaffinity(0))").raise_for_error()
+        assert c.pull("mine") == [sorted(os.sched_getaffinity(0))] * 2
+        assert [r["cpus"] for r in c.status()] == ["all", "all"]

@@ -6,7 +6,7 @@ import pytest
 
 from nbdist.config import StartConfig, default_threads, did_you_mean, parse_ranks
 from nbdist.errors import ConfigError
-from nbdist.rendezvous import choose_backend, describe_env, master_address, plan_local_ranks
+from nbdist.rendezvous import choose_backend, describe_env, master_address, plan_cpus, plan_local_ranks
 
 
 @pytest.mark.parametrize(
@@ -76,6 +76,13 @@ def test_oversubscribe_allows_more_ranks_than_cores():
 
 def test_did_you_mean_lists_choices_when_nothing_is_close():
     assert did_you_mean("zzz", ("gloo", "nccl")) == "choose one of 'gloo', 'nccl'."
+
+
+def test_plan_cpus_gives_each_local_rank_its_own_cores():
+    assert [plan_cpus([0, 1], r, 2) for r in range(2)] == [[0], [1]]
+    assert [plan_cpus(list(range(8)), r, 2) for r in range(2)] == [[0, 1, 2, 3], [4, 5, 6, 7]]
+    assert [plan_cpus([2, 5, 7], r, 2) for r in range(2)] == [[2], [5]]  # a cgroup's cores; one stays free
+    assert plan_cpus([0, 1], 2, 3) is None  # more ranks than cores (--oversubscribe): not pinned
 
 
 def test_plan_local_ranks_groups_by_host():
