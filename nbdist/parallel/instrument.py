@@ -6,9 +6,8 @@ and a forward pre-hook that closes the previous step and logs it with ``nbdist.l
 
 - ``time/step_s``: forward-to-forward time of one step;
 - ``comm/time_s``: time in collectives: from the first bucket handed to the all-reduce
-  until backward returns, once DDP has waited for the last one (with a compression
-  hook: the span of its collectives, plus the time spent compressing and
-  decompressing);
+  (its averaging included) until the last one finished (with a compression hook: the
+  span of its collectives, plus the time spent compressing and decompressing);
 - ``comm/exposed_s``: the part of it training waited for, after backward's last bucket
   was launched; the rest overlapped backward. On a machine with cores to spare that
   overlap is nearly free; where ranks share cores (2 ranks on 2 cores) the
@@ -146,8 +145,9 @@ def timing_hook(state: StepMeter, bucket: dist.GradBucket) -> torch.futures.Futu
     group = state.process_group
     if not state.first_launch:
         state.first_launch = time.perf_counter()  # averaging the bucket is part of the all-reduce's cost
-        # Runs when backward returns, after DDP has waited for every bucket (DDP queued its
-        # own callback before this hook ran): waking up from that wait counts as communication.
+        # Where autograd runs it (not always from inside DDP's reducer), this marks the end
+        # of backward, after DDP waited for every bucket; the all-reduce's own completion
+        # below is the figure otherwise.
         torch.autograd.Variable._execution_engine.queue_callback(state.backward_done)
     buf = bucket.buffer().div_(dist.get_world_size(group))
     state.bytes += buf.numel() * buf.element_size()
