@@ -39,6 +39,7 @@ class HookState:
         "process_group",
         "iteration",
         "residuals",
+        "velocities",
         "records",
         "dropped",
         "scratch",
@@ -53,6 +54,7 @@ class HookState:
         self.process_group = process_group
         self.iteration = 0
         self.residuals: dict[int, torch.Tensor] = {}
+        self.velocities: dict[int, torch.Tensor] = {}  # per bucket, for compressors with momentum (DGC)
         self.records: list[dict[str, Any]] = []
         self.dropped = 0  # records dropped from the front of ``records``
         self.scratch: dict[int, dict] = {}  # reusable buffers per bucket
@@ -64,6 +66,7 @@ class HookState:
         return state
 
     def __setstate__(self, state: dict[str, Any]) -> None:
+        self.velocities = {}  # absent from states pickled before DGC existed
         for k, v in state.items():
             setattr(self, k, v)
 
@@ -85,6 +88,14 @@ class HookState:
             for key in ("bytes_before", "bytes_after", "compress_s", "collective_s", "decompress_s"):
                 s[key] += r.get(key, 0)
         return [steps[k] for k in sorted(steps)]
+
+
+def _per_bucket(store: dict[int, torch.Tensor], index: int, buf: torch.Tensor) -> torch.Tensor:
+    """The float32 vector kept for this bucket (zeros at first, or when the bucket changed)."""
+    t = store.get(index)
+    if t is None or t.numel() != buf.numel() or t.device != buf.device:
+        t = store[index] = torch.zeros(buf.numel(), device=buf.device)
+    return t
 
 
 def compression_hook(state: HookState, bucket: dist.GradBucket) -> torch.futures.Future[torch.Tensor]:
@@ -127,10 +138,13 @@ def compression_hook(state: HookState, bucket: dist.GradBucket) -> torch.futures
     if comp.error_feedback:
         # The residual becomes the corrected gradient x = grad + residual; after
         # compressing, keep_residual turns it into x - sent for the next step.
-        x = state.residuals.get(index)
-        if x is None or x.numel() != d or x.device != buf.device:
-            x = state.residuals[index] = torch.zeros(d, device=buf.device)
-        x += buf.detach() if in_place else buf.detach().float()
+        x = _per_bucket(state.residuals, index, buf)
+        grad = buf.detach() if in_place else buf.detach().float()
+        if comp.momentum:  # DGC: the velocity, not the gradient, is accumulated and sent
+            velocity = _per_bucket(state.velocities, index, buf)
+            x += velocity.mul_(comp.momentum).add_(grad)
+        else:
+            x += grad
     elif in_place:
         x = buf.detach()
     else:
@@ -140,6 +154,8 @@ def compression_hook(state: HookState, bucket: dist.GradBucket) -> torch.futures
     payload = comp.compress(x, seed=_seed(state.seed, step, index, rank), world=world, scratch=scratch)
     if comp.error_feedback:
         comp.keep_residual(x, payload)  # what was not sent waits for the next step
+        if comp.momentum:
+            comp.keep_residual(velocity, payload)  # momentum factor masking: sent entries stop moving
     wire = payload.tensor.contiguous()
     record = {
         "step": step,

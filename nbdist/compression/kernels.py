@@ -109,21 +109,26 @@ def _gather_at_least(x: np.ndarray, t: float, idx: np.ndarray, vals: np.ndarray)
     return j
 
 
+_SIGN_OFF = np.int32(0x7FFFFFFF)
+
+
 @_jit
-def _kth_largest_key(keys: np.ndarray, k: int) -> np.int32:
-    """The k-th largest of non-negative int32 keys: a 4096-bin histogram finds the bin
-    that holds it, then only that bin is partitioned."""
-    lo = keys[0]
-    hi = keys[0]
+def _kth_largest_key(vals: np.ndarray, k: int) -> np.int32:
+    """The k-th largest |v| of float32 vals, as its bit pattern (non-negative floats order
+    like their bit patterns, so the key is the pattern with the sign bit cleared).
+    A 4096-bin histogram finds the bin that holds it, then only that bin is partitioned."""
+    keys = vals.view(np.int32)
+    lo = keys[0] & _SIGN_OFF
+    hi = lo
     for v in keys:
-        lo = min(lo, v)
-        hi = max(hi, v)
+        lo = min(lo, v & _SIGN_OFF)
+        hi = max(hi, v & _SIGN_OFF)
     shift = 0
     while ((hi - lo) >> shift) >= 4096:
         shift += 1
     hist = np.zeros(4096, np.int64)
     for v in keys:
-        hist[(v - lo) >> shift] += 1
+        hist[((v & _SIGN_OFF) - lo) >> shift] += 1
     above = 0
     b = 4095
     while above + hist[b] < k:
@@ -132,8 +137,9 @@ def _kth_largest_key(keys: np.ndarray, k: int) -> np.int32:
     members = np.empty(hist[b], np.int32)
     m = 0
     for v in keys:
-        if (v - lo) >> shift == b:
-            members[m] = v
+        key = v & _SIGN_OFF
+        if (key - lo) >> shift == b:
+            members[m] = key
             m += 1
     r = k - above  # the r-th largest inside bin b
     return np.partition(members, m - r)[m - r]
@@ -160,69 +166,101 @@ def _sample_abs(x: np.ndarray, blocks: int, seed: int) -> np.ndarray:
     return sample
 
 
-@_jit
-def topk(x: np.ndarray, k: int, seed: int = 0) -> tuple[np.ndarray, np.ndarray]:
-    """The k entries of x largest in magnitude: (values, int32 indices in increasing order).
+def _threshold_plan(d: int, k: int) -> tuple[int, float]:
+    """(sampled blocks, fraction of x the threshold lets through): the threshold is set
+    a little low so that at least k entries pass."""
+    blocks = min(512, d // (4 * _BLOCK))
+    q = k / d
+    if blocks < 16:
+        return 0, q
+    # Blocks hold neighbours that look alike, so count a block as 8 independent
+    # draws when setting the margin (about 4 standard errors of the quantile).
+    return blocks, min(1.0, q + 4.0 * np.sqrt(q / (blocks * 8)) + 8.0 / d)
 
-    A threshold is estimated from a stratified sample of |x| (set a little low so that
-    at least k entries pass), one pass gathers the candidates, and a partition among the
-    candidates keeps exactly k. No sort of x. If the estimate was off, the pass is
-    repeated with a lower threshold (too few passed) or a buffer of the exact size
-    (too many), so the result is always exact.
+
+_threshold_plan_jit = njit(cache=True, nogil=True)(_threshold_plan)
+
+
+def topk_workspace(d: int, k: int) -> int:
+    """How many candidates topk_into's workspace should hold for a d-vector's top k."""
+    _, frac = _threshold_plan(d, k)
+    return min(d, int(frac * d * 1.25) + 64)
+
+
+@_jit
+def topk_into(
+    x: np.ndarray,
+    k: int,
+    seed: int,
+    vals: np.ndarray,
+    idx: np.ndarray,
+    cand_vals: np.ndarray,
+    cand_idx: np.ndarray,
+) -> None:
+    """The k entries of x largest in magnitude, written to vals[:k] and idx[:k] (int32
+    indices in increasing order; ties at the k-th magnitude go to the lowest indices).
+
+    A threshold is estimated from a stratified sample of |x|, one pass gathers the
+    candidates into the workspace (cand_vals, cand_idx: topk_workspace(d, k) entries),
+    and a histogram selection among the candidates keeps exactly k. No sort of x. If the
+    estimate was off, the pass is repeated with a lower threshold (too few passed) or
+    into a workspace of the exact size (too many), so the result is always exact.
+
+    Every array comes from the caller: fresh megabyte-sized arrays on every call cost
+    more in page faults than the selection itself (glibc returns them to the system).
     """
     d = x.size
     if k >= d:
-        return x.copy(), np.arange(d).astype(np.int32)
+        vals[:d] = x
+        for i in range(d):
+            idx[i] = i
+        return
     if k <= 0:
-        return np.empty(0, x.dtype), np.empty(0, np.int32)
-    blocks = min(512, d // (4 * _BLOCK))
-    q = k / d
-    if blocks >= 16:
-        sample = _sample_abs(x, blocks, seed)
-        # Blocks hold neighbours that look alike, so count a block as 8 independent
-        # draws when setting the margin (about 4 standard errors of the quantile).
-        frac = min(1.0, q + 4.0 * np.sqrt(q / (blocks * 8)) + 8.0 / d)
-    else:
-        sample = np.abs(x)
-        frac = q
+        return
+    blocks, frac = _threshold_plan_jit(d, k)
+    sample = _sample_abs(x, blocks, seed) if blocks > 0 else np.abs(x)
     m = sample.size
-    cap = min(d, int(frac * d * 1.25) + 64)
-    idx_buf = np.empty(cap, np.int32)
-    val_buf = np.empty(cap, x.dtype)
     count = 0
     for _ in range(8):
         t = 0.0
         if frac < 1.0:
             pos = int((1.0 - frac) * (m - 1))
             t = np.partition(sample, pos)[pos]
-        count = _gather_at_least(x, t, idx_buf, val_buf)
-        if count > idx_buf.size:  # more passed than expected: again, into buffers that fit
-            idx_buf = np.empty(count, np.int32)
-            val_buf = np.empty(count, x.dtype)
-            count = _gather_at_least(x, t, idx_buf, val_buf)
+        count = _gather_at_least(x, t, cand_idx, cand_vals)
+        if count > cand_idx.size:  # more passed than expected: again, into a workspace that fits
+            cand_idx = np.empty(count, np.int32)
+            cand_vals = np.empty(count, x.dtype)
+            count = _gather_at_least(x, t, cand_idx, cand_vals)
         if count >= k:
             break
         frac = min(1.0, frac * 4.0)  # too few passed: lower the threshold
-    mags = np.abs(val_buf[:count])
-    keys = mags.view(np.int32)  # non-negative floats order like their bit patterns
-    kth = _kth_largest_key(keys, k)
+    keys = cand_vals[:count].view(np.int32)
+    kth = _kth_largest_key(cand_vals[:count], k)
     greater = 0
     for j in range(count):
-        greater += keys[j] > kth
+        greater += (keys[j] & _SIGN_OFF) > kth
     ties = k - greater  # how many entries equal to the k-th value to keep (lowest indices)
-    idx = np.empty(k + 1, np.int32)  # one spare slot: every candidate is written, kept ones advance n
-    vals = np.empty(k + 1, x.dtype)
     n = 0
     for j in range(count):  # candidates are in index order, so idx comes out sorted
-        key = keys[j]
+        if n == k:  # the k-th was taken; slot n is written before it is known to be kept
+            break
+        key = keys[j] & _SIGN_OFF
         take = key > kth
         if key == kth:  # rare: ties at the k-th value, the lowest indices first
             take = ties > 0
             ties -= take
-        idx[n] = idx_buf[j]
-        vals[n] = val_buf[j]
+        idx[n] = cand_idx[j]
+        vals[n] = cand_vals[j]
         n += take
-    return vals[:k], idx[:k]
+
+
+def topk(x: np.ndarray, k: int, seed: int = 0) -> tuple[np.ndarray, np.ndarray]:
+    """topk_into with fresh arrays: (values, int32 indices in increasing order)."""
+    k = max(0, min(int(k), x.size))
+    vals, idx = np.empty(k, x.dtype), np.empty(k, np.int32)
+    w = topk_workspace(x.size, k) if k < x.size else 1
+    topk_into(x, k, seed, vals, idx, np.empty(w, x.dtype), np.empty(w, np.int32))
+    return vals, idx
 
 
 @_jit

@@ -8,7 +8,7 @@ import torch
 
 from tests.dist.test_ddp import SETUP
 
-SPECS = ("fp16", "bf16", "topk:0.1", "randomk:0.1", "qsgd:127", "signsgd", "powersgd:1")
+SPECS = ("fp16", "bf16", "topk:0.1", "dgc:0.1", "randomk:0.1", "qsgd:127", "signsgd", "powersgd:1")
 
 LOOP = textwrap.dedent(
     """
@@ -54,7 +54,7 @@ def test_every_compressor_keeps_replicas_identical_and_reports_the_bytes_it_send
         late = [after for step, _, after in records if step >= 2]  # after the warm-up iterations
         k = -(-d // 10)  # ceil(0.1 d)
         expected = {
-            "fp16": 2 * d, "bf16": 2 * d, "topk:0.1": 8 * k, "randomk:0.1": 4 * k,
+            "fp16": 2 * d, "bf16": 2 * d, "topk:0.1": 8 * k, "dgc:0.1": 8 * k, "randomk:0.1": 4 * k,
             "qsgd:127": d + 4 * -(-d // 512), "signsgd": (d + 7) // 8 + 4,
         }
         if spec in expected:
@@ -90,6 +90,89 @@ def test_hook_result_is_the_mean_of_the_decompressed_payloads(cluster):
         torch.testing.assert_close(r0[spec][0], expected, rtol=0, atol=1e-6)
         torch.testing.assert_close(r1[spec][0], expected, rtol=0, atol=1e-6)
     torch.testing.assert_close(r0["qsgd:16"][0], r1["qsgd:16"][0], rtol=0, atol=0)
+
+
+def test_dgc_hook_follows_the_momentum_correction_recurrence(cluster):
+    """Six steps of known per-rank gradients through the real hook on both ranks, against
+    DGC's recurrence computed here in float64: u = m u + g; v += u; send top-k of v;
+    clear the sent entries of v and u; the result is the mean of what the ranks sent."""
+    d, k, m, steps = 200, 10, 0.9, 6
+    code = textwrap.dedent(
+        f"""
+        from nbdist.compression import make_hook
+        class FakeBucket:
+            def __init__(self, t): self.t = t
+            def buffer(self): return self.t
+            def index(self): return 0
+            def is_last(self): return True
+        hook, state = make_hook("dgc:{k / d}:{m}", start_iter=0)
+        g = torch.Generator().manual_seed(100 + dist.get_rank())
+        outs = [hook(state, FakeBucket(torch.randn({d}, generator=g))).wait().clone() for _ in range({steps})]
+        """
+    )
+    cluster.run(code).raise_for_error()
+    got = cluster.pull("outs")
+    grads = []
+    for rank in range(2):
+        g = torch.Generator().manual_seed(100 + rank)
+        grads.append([torch.randn(d, generator=g).double() for _ in range(steps)])
+    u = [torch.zeros(d, dtype=torch.float64) for _ in range(2)]
+    v = [torch.zeros(d, dtype=torch.float64) for _ in range(2)]
+    for step in range(steps):
+        mean = torch.zeros(d, dtype=torch.float64)
+        for r in range(2):
+            u[r] = m * u[r] + grads[r][step]
+            v[r] += u[r]
+            idx = torch.topk(v[r].abs(), k).indices
+            mean[idx] += v[r][idx] / 2
+            v[r][idx] = 0.0
+            u[r][idx] = 0.0
+        for r in range(2):
+            torch.testing.assert_close(got[r][step].double(), mean, rtol=1e-5, atol=1e-5)
+        assert int((mean != 0).sum()) <= 2 * k
+
+
+def test_dgc_closes_the_gap_top_k_leaves_under_momentum(cluster):
+    """Notebook 05's task and settings (150 steps, lr 0.1, momentum 0.9, 1% of entries):
+    top-k with error feedback under the optimizer's momentum ends far behind; DGC (the
+    momentum moved into the hook, the optimizer without it) ends within 2% of, or below,
+    uncompressed training. Losses: all data, mean of the last 10 steps. Measured here:
+    none 0.138, topk +720%, dgc -11%."""
+    cluster.run(
+        textwrap.dedent(
+            """
+            import torch
+            from nbdist.parallel import apply_ddp
+            def make_model():
+                torch.manual_seed(0)
+                return torch.nn.Sequential(torch.nn.Linear(256, 512), torch.nn.ReLU(), torch.nn.Linear(512, 512),
+                                           torch.nn.ReLU(), torch.nn.Linear(512, 10))
+            g = torch.Generator().manual_seed(0)
+            W = torch.randn(256, 10, generator=g)
+            X = torch.randn(4096, 256, generator=g)
+            Y = (X @ W).argmax(1)
+            Xr, Yr = X[dist.get_rank()::2], Y[dist.get_rank()::2]
+            final = {}
+            for spec, momentum in (("none", 0.9), ("topk:0.01", 0.9), ("dgc:0.01", 0.0)):
+                model = apply_ddp(make_model(), compression=spec, metrics=False)
+                opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=momentum)
+                losses = []
+                for step in range(150):
+                    i = (step * 64) % (Xr.shape[0] - 64)
+                    opt.zero_grad()
+                    torch.nn.functional.cross_entropy(model(Xr[i:i + 64]), Yr[i:i + 64]).backward()
+                    opt.step()
+                    if step >= 140:
+                        with torch.no_grad():
+                            losses.append(torch.nn.functional.cross_entropy(model.module(X), Y).item())
+                final[spec] = sum(losses) / len(losses)
+            """
+        )
+    ).raise_for_error()
+    final = cluster.pull("final", ranks=0)[0]
+    base = final["none"]
+    assert final["dgc:0.01"] <= 1.02 * base, final
+    assert final["topk:0.01"] > 2 * base, final  # the gap DGC exists to close
 
 
 def test_every_compressor_reaches_the_uncompressed_loss(cluster):

@@ -56,6 +56,10 @@ def test_powersgd_rank2_on_resnet18_compresses_136x():
         ("topk:2", "must be in (0, 1]"),
         ("qsgd:300", "must be 1..127"),
         ("signsgd:maybe", "takes 'ef' or 'noef'"),
+        ("dgc:0.01:1.5", "dgc:0.01:1.5 needs a ratio in (0, 1] and a momentum in [0, 1)"),
+        ("dgc:0:0.9", "e.g. dgc:0.01"),
+        ("dgc:0.01:fast", "not a number"),
+        ("dcg:0.01", "did you mean 'dgc'?"),
     ],
 )
 def test_bad_specs_say_what_to_write(spec, fragment):
@@ -101,3 +105,10 @@ def test_sign_without_error_feedback_fails_where_ef_sign_converges(seed):
     plain, ef = _counter_example(False, seed=seed), _counter_example(True, seed=seed)
     assert plain > 0.9 * start, "plain signSGD should make no progress on this problem"
     assert ef < 0.1 * start, "EF-signSGD should converge"
+
+
+def test_dgc_spec_sets_ratio_and_momentum():
+    _, state = make_hook("dgc:0.05:0.95")
+    assert (state.compressor.ratio, state.compressor.momentum) == (0.05, 0.95)
+    assert make_hook("dgc")[1].compressor.describe() == "dgc:0.01:0.9"
+    assert make_hook("topk:0.01")[1].compressor.momentum == 0.0  # plain top-k leaves momentum to the optimizer

@@ -98,6 +98,23 @@ def test_topk_is_exact_on_inputs_that_mislead_the_sampled_threshold(make, ratio)
     np.testing.assert_array_equal(taken, ties[: taken.size])  # ties: the lowest indices
 
 
+@pytest.mark.parametrize("workspace", ["planned", "one-entry"])
+def test_topk_into_reuses_caller_buffers_and_grows_a_short_workspace(workspace):
+    # The hooks call topk_into with one set of buffers per bucket, step after step: the
+    # result must not depend on what the buffers held, and a workspace too small for the
+    # candidates (here a single entry) must not truncate the answer.
+    rng = np.random.default_rng(9)
+    d, k = 300_001, 3000
+    w = K.topk_workspace(d, k) if workspace == "planned" else 1
+    vals, idx = np.full(k, np.nan, np.float32), np.full(k, -1, np.int32)
+    cand_vals, cand_idx = np.full(w, 1e30, np.float32), np.full(w, 7, np.int32)
+    for step in range(3):
+        x = (rng.standard_normal(d) * (step + 1)).astype(np.float32)
+        K.topk_into(x, k, step, vals, idx, cand_vals, cand_idx)
+        np.testing.assert_array_equal(idx, np.sort(np.argpartition(-np.abs(x), k - 1)[:k]))
+        np.testing.assert_array_equal(vals, x[idx])
+
+
 def test_scatter_rebuilds_the_dense_vector():
     x = np.random.default_rng(2).standard_normal(50).astype(np.float32)
     vals, idx = K.topk(x, 5)
