@@ -219,7 +219,7 @@ def test_the_gpu_path_trains_like_the_cpu_path_in_real_ddp(cluster):
             try:
                 for backend in ("torch", "auto"):
                     C.BACKEND = backend
-                    for spec in ("topk:0.1", "signsgd", "qsgd:127"):
+                    for spec in ("topk:0.1", "dgc:0.1", "signsgd", "qsgd:127"):
                         out[backend, spec] = run(compression=spec)[0]
             finally:
                 C.BACKEND = "auto"
@@ -230,6 +230,6 @@ def test_the_gpu_path_trains_like_the_cpu_path_in_real_ddp(cluster):
     for key in r0:
         for a, b in zip(r0[key], r1[key], strict=True):
             assert torch.equal(a, b), f"{key}: replicas diverged"
-    for spec in ("topk:0.1", "signsgd"):  # deterministic: both paths send the same payloads
+    for spec in ("topk:0.1", "dgc:0.1", "signsgd"):  # deterministic: both paths send the same payloads
         for a, b in zip(r0["torch", spec], r0["auto", spec], strict=True):
             torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6)
