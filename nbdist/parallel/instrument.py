@@ -1,20 +1,28 @@
 # No `from __future__ import annotations`: DDP checks a comm hook's annotations as objects.
 """Automatic step metrics for DDP and FSDP models: step time, time in collectives, bytes, samples/s.
 
-``apply_ddp(model, metrics=True)`` registers ``timing_hook`` (torch's all-reduce, timed)
-and a forward pre-hook that closes the previous step and logs it with ``nbdist.log``:
+``apply_ddp(model, metrics=True)`` adds a forward pre-hook that closes the previous
+step and logs it with ``nbdist.log``:
 
 - ``time/step_s``: forward-to-forward time of one step;
-- ``comm/time_s``: time in collectives: from the first bucket handed to the all-reduce
-  (its averaging included) until the last one finished (with a compression hook: the
-  span of its collectives, plus the time spent compressing and decompressing);
-- ``comm/exposed_s``: the part of it training waited for, after backward's last bucket
-  was launched; the rest overlapped backward. On a machine with cores to spare that
-  overlap is nearly free; where ranks share cores (2 ranks on 2 cores) the
-  collective's copies and sums slow the overlapped backward about as much;
+- ``comm/time_s``: time in collectives: from the first gradient bucket handed to the
+  all-reduce until the last one finished (with a compression hook: the span of its
+  collectives, plus the time spent compressing and decompressing);
+- ``comm/exposed_s``: the part of it training waited for, after backward's computation
+  ended; the rest overlapped backward. On a machine with cores to spare that overlap is
+  nearly free; where ranks share cores (2 ranks on 2 cores) the collective's copies and
+  sums slow the overlapped backward about as much;
 - ``comm/overhead(%)`` = comm/time_s / time/step_s (the dashboard's number);
 - ``comm/bytes``: bytes handed to the collectives in the step;
 - ``throughput/samples_per_s``: this rank's batch / step time.
+
+Where the times come from: on CPU, DDP's own C++ timers (the reducer records when the
+first bucket became ready, when backward's computation ended and when the last bucket's
+reduction finished; its runtime-stats sample rate is set to every step), so the
+all-reduce stays torch's built-in C++ one and the metrics add no Python to the backward
+pass. On a GPU those timers are CUDA events that would synchronise the stream every
+step, so there ``timing_hook`` (torch's all-reduce, timed at launch and completion)
+is registered instead.
 
 ``apply_fsdp(model, metrics=True)`` times FSDP2's own collectives instead: each sharded
 module's all-gather and reduce-scatter go through ``TimedAllGather`` / ``TimedReduceScatter``
@@ -50,6 +58,9 @@ class StepMeter:
         "open",
         "fsdp",
         "comm_s",
+        "ddp_logger",
+        "grad_bytes",
+        "start_ns",
     )
 
     def __init__(self, process_group: Any = None, hook_state: Any = None, fsdp: bool = False) -> None:
@@ -66,12 +77,25 @@ class StepMeter:
         self.first_launch = 0.0
         self.last_launch = 0.0
         self.done = 0.0
+        self.ddp_logger: Any = None  # DDP's C++ logger, whose reducer times the collectives (CPU)
+        self.grad_bytes = 0  # what the built-in all-reduce carries per step: every gradient
+        self.start_ns = 0  # the step's start on the wall clock DDP's timers use
 
     def __getstate__(self) -> dict[str, Any]:
-        return {k: (None if k == "process_group" else getattr(self, k)) for k in self.__slots__}
+        return {k: (None if k in ("process_group", "ddp_logger") else getattr(self, k)) for k in self.__slots__}
 
-    def backward_done(self) -> None:
-        self.done = max(self.done, time.perf_counter())
+    def _ddp_timers(self) -> dict[str, float]:
+        """The closing step's collectives as DDP's reducer timed them (nanoseconds, wall clock)."""
+        self.ddp_logger.set_runtime_stats_and_log()  # what DDP's next forward would do; idempotent
+        ints = self.ddp_logger._get_ddp_logging_data().ints_map
+        if ints.get("backward_comm_time_start", 0) < self.start_ns:  # no reduction this step (no_sync)
+            return {"comm/time_s": 0.0, "comm/exposed_s": 0.0, "comm/bytes": 0}
+        exposed = ints["backward_comm_time_end"] - ints["backward_compute_time_end"]
+        return {
+            "comm/time_s": ints["backward_comm_time"] / 1e9,
+            "comm/exposed_s": max(0, exposed) / 1e9,
+            "comm/bytes": self.grad_bytes,
+        }
 
     def _compressed(self) -> dict[str, float]:
         """The compression hook's records since the last step, summed."""
@@ -117,6 +141,8 @@ class StepMeter:
                 "comm/bytes": self.bytes,
                 "throughput/samples_per_s": self.batch / step_s if step_s > 0 else 0.0,
             }
+            if self.ddp_logger is not None:
+                row.update(self._ddp_timers())
             if self.hook_state is not None:
                 row.update(self._compressed())
             if self.fsdp:  # collectives in forward too: their durations, summed
@@ -133,6 +159,7 @@ class StepMeter:
         self.step += 1
         self.open = True
         self.start = now
+        self.start_ns = time.time_ns()
         self.bytes = 0
         self.first_launch = 0.0
         self.last_launch = 0.0
@@ -145,10 +172,6 @@ def timing_hook(state: StepMeter, bucket: dist.GradBucket) -> torch.futures.Futu
     group = state.process_group
     if not state.first_launch:
         state.first_launch = time.perf_counter()  # averaging the bucket is part of the all-reduce's cost
-        # Where autograd runs it (not always from inside DDP's reducer), this marks the end
-        # of backward, after DDP waited for every bucket; the all-reduce's own completion
-        # below is the figure otherwise.
-        torch.autograd.Variable._execution_engine.queue_callback(state.backward_done)
     buf = bucket.buffer().div_(dist.get_world_size(group))
     state.bytes += buf.numel() * buf.element_size()
     if bucket.is_last():
@@ -163,10 +186,17 @@ def timing_hook(state: StepMeter, bucket: dist.GradBucket) -> torch.futures.Futu
 
 
 def instrument(model: Any, hook_registered: bool, hook_state: Any = None) -> StepMeter:
-    """Attach a StepMeter to a DDP model (the timing hook only if no other hook is set;
-    a compression hook's state, if given, supplies bytes and times instead)."""
+    """Attach a StepMeter to a DDP model. On CPU, DDP's own timers time the collectives
+    (whatever hook runs them); on a GPU the timing hook does, if no other hook is set.
+    A compression hook's state, if given, supplies bytes and times instead."""
     meter = StepMeter(hook_state=hook_state)
-    if not hook_registered:
+    on_cpu = all(p.device.type == "cpu" for p in model.parameters())
+    if on_cpu:
+        model._set_ddp_runtime_logging_sample_rate(1)  # DDP's reducer times every step, in C++
+        meter.ddp_logger = model.logger
+        if not hook_registered:  # torch's built-in all-reduce carries every gradient
+            meter.grad_bytes = sum(p.numel() * p.element_size() for p in model.parameters() if p.requires_grad)
+    elif not hook_registered:
         model.register_comm_hook(meter, timing_hook)
     model.register_forward_pre_hook(meter.on_forward)
     model.step_meter = meter

@@ -245,9 +245,13 @@ def test_apply_ddp_logs_step_metrics_for_the_dashboard(cluster):
             model = apply_ddp(make_model())
             opt = torch.optim.SGD(model.parameters(), lr=0.1)
             x, y = make_data()[:8]
-            for step in range(6):
+            for step in range(8):
                 opt.zero_grad()
-                torch.nn.functional.mse_loss(model(x), y).backward()
+                if step in (5, 6):  # gradient accumulation: these backwards do not communicate
+                    with model.no_sync():
+                        torch.nn.functional.mse_loss(model(x), y).backward()
+                else:
+                    torch.nn.functional.mse_loss(model(x), y).backward()
                 opt.step()
             nbytes = sum(p.numel() * p.element_size() for p in model.parameters())
             """
@@ -257,12 +261,49 @@ def test_apply_ddp_logs_step_metrics_for_the_dashboard(cluster):
     nbytes = cluster.pull("nbytes", ranks=0)[0]
     for rank in (0, 1):
         rows = r.metrics[rank]
-        assert [row["step"] for row in rows] == [0, 1, 2, 3, 4]  # a step is closed by the next forward
+        assert [row["step"] for row in rows] == list(range(7))  # a step is closed by the next forward
         for row in rows:
-            assert row["comm/bytes"] == nbytes
+            quiet = row["step"] in (5, 6)
+            assert row["comm/bytes"] == (0 if quiet else nbytes), row
+            assert (row["comm/time_s"] == 0) == quiet, row
             assert 0 <= row["comm/overhead(%)"] <= 100
-            assert row["comm/time_s"] <= row["time/step_s"]
+            assert 0 <= row["comm/exposed_s"] <= row["comm/time_s"] <= row["time/step_s"]
             assert row["throughput/samples_per_s"] == pytest.approx(8 / row["time/step_s"])
+
+
+def test_the_gpu_timing_hook_run_on_cpu_reduces_like_torch_and_times_the_step(cluster):
+    # On a GPU, apply_ddp times the all-reduce with timing_hook instead of DDP's timers
+    # (CUDA events would synchronise every step). Registered by hand here on CPU: the
+    # gradients are the built-in all-reduce's, and the span it reports lies inside the step.
+    cluster.run(SETUP).raise_for_error()
+    r = cluster.run(
+        textwrap.dedent(
+            """
+            from torch.nn.parallel import DistributedDataParallel as DDP
+            from nbdist.parallel.instrument import StepMeter, timing_hook
+            x, y = make_data()[:8]
+            timed, plain = DDP(make_model()), DDP(make_model())
+            meter = StepMeter()
+            timed.register_comm_hook(meter, timing_hook)
+            timed.register_forward_pre_hook(meter.on_forward)
+            for model in (timed, plain):
+                opt = torch.optim.SGD(model.parameters(), lr=0.1)
+                for step in range(4):
+                    opt.zero_grad()
+                    torch.nn.functional.mse_loss(model(x), y).backward()
+                    opt.step()
+            same = all(torch.equal(a, b) for a, b in zip(timed.parameters(), plain.parameters()))
+            """
+        )
+    )
+    r.raise_for_error()
+    assert cluster.pull("same") == [True, True]
+    for rank in (0, 1):
+        rows = r.metrics[rank]
+        assert [row["step"] for row in rows] == [0, 1, 2]
+        for row in rows:
+            assert 0 < row["comm/time_s"] <= row["time/step_s"]
+            assert row["comm/bytes"] == 4 * (8 * 16 + 16 + 16 + 1)  # every gradient, float32
 
 
 OVERHEAD = """
@@ -313,7 +354,8 @@ def test_reported_overhead_agrees_with_skipping_communication(cluster):
         for rank in (0, 1)
     )  # steps 0-9 warm up; the 10th of a block is closed a block later; the first two absorb skew
     assert independent > 15, "the test needs communication worth measuring"
-    assert abs(reported - independent) <= 10, (reported, independent)
+    # within 10% of the independent figure (relative); measured here: gaps of 0.3-3%
+    assert abs(reported - independent) <= 0.10 * independent, (reported, independent)
 
 
 def test_compressed_ddp_publishes_the_hook_records_as_step_metrics(cluster):
