@@ -16,7 +16,7 @@ from _common import save, stats
 N = 10_000_000
 
 
-def best_of(fn, reps: int = 7) -> float:
+def best_of(fn, reps: int = 15) -> float:
     fn()  # warm (and compile)
     times = []
     for _ in range(reps):
