@@ -110,6 +110,7 @@ def _gather_at_least(x: np.ndarray, t: float, idx: np.ndarray, vals: np.ndarray)
 
 
 _SIGN_OFF = np.int32(0x7FFFFFFF)
+_TINY = np.float32(1e-45)  # the smallest positive float32: |x| >= _TINY means x != 0
 
 
 @_jit
@@ -221,19 +222,38 @@ def topk_into(
     sample = _sample_abs(x, blocks, seed) if blocks > 0 else np.abs(x)
     m = sample.size
     count = 0
-    for _ in range(8):
-        t = 0.0
+    while True:  # frac grows 4x a round and reaches 1 (the threshold of nonzero entries)
+        t = _TINY
         if frac < 1.0:
             pos = int((1.0 - frac) * (m - 1))
-            t = np.partition(sample, pos)[pos]
+            t = max(np.partition(sample, pos)[pos], _TINY)
+        # A threshold of zero would let every entry through (an unused layer's zero
+        # gradients): only nonzero entries are gathered, and zeros are added below.
         count = _gather_at_least(x, t, cand_idx, cand_vals)
         if count > cand_idx.size:  # more passed than expected: again, into a workspace that fits
             cand_idx = np.empty(count, np.int32)
             cand_vals = np.empty(count, x.dtype)
             count = _gather_at_least(x, t, cand_idx, cand_vals)
-        if count >= k:
+        if count >= k or t == _TINY:
             break
         frac = min(1.0, frac * 4.0)  # too few passed: lower the threshold
+    if count < k:  # fewer than k nonzero entries: all of them, then zeros at the lowest indices
+        zeros = k - count
+        c = 0
+        n = 0
+        for i in range(d):
+            if c < count and cand_idx[c] == i:
+                idx[n] = i
+                vals[n] = cand_vals[c]
+                c += 1
+                n += 1
+            elif zeros > 0:
+                idx[n] = i
+                vals[n] = x[i]
+                zeros -= 1
+                n += 1
+            if n == k:
+                return
     keys = cand_vals[:count].view(np.int32)
     kth = _kth_largest_key(cand_vals[:count], k)
     greater = 0

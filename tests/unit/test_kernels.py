@@ -75,6 +75,7 @@ def _layered(rng, d):
         pytest.param(lambda rng, d: rng.standard_cauchy(d).astype(np.float32), id="heavy-tailed"),
         pytest.param(lambda rng, d: (rng.random(d) < 0.003).astype(np.float32) * 5, id="mostly-zero"),
         pytest.param(lambda rng, d: np.full(d, 0.5, np.float32), id="all-ties"),
+        pytest.param(lambda rng, d: np.where(rng.random(d) < 0.5, -0.0, 0.0).astype(np.float32), id="all-zero"),
         pytest.param(lambda rng, d: np.sign(rng.standard_normal(d)).astype(np.float32), id="two-values"),
         pytest.param(lambda rng, d: np.sort(np.abs(rng.standard_normal(d))).astype(np.float32), id="sorted"),
     ],
