@@ -101,7 +101,12 @@ def main() -> None:
     for m, r in ratios.items():
         q = statistics.quantiles(r, n=4)
         lo, hi = bootstrap_median(r)
-        out[f"{m}_vs_off"] = {"median": statistics.median(r), "iqr": [q[0], q[2]], "ci90_of_median": [lo, hi], "samples": r}
+        out[f"{m}_vs_off"] = {
+            "median": statistics.median(r),
+            "iqr": [q[0], q[2]],
+            "ci90_of_median": [lo, hi],
+            "samples": r,
+        }
     out["step_s"] = {m: stats(v) for m, v in block.items()}
     # metric batches reaching the notebook per second while the metrics-on model trains
     # (the cell's wall time, start-up and the last flush included)
