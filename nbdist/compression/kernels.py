@@ -110,7 +110,7 @@ def _gather_at_least(x: np.ndarray, t: float, idx: np.ndarray, vals: np.ndarray)
 
 
 _SIGN_OFF = np.int32(0x7FFFFFFF)
-_TINY = np.float32(1e-45)  # the smallest positive float32: |x| >= _TINY means x != 0
+_TINY = float(np.float32(1e-45))  # the smallest positive float32: |x| >= _TINY means x != 0
 
 
 @_jit
