@@ -112,18 +112,20 @@ class StepMeter:
         raw = sum(r.get("bytes_before", 0) for r in new)
         compress = sum(r.get("compress_s", 0.0) for r in new)
         decompress = sum(r.get("decompress_s", 0.0) for r in new)
+        row = {"comm/bytes": sent, "comm/bytes_raw": raw, "comm/ratio": raw / sent if sent else 1.0}
         spans = [(r["launch"], r["launch"] + r.get("collective_s", 0.0)) for r in new if "launch" in r]
-        collectives = max(e for _, e in spans) - min(b for b, _ in spans) if spans else 0.0
-        last = max(spans)[1] - max(spans)[0] if spans else 0.0  # the last bucket launched
-        return {
-            "comm/bytes": sent,
-            "comm/bytes_raw": raw,
-            "comm/ratio": raw / sent if sent else 1.0,
-            "comm/compress_s": compress,
-            "comm/decompress_s": decompress,
-            "comm/time_s": compress + collectives + decompress,
-            "comm/exposed_s": last + decompress,
-        }
+        if spans:  # hooks that time their phases (PowerSGD's records do not: DDP's timers stand)
+            collectives = max(e for _, e in spans) - min(b for b, _ in spans)
+            last = max(spans)[1] - max(spans)[0]  # the last bucket launched
+            row.update(
+                {
+                    "comm/compress_s": compress,
+                    "comm/decompress_s": decompress,
+                    "comm/time_s": compress + collectives + decompress,
+                    "comm/exposed_s": last + decompress,
+                }
+            )
+        return row
 
     def __setstate__(self, state: dict[str, Any]) -> None:
         for k, v in state.items():

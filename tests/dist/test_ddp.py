@@ -390,6 +390,34 @@ def test_compressed_ddp_publishes_the_hook_records_as_step_metrics(cluster):
         assert rows[-1]["comm/ratio"] > 4  # top-10%: values + int32 indices, 5x fewer bytes
 
 
+def test_powersgd_steps_report_their_time_in_collectives(cluster):
+    # PowerSGD runs torch's own hook, which nbdist does not time: DDP's timers must give
+    # the time in collectives, not the hook records' missing figures read as zero.
+    cluster.run(SETUP).raise_for_error()
+    r = cluster.run(
+        textwrap.dedent(
+            """
+            from nbdist.parallel import apply_ddp
+            model = apply_ddp(make_model(), compression="powersgd:1")
+            opt = torch.optim.SGD(model.parameters(), lr=0.1)
+            x, y = make_data()[:8]
+            for step in range(6):
+                opt.zero_grad()
+                torch.nn.functional.mse_loss(model(x), y).backward()
+                opt.step()
+            """
+        )
+    )
+    r.raise_for_error()
+    for rank in (0, 1):
+        rows = [row for row in r.metrics[rank] if "comm/bytes" in row]
+        assert len(rows) == 5
+        for row in rows:
+            assert 0 < row["comm/time_s"] <= row["time/step_s"], row
+            assert 0 <= row["comm/exposed_s"] <= row["comm/time_s"], row
+        assert rows[-1]["comm/ratio"] > 1  # compressed once PowerSGD starts
+
+
 def test_profiler_traces_are_written_per_rank(cluster, tmp_path):
     import json
 
