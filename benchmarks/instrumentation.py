@@ -17,7 +17,7 @@ import time
 
 from _common import save, stats
 
-from nbdist.run import Sink
+from nbdist.output import Sink
 
 LOOP = """
 import time, statistics

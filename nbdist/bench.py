@@ -32,9 +32,9 @@ def bench(cluster: Cluster | None = None, sizes: list[int] | None = None, scalin
     memcpy = min(view.apply_sync(benchfns.memcpy_bandwidth)) / 1e9
     report: dict[str, Any] = {"world_size": n, "backend": cluster.backend, "allreduce": rows, "memcpy_GBps": memcpy}
     if scaling:
-        rank0 = cluster.client[cluster.ranks[0].engine_id]  # a single-engine view returns the bare result
-        alone = rank0.apply_sync(benchfns.train_throughput, distributed=False)
-        alone_all_cores = rank0.apply_sync(benchfns.train_throughput, distributed=False, threads=_cores())
+        rank0 = cluster.view([0])
+        alone = rank0.apply_sync(benchfns.train_throughput, distributed=False)[0]
+        alone_all_cores = rank0.apply_sync(benchfns.train_throughput, distributed=False, threads=_cores())[0]
         together = view.apply_sync(benchfns.train_throughput, distributed=True)
         total = sum(t["samples_per_s"] for t in together)
         report["scaling"] = {

@@ -9,7 +9,7 @@ from dataclasses import dataclass, field
 from .errors import ConfigError
 
 BACKENDS = ("gloo", "nccl")
-LAUNCHERS = ("local", "slurm", "mpi")
+LAUNCHER_NAMES = ("local", "slurm", "mpi")  # known names; launchers.LAUNCHERS says which run today
 
 
 def did_you_mean(value: str, choices: tuple[str, ...] | list[str]) -> str:
@@ -70,18 +70,18 @@ def default_threads(n: int, cores: int | None = None) -> int:
 class StartConfig:
     """What ``nbdist.start`` builds."""
 
-    n: int = 2
-    backend: str | None = None
-    launcher: str = "local"
-    timeout: float = 45.0
-    oversubscribe: bool = False
-    heartbeat_ms: int = 100
-    pg_timeout: float = 1800.0
-    watchdog: float | None = 60.0
-    grace: float = 1.0
-    auto_restart: bool = False
-    threads: int | None = None
-    cores: int | None = field(default=None)
+    n: int = 2  # number of ranks
+    backend: str | None = None  # "gloo" or "nccl"; None: nccl when every rank has a GPU of its own
+    launcher: str = "local"  # how engines start (launchers.py)
+    timeout: float = 45.0  # seconds for engines to register and for the world to form
+    oversubscribe: bool = False  # allow more ranks than cores
+    heartbeat_ms: int = 100  # the controller's heartbeat: how fast a dead engine is noticed
+    pg_timeout: float = 1800.0  # torch's process-group timeout (nbdist releases hung ranks long before)
+    watchdog: float | None = 60.0  # seconds a rank may wait in a collective after others finished; None: off
+    grace: float = 1.0  # seconds the other ranks get to finish after one failed, before they are released
+    auto_restart: bool = False  # restart ranks that died during a cell at once (else: %dist_restart)
+    threads: int | None = None  # threads per rank (OMP_NUM_THREADS); None: cores // n
+    cores: int | None = field(default=None)  # cores to plan for; None: this machine's
     pin: bool = True  # give each rank its own cores (when there are enough)
 
     def __post_init__(self) -> None:
@@ -96,8 +96,8 @@ class StartConfig:
             )
         if self.backend is not None and self.backend not in BACKENDS:
             raise ConfigError(f"backend {self.backend!r} is not known; {did_you_mean(self.backend, BACKENDS)}")
-        if self.launcher not in LAUNCHERS:
-            raise ConfigError(f"launcher {self.launcher!r} is not known; {did_you_mean(self.launcher, LAUNCHERS)}")
+        if self.launcher not in LAUNCHER_NAMES:
+            raise ConfigError(f"launcher {self.launcher!r} is not known; {did_you_mean(self.launcher, LAUNCHER_NAMES)}")
         if not self.timeout or self.timeout <= 0:
             raise ConfigError(f"timeout ({self.timeout!r}) must be a positive number of seconds, such as 45.")
         if self.heartbeat_ms < 10:

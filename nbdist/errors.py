@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+from dataclasses import dataclass, field
+from typing import Any
+
 
 class NbdistError(Exception):
     """Base class for every error nbdist raises on purpose."""
@@ -15,35 +18,54 @@ class ClusterError(NbdistError, RuntimeError):
     """The cluster could not be started, reached or repaired."""
 
 
+@dataclass(frozen=True, slots=True)
+class Failure:
+    """One rank's failure in a cell, as RankError carries it."""
+
+    rank: int
+    engine_id: int
+    status: str  # a RankStatus value: error, dead, timeout, interrupted
+    ename: str
+    evalue: str
+    line: int | None  # the cell line it failed at, when known
+    traceback: list[str] = field(default_factory=list)  # the remote traceback, ANSI colours removed
+    summary: str = ""  # one line: "rank 1 (engine 3) raised ValueError in cell line 4: ..."
+
+    def __getitem__(self, key: str) -> Any:
+        """``failure["rank"]``: failures were dicts before 0.2; the keys still read."""
+        return getattr(self, key)
+
+
 class RankError(NbdistError):
     """Code failed on one or more ranks.
 
-    ``failures`` holds one entry per failed rank (lowest rank first), each with the
-    rank, engine id, exception name, message, cell line and the remote traceback.
-    IPython renders this error with ``_render_traceback_``: the first failing rank's
-    traceback (with the cell's own source lines) comes first, then a summary.
+    ``failures`` holds one Failure per failed rank, the cause first (the rank that raised,
+    then dead, timed-out and interrupted ranks), each with the rank, engine id, exception
+    name, message, cell line and the remote traceback. IPython renders this error with
+    ``_render_traceback_``: the first failing rank's traceback (with the cell's own source
+    lines) comes first, then a summary.
     """
 
-    def __init__(self, message: str, failures: list[dict] | None = None, notes: list[str] | None = None):
+    def __init__(self, message: str, failures: list[Failure] | None = None, notes: list[str] | None = None):
         super().__init__(message)
         self.failures = failures or []
         self.notes = notes or []
 
     @property
     def rank(self) -> int | None:
-        return self.failures[0]["rank"] if self.failures else None
+        return self.failures[0].rank if self.failures else None
 
     @property
     def engine_id(self) -> int | None:
-        return self.failures[0]["engine_id"] if self.failures else None
+        return self.failures[0].engine_id if self.failures else None
 
     def _render_traceback_(self) -> list[str]:
         lines: list[str] = []
         for failure in self.failures[:1]:
-            if failure.get("status") in ("interrupted", "timeout"):
+            if failure.status in ("interrupted", "timeout"):
                 continue  # where it waited is in the notes; its traceback is torch's internals
-            lines.append(f"--- traceback from rank {failure['rank']} (engine {failure['engine_id']}) ---")
-            lines.extend(failure.get("traceback") or [])
+            lines.append(f"--- traceback from rank {failure.rank} (engine {failure.engine_id}) ---")
+            lines.extend(failure.traceback)
         lines.append(str(self))
         lines.extend(self.notes)
         return lines

@@ -25,6 +25,8 @@ from typing import Any
 
 from ipyparallel.cluster.launcher import LocalEngineLauncher, LocalEngineSetLauncher
 
+from . import compat
+
 ENGINE_CMD = [sys.executable, "-m", "nbdist.engine"]
 _WARM_CMD = [sys.executable, "-m", "nbdist.engine.warm"]
 # Environment that a process reads when it imports torch: a warm process only
@@ -148,7 +150,7 @@ class WarmEngineLauncher(LocalEngineLauncher):
             return super().start()
         import psutil
 
-        self._popen_process = proc
+        compat.set_launcher_popen(self, proc)
         self.pid = proc.pid
         self.process = psutil.Process(proc.pid)
         self.notify_start(proc.pid)

@@ -1,22 +1,30 @@
 """Ranks, per-rank env and the torch.distributed world, seen from the notebook side.
 
-Pure planning functions (``plan_local_ranks``, ``choose_backend``) plus
-``build_world``, which asks rank 0 to open the rendezvous store on a port the OS
-picks and then has every rank join the process group and prove it with one
-all_reduce.
+Pure planning functions (``plan_local_ranks``, ``plan_cpus``, ``choose_backend``), then
+the two steps that talk to the engines: ``configure_ranks`` gives each engine its rank
+(env vars, threads, cores, watcher) and ``build_world`` has rank 0 open the rendezvous
+store on a port the OS picks, every rank join the process group and prove it with one
+all_reduce. ``build_world`` returns a ``World``; it changes nothing else.
 """
 
 from __future__ import annotations
 
 import time
-from typing import TYPE_CHECKING, Any
+from dataclasses import dataclass
 
+from .engine import runtime
+from .engines import EngineSet, RankInfo
 from .errors import ClusterError, ConfigError
 
-if TYPE_CHECKING:
-    from .cluster import Cluster
 
-LOOPBACK = "127.0.0.1"
+@dataclass(frozen=True, slots=True)
+class World:
+    """A formed process group: its backend, where its store listens, and how long it took."""
+
+    backend: str
+    master_addr: str
+    master_port: int
+    seconds: float
 
 
 def plan_cpus(allowed: list[int], local_rank: int, local_world_size: int) -> list[int] | None:
@@ -53,38 +61,64 @@ def choose_backend(requested: str | None, cuda_devices: list[int], local_ranks: 
     return requested
 
 
-def master_address(launcher: str, rank0_host: str) -> str:
-    """Where rank 0's store listens: loopback for the local launcher, rank 0's host otherwise."""
-    return LOOPBACK if launcher == "local" else rank0_host
+def configure_ranks(engines: EngineSet, ranks: list[RankInfo], *, pin: bool, timeout: float) -> str:
+    """Give these ranks' engines their rank env, threads, cores and watcher; return MASTER_ADDR.
+
+    Fills in each RankInfo's pid, host, GPU count, local rank and cores.
+    """
+    config = engines.config
+    infos = engines.client[[r.engine_id for r in ranks]].apply_sync(runtime.local_info)
+    allowed = {}
+    for r, info in zip(ranks, infos, strict=True):
+        r.pid, r.host, r.cuda_devices = info["pid"], info["host"], info["cuda_devices"]
+        allowed[r.rank] = info["cpus"]
+    every = engines.ranks
+    for r, (local_rank, local_size) in zip(every, plan_local_ranks([r.host for r in every]), strict=True):
+        r.local_rank, r.local_world_size = local_rank, local_size
+    for r in ranks:
+        r.cpus = plan_cpus(allowed[r.rank], r.local_rank, r.local_world_size) if pin else None
+    master_addr = engines.launcher.master_address(every[0].host)
+    futures = [
+        engines.apply(
+            r.rank,
+            runtime.configure,
+            rank=r.rank,
+            world_size=len(every),
+            local_rank=r.local_rank,
+            local_world_size=r.local_world_size,
+            master_addr=master_addr,
+            threads=config.threads,
+            report_dir=engines.workdir,
+            cpus=r.cpus,
+        )
+        for r in ranks
+    ]
+    for fut in futures:
+        fut.get(timeout=timeout)
+    return master_addr
 
 
-def build_world(cluster: Cluster, timeout: float | None = None) -> float:
-    """Create the process group on every rank; return seconds taken.
+def build_world(engines: EngineSet, *, backend: str, master_addr: str, timeout: float, pg_timeout: float) -> World:
+    """Create the process group on every rank.
 
     Rank 0 opens the store first, so a port that is taken cannot leave the other
-    ranks waiting (FAULTS.md row 6); if any rank fails to join, the error names it.
+    ranks waiting (docs/faults.md, row 6); if any rank fails to join, the error names it.
     """
-    from .engine import runtime
-
     tic = time.perf_counter()
-    cfg = cluster.config
-    timeout = timeout or min(cfg.timeout, 30.0)
-    client = cluster.client
-    ranks = cluster.ranks
-    rank0 = ranks[0]
+    ranks = engines.ranks
     try:
-        port = client[rank0.engine_id].apply_sync(runtime.open_store, cluster.master_addr, timeout)
+        port = int(engines.apply(0, runtime.open_store, master_addr, timeout).get(timeout=timeout + 5))
     except Exception as exc:
-        raise ClusterError(f"rank 0 (engine {rank0.engine_id}) could not open the rendezvous store: {exc}") from exc
-    cluster.master_port = int(port)
+        raise ClusterError(f"rank 0 (engine {ranks[0].engine_id}) could not open the rendezvous store: {exc}") from exc
     futures = [
-        client[r.engine_id].apply_async(
+        engines.apply(
+            r.rank,
             runtime.join_world,
-            master_addr=cluster.master_addr,
+            master_addr=master_addr,
             port=port,
-            backend=cluster.backend,
+            backend=backend,
             timeout=timeout,
-            pg_timeout=cfg.pg_timeout,
+            pg_timeout=pg_timeout,
         )
         for r in ranks
     ]
@@ -99,27 +133,17 @@ def build_world(cluster: Cluster, timeout: float | None = None) -> float:
         if total != expected:
             errors.append(f"rank {r.rank}: the proving all_reduce gave {total}, expected {expected}")
     if errors:
-        _reset_world(cluster)
+        leave_world(engines)
         raise ClusterError(
-            "the process group could not be formed: "
-            + "; ".join(errors)
-            + ". Run %dist_restart to start fresh engines."
+            "the process group could not be formed: " + "; ".join(errors) + ". Run %dist_restart to start fresh engines."
         )
-    return time.perf_counter() - tic
+    return World(backend=backend, master_addr=master_addr, master_port=port, seconds=time.perf_counter() - tic)
 
 
-def rebuild_world(cluster: Cluster) -> float:
-    """Tear the process group down on every rank and build a new one."""
-    _reset_world(cluster)
-    return build_world(cluster)
-
-
-def _reset_world(cluster: Cluster) -> None:
-    from .engine import runtime
-
-    ids = [r.engine_id for r in cluster.ranks]
+def leave_world(engines: EngineSet) -> None:
+    """Destroy the process group on every rank, whatever state it is in."""
     try:
-        cluster.client[ids].apply_sync(runtime.leave_world)
+        engines.client[engines.engine_ids(list(range(len(engines.ranks))))].apply_sync(runtime.leave_world)
     except Exception:
         pass
 
@@ -128,16 +152,3 @@ def _short(exc: BaseException) -> str:
     text = getattr(exc, "evalue", None) or str(exc)
     ename = getattr(exc, "ename", None) or type(exc).__name__
     return f"{ename}: {str(text).splitlines()[0][:300] if text else ''}"
-
-
-def describe_env(rank: int, world_size: int, local: tuple[int, int], master_addr: str, threads: int) -> dict[str, Any]:
-    """The env vars a rank gets, as configure() sets them (for display and tests)."""
-    return {
-        "RANK": rank,
-        "LOCAL_RANK": local[0],
-        "WORLD_SIZE": world_size,
-        "LOCAL_WORLD_SIZE": local[1],
-        "MASTER_ADDR": master_addr,
-        "OMP_NUM_THREADS": threads,
-        "NUMBA_NUM_THREADS": threads,
-    }

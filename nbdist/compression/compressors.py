@@ -1,8 +1,7 @@
-"""Compressors: the pure part of each hook (no communication), so it can be tested alone.
+"""The compressors behind the hooks: the pure part of each (no communication), testable alone.
 
-A compressor turns one bucket's (error-corrected) gradient into a payload for one
-collective, says what the receiver will reconstruct from this rank (``sent``, used for
-error feedback), and turns the collective's result back into the mean gradient.
+Sparse (TopK, DGC, RandomK), quantised (QSGD, Sign) and cast (fp16, bf16); the interface
+they share and the device dispatch are in base.py.
 """
 
 from __future__ import annotations
@@ -13,164 +12,25 @@ from typing import Any
 import numpy as np
 import torch
 
-from . import kernels, torch_kernels
+from . import base, kernels, torch_kernels
+from .base import ALL_GATHER, ALL_REDUCE, Compressor, Identity, Payload
 
-ALL_GATHER = "all_gather"
-ALL_REDUCE = "all_reduce"
-
-
-def _seed(base: int, *parts: int) -> int:
-    """A 63-bit seed mixed from several integers (iteration, bucket, rank)."""
-    h = base & 0x7FFFFFFFFFFFFFFF
-    for p in parts:
-        h = (h * 6364136223846793005 + p + 1442695040888963407) & 0x7FFFFFFFFFFFFFFF
-    return h
-
-
-def buffer(scratch: dict | None, name: str, n: int, dtype: Any) -> np.ndarray:
-    """A reusable array from this bucket's scratch space (fresh if there is none).
-
-    Touching a new multi-megabyte array costs more in page faults than the kernels
-    themselves, so hooks keep one set of buffers per bucket."""
-    if scratch is None:
-        return np.empty(n, dtype)
-    key = (name, n, np.dtype(dtype).str)
-    arr = scratch.get(key)
-    if arr is None:
-        arr = scratch[key] = np.empty(n, dtype)
-    return arr
-
-
-# "auto": the Numba kernels for CPU tensors, torch ops (torch_kernels) for tensors on
-# other devices; "torch": torch ops everywhere (the tests use it to run the GPU path on CPU).
-BACKEND = "auto"
-
-
-def _on_torch(t: torch.Tensor) -> bool:
-    return BACKEND == "torch" or t.device.type != "cpu"
-
-
-def _dense(scratch: dict | None, name: str, d: int, like: torch.Tensor) -> torch.Tensor:
-    """A reusable float32 vector of d entries on ``like``'s device."""
-    if like.device.type == "cpu":
-        return torch.from_numpy(buffer(scratch, name, d, np.float32))
-    key = (name, d, str(like.device))
-    t = scratch.get(key) if scratch is not None else None
-    if t is None:
-        t = torch.empty(d, dtype=torch.float32, device=like.device)
-        if scratch is not None:
-            scratch[key] = t
-    return t
-
-
-def _out(out: torch.Tensor | None, scratch: dict | None, d: int, like: torch.Tensor) -> torch.Tensor:
-    """Where a decompressed mean goes: the caller's tensor (the bucket itself) or a scratch buffer."""
-    return out if out is not None else _dense(scratch, "total", d, like)
-
-
-def _scatter_add(values: torch.Tensor, indices: torch.Tensor, weight: float, out: torch.Tensor) -> None:
-    if _on_torch(out):
-        torch_kernels.scatter_add(values, indices, weight, out)
-    else:
-        kernels.scatter_add(values.numpy(), indices.numpy(), weight, out.numpy())
-
-
-def _sign_unpack_add(body: torch.Tensor, scale: float, weight: float, out: torch.Tensor) -> None:
-    if _on_torch(out):
-        torch_kernels.sign_unpack_add(body, scale, weight, out)
-    else:
-        kernels.sign_unpack_add(body.numpy(), scale, weight, out.numpy())
-
-
-def _qsgd_dequantize_add(body: torch.Tensor, norms: torch.Tensor, s: int, weight: float, out: torch.Tensor) -> None:
-    if _on_torch(out):
-        torch_kernels.qsgd_dequantize_add(body, norms, s, weight, out)
-    else:
-        kernels.qsgd_dequantize_add(body.numpy(), norms.numpy(), s, weight, out.numpy())
-
-
-def _mean_of_parts(
-    parts: list[torch.Tensor], d: int, world: int, scratch: dict | None, add: Any, out: torch.Tensor | None = None
-) -> torch.Tensor:
-    """Mean over ranks of payloads laid out as a float32 header (norm or scale) + a body;
-    ``add(body, header, weight, out)`` adds weight x one rank's dense gradient to ``out``."""
-    total = _out(out, scratch, d, parts[0])
-    total.zero_()
-    for part in parts:
-        header = float(part[:4].view(torch.float32)[0])
-        add(part[4:], header, 1.0 / world, total)
-    return total
-
-
-class Payload:
-    """What one rank hands to the collective, and what the receivers will make of it."""
-
-    __slots__ = ("tensor", "context", "_sent", "_densify")
-
-    def __init__(self, tensor: torch.Tensor, sent: Any = None, context: Any = None) -> None:
-        self.tensor = tensor  # what goes on the wire
-        self.context = context  # what decompress needs besides the collective's result
-        # sent: what receivers reconstruct from this rank (dense float32), or a function
-        # that builds it on demand (sparse compressors never need it in the hook)
-        self._sent = None if callable(sent) else sent
-        self._densify = sent if callable(sent) else None
-
-    @property
-    def sent(self) -> torch.Tensor:
-        if self._sent is None:
-            self._sent = self._densify()  # type: ignore[misc]
-        return self._sent
-
-
-class Compressor:
-    name = "base"
-    collective = ALL_GATHER
-    error_feedback = False
-    shared_seed = False  # True: the same random draw on every rank
-    momentum = 0.0  # > 0: the hook applies momentum before compressing (DGC's momentum correction)
-
-    def compress(self, x: torch.Tensor, *, seed: int, world: int, scratch: dict | None = None) -> Payload:
-        raise NotImplementedError
-
-    def decompress(
-        self,
-        result: Any,
-        d: int,
-        world: int,
-        context: Any = None,
-        scratch: dict | None = None,
-        out: torch.Tensor | None = None,
-    ) -> torch.Tensor:
-        """The mean gradient from the collective's result; written into ``out`` when the
-        compressor can (the hook passes the bucket), else returned in a buffer of its own."""
-        raise NotImplementedError
-
-    def keep_residual(self, x: torch.Tensor, payload: Payload) -> None:
-        """Error feedback: turn x (the corrected gradient) into x - sent, in place."""
-        x.sub_(payload.sent)
-
-    def describe(self) -> str:
-        return self.name
-
-
-class Identity(Compressor):
-    """No compression; divides before the all-reduce exactly as torch's allreduce_hook does."""
-
-    name, collective = "none", ALL_REDUCE
-
-    def compress(self, x: torch.Tensor, *, seed: int, world: int, scratch: dict | None = None) -> Payload:
-        return Payload(x.div_(world), x)
-
-    def decompress(
-        self,
-        result: torch.Tensor,
-        d: int,
-        world: int,
-        context: Any = None,
-        scratch: dict | None = None,
-        out: torch.Tensor | None = None,
-    ) -> torch.Tensor:
-        return result
+__all__ = [
+    "ALL_GATHER",
+    "ALL_REDUCE",
+    "DGC",
+    "NAMES",
+    "QSGD",
+    "Cast",
+    "Compressor",
+    "Identity",
+    "Payload",
+    "RandomK",
+    "Sign",
+    "TopK",
+    "parse",
+    "powersgd_bytes",
+]
 
 
 class TopK(Compressor):
@@ -186,20 +46,20 @@ class TopK(Compressor):
 
     def compress(self, x: torch.Tensor, *, seed: int, world: int, scratch: dict | None = None) -> Payload:
         d, k = x.numel(), self.k(x.numel())
-        if _on_torch(x):
+        if base.uses_torch_ops(x):
             vals, idx = torch_kernels.topk(x, k, seed)
             wire = torch.cat([vals, idx.view(torch.float32)])
         else:  # values then indices, written by the kernel straight into this bucket's wire buffer
-            wire_np = buffer(scratch, "wire", 2 * k, np.float32)
+            wire_np = base.buffer(scratch, "wire", 2 * k, np.float32)
             w = kernels.topk_workspace(d, k)
-            cand_vals, cand_idx = buffer(scratch, "cand_vals", w, np.float32), buffer(scratch, "cand_idx", w, np.int32)
+            cand_vals, cand_idx = base.buffer(scratch, "cand_vals", w, np.float32), base.buffer(scratch, "cand_idx", w, np.int32)
             kernels.topk_into(x.numpy(), k, seed, wire_np[:k], wire_np[k:].view(np.int32), cand_vals, cand_idx)
             wire = torch.from_numpy(wire_np)
             vals, idx = wire[:k], wire[k:].view(torch.int32)
 
         def sent() -> torch.Tensor:
-            dense = _dense(scratch, "sent", d, x).zero_()
-            _scatter_add(vals, idx, 1.0, dense)
+            dense = base.dense_buffer(scratch, "sent", d, x).zero_()
+            base.scatter_add(vals, idx, 1.0, dense)
             return dense
 
         return Payload(wire, sent, context=idx)
@@ -217,10 +77,10 @@ class TopK(Compressor):
         out: torch.Tensor | None = None,
     ) -> torch.Tensor:
         k = self.k(d)
-        total = _out(out, scratch, d, parts[0])
+        total = base.out_buffer(out, scratch, d, parts[0])
         total.zero_()
         for part in parts:
-            _scatter_add(part[:k], part[k:].view(torch.int32), 1.0 / world, total)
+            base.scatter_add(part[:k], part[k:].view(torch.int32), 1.0 / world, total)
         return total
 
     def describe(self) -> str:
@@ -284,7 +144,7 @@ class RandomK(Compressor):
         scratch: dict | None = None,
         out: torch.Tensor | None = None,
     ) -> torch.Tensor:
-        total = _out(out, scratch, d, result)
+        total = base.out_buffer(out, scratch, d, result)
         total.zero_()
         total[context] = result / world
         return total
@@ -308,7 +168,7 @@ class QSGD(Compressor):
         d = x.numel()
         head = 4 * kernels.qsgd_chunks(d)
         # the wire: float32 norms, then int8 levels; fresh, not reused while in flight
-        if _on_torch(x):
+        if base.uses_torch_ops(x):
             levels, norms = torch_kernels.qsgd_quantize(x, self.levels, seed)
             wire = torch.cat([norms.view(torch.int8), levels])
         else:
@@ -318,8 +178,8 @@ class QSGD(Compressor):
             )
 
         def sent() -> torch.Tensor:
-            dense = _dense(scratch, "sent", d, x).zero_()
-            _qsgd_dequantize_add(wire[head:], wire[:head].view(torch.float32), self.levels, 1.0, dense)
+            dense = base.dense_buffer(scratch, "sent", d, x).zero_()
+            base.qsgd_dequantize_add(wire[head:], wire[:head].view(torch.float32), self.levels, 1.0, dense)
             return dense
 
         return Payload(wire, sent)
@@ -334,10 +194,10 @@ class QSGD(Compressor):
         out: torch.Tensor | None = None,
     ) -> torch.Tensor:
         head = 4 * kernels.qsgd_chunks(d)
-        total = _out(out, scratch, d, parts[0])
+        total = base.out_buffer(out, scratch, d, parts[0])
         total.zero_()
         for part in parts:
-            _qsgd_dequantize_add(part[head:], part[:head].view(torch.float32), self.levels, 1.0 / world, total)
+            base.qsgd_dequantize_add(part[head:], part[:head].view(torch.float32), self.levels, 1.0 / world, total)
         return total
 
     def describe(self) -> str:
@@ -354,7 +214,7 @@ class Sign(Compressor):
 
     def compress(self, x: torch.Tensor, *, seed: int, world: int, scratch: dict | None = None) -> Payload:
         d = x.numel()
-        if _on_torch(x):
+        if base.uses_torch_ops(x):
             packed, scale = torch_kernels.sign_pack(x)
         else:
             bits = np.empty((d + 7) // 8, np.uint8)  # goes on the wire: fresh
@@ -362,8 +222,8 @@ class Sign(Compressor):
             packed = torch.from_numpy(bits)
 
         def sent() -> torch.Tensor:
-            dense = _dense(scratch, "sent", d, x).zero_()
-            _sign_unpack_add(packed, scale, 1.0, dense)
+            dense = base.dense_buffer(scratch, "sent", d, x).zero_()
+            base.sign_unpack_add(packed, scale, 1.0, dense)
             return dense
 
         head = torch.tensor([scale], dtype=torch.float32).view(torch.uint8).to(x.device)
@@ -378,7 +238,7 @@ class Sign(Compressor):
         scratch: dict | None = None,
         out: torch.Tensor | None = None,
     ) -> torch.Tensor:
-        return _mean_of_parts(parts, d, world, scratch, _sign_unpack_add, out)
+        return base.mean_of_parts(parts, d, world, scratch, base.sign_unpack_add, out)
 
     def describe(self) -> str:
         return "signsgd" if self.error_feedback else "signsgd:noef"
@@ -419,20 +279,6 @@ def parse(spec: str) -> tuple[str, str | None]:
     """'topk:0.01' -> ('topk', '0.01'); names are checked by the caller."""
     name, _, arg = spec.partition(":")
     return name.strip().lower(), (arg.strip() or None)
-
-
-def resnet18_shapes(num_classes: int = 10) -> list[tuple[int, ...]]:
-    """Parameter shapes of the CIFAR ResNet-18 (3x3 stem, no max-pool), built by hand."""
-    shapes: list[tuple[int, ...]] = [(64, 3, 3, 3), (64,), (64,)]
-    inp = 64
-    for out, stride in ((64, 1), (128, 2), (256, 2), (512, 2)):
-        for block in range(2):
-            cin = inp if block == 0 else out
-            shapes += [(out, cin, 3, 3), (out,), (out,), (out, out, 3, 3), (out,), (out,)]
-            if block == 0 and (stride != 1 or cin != out):
-                shapes += [(out, cin, 1, 1), (out,), (out,)]
-        inp = out
-    return shapes + [(num_classes, 512), (num_classes,)]
 
 
 def powersgd_bytes(shapes: list[tuple[int, ...]], rank: int, min_compression_rate: float = 2.0) -> tuple[int, int]:

@@ -15,7 +15,8 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from .compressors import ALL_REDUCE, Compressor, Identity, _dense, _seed, powersgd_bytes
+from .base import ALL_REDUCE, Compressor, Identity, dense_buffer, mix_seed
+from .compressors import powersgd_bytes
 
 KEEP_RECORDS = 20_000  # per hook state; older records are dropped in halves (``dropped`` counts them)
 
@@ -148,10 +149,10 @@ def compression_hook(state: HookState, bucket: dist.GradBucket) -> torch.futures
     elif in_place:
         x = buf.detach()
     else:
-        x = _dense(scratch, "x", d, buf)
+        x = dense_buffer(scratch, "x", d, buf)
         x.copy_(buf.detach())
     rank = 0 if comp.shared_seed else dist.get_rank(group)
-    payload = comp.compress(x, seed=_seed(state.seed, step, index, rank), world=world, scratch=scratch)
+    payload = comp.compress(x, seed=mix_seed(state.seed, step, index, rank), world=world, scratch=scratch)
     if comp.error_feedback:
         comp.keep_residual(x, payload)  # what was not sent waits for the next step
         if comp.momentum:

@@ -8,8 +8,7 @@ entries), so payloads decode the same on either path. The random draws differ (t
 generator instead of the counter-based one); both are unbiased.
 
 On the CPU the Numba kernels are faster; the hooks pick these only for other devices
-(or when ``nbdist.compression.compressors.BACKEND = "torch"``, which the tests use to
-run this path without a GPU).
+(``base.uses_torch_ops``; the tests patch it to run this path without a GPU).
 """
 
 from __future__ import annotations

@@ -6,7 +6,7 @@ gloo collective: a blocked collective holds the main thread in C++, so neither a
 Python signal handler nor ``ProcessGroup.abort()`` (a no-op for gloo in torch
 2.13) gets it out. The watcher wakes on the signal through ``signal.set_wakeup_fd``
 (the C-level handler writes to it from any thread), and if the cell is still
-running after a short grace it shuts down the process group's own TCP
+running after a moment (``abort_after``) it shuts down the process group's own TCP
 connections. gloo then raises "Connection closed by peer" on this rank and on
 every peer, and the cell ends; the client rebuilds the group afterwards.
 """
@@ -24,6 +24,8 @@ import time
 import traceback
 from typing import Any
 
+from .. import compat
+
 # One dict of state per engine process; plain values so it is easy to inspect.
 STATE: dict[str, Any] = {
     "rank": None,
@@ -37,7 +39,7 @@ STATE: dict[str, Any] = {
     "main_ident": None,
     "report_dir": None,
     "watcher": None,
-    "grace": 0.3,
+    "abort_after": 0.3,  # seconds an interrupted cell may take to stop before its process group is broken
 }
 
 _CELL_FILES: set[str] = set()
@@ -52,25 +54,16 @@ def configure(
     master_addr: str,
     threads: int,
     report_dir: str,
-    grace: float = 0.3,
+    abort_after: float = 0.3,
     cpus: list[int] | None = None,
 ) -> dict[str, Any]:
     """Give this engine its rank: env vars, thread count, cores, watcher, cell hooks."""
-    env = {
-        "RANK": str(rank),
-        "LOCAL_RANK": str(local_rank),
-        "WORLD_SIZE": str(world_size),
-        "LOCAL_WORLD_SIZE": str(local_world_size),
-        "MASTER_ADDR": master_addr,
-        "OMP_NUM_THREADS": str(threads),
-        "NUMBA_NUM_THREADS": str(threads),
-    }
-    os.environ.update(env)
+    os.environ.update(rank_env(rank, world_size, local_rank, local_world_size, master_addr, threads))
     import torch
 
     pin(cpus)  # before the process group starts gloo's threads, so they inherit it
     torch.set_num_threads(threads)
-    STATE.update(rank=rank, world_size=world_size, report_dir=report_dir, grace=grace)
+    STATE.update(rank=rank, world_size=world_size, report_dir=report_dir, abort_after=abort_after)
     STATE["main_ident"] = threading.main_thread().ident
     _install_watcher()
     _install_cell_hooks()
@@ -80,6 +73,21 @@ def configure(
         "pid": os.getpid(),
         "host": socket.gethostname(),
         "cuda_devices": torch.cuda.device_count() if torch.cuda.is_available() else 0,
+    }
+
+
+def rank_env(
+    rank: int, world_size: int, local_rank: int, local_world_size: int, master_addr: str, threads: int
+) -> dict[str, str]:
+    """The environment variables a rank gets (torchrun's names; MASTER_PORT comes with the world)."""
+    return {
+        "RANK": str(rank),
+        "LOCAL_RANK": str(local_rank),
+        "WORLD_SIZE": str(world_size),
+        "LOCAL_WORLD_SIZE": str(local_world_size),
+        "MASTER_ADDR": master_addr,
+        "OMP_NUM_THREADS": str(threads),
+        "NUMBA_NUM_THREADS": str(threads),
     }
 
 
@@ -112,7 +120,7 @@ def open_store(host: str, timeout: float) -> int:
     """On rank 0: start the rendezvous store on a port the OS picks; return it.
 
     Binding port 0 here, in the process that keeps the socket, leaves no window in
-    which another program can take the port (FAULTS.md row 6).
+    which another program can take the port (docs/faults.md, row 6).
     """
     from torch.distributed import TCPStore
 
@@ -182,12 +190,10 @@ def leave_world() -> None:
 
 def abort_world() -> str:
     """Break this rank's process group so a collective blocked on it returns now."""
-    import torch.distributed as dist
-
     STATE["aborted"] = True
     if STATE["backend"] == "nccl":
         try:
-            dist.distributed_c10d._abort_process_group()
+            compat.abort_process_group()
             return "nccl abort"
         except Exception as exc:  # pragma: no cover - GPU only
             return f"nccl abort failed: {exc}"
@@ -275,8 +281,7 @@ def _cell_label(filename: str) -> str | None:
         from IPython import get_ipython
 
         shell = get_ipython()
-        fmap = getattr(getattr(shell, "compile", None), "_filename_map", {}) or {}
-        if filename in fmap:
+        if filename in compat.cell_filenames(shell):
             return "cell"
     except Exception:  # pragma: no cover
         pass
@@ -352,7 +357,7 @@ def _watch(rsock: socket.socket, wsock: socket.socket, previous: int) -> None:
                 _write_report("report")
             if signal.SIGINT in signums and STATE["busy_since"] is not None:
                 cell = STATE["cell"]
-                deadline = time.monotonic() + STATE["grace"]
+                deadline = time.monotonic() + STATE["abort_after"]
                 while time.monotonic() < deadline:
                     if STATE["busy_since"] is None or STATE["cell"] != cell:
                         break

@@ -14,7 +14,7 @@ from IPython.core.magic import Magics, cell_magic, line_magic, magics_class, nee
 from IPython.core.magic_arguments import argument, magic_arguments, parse_argstring
 
 from .. import cluster as api
-from ..config import BACKENDS, LAUNCHERS, did_you_mean
+from ..config import BACKENDS, LAUNCHER_NAMES, did_you_mean
 from ..errors import ClusterError, ConfigError, NbdistError, RankError
 
 USAGE = {
@@ -63,7 +63,7 @@ class DistMagics(Magics):
         """Start n ranked engines with an initialised torch.distributed world."""
         args = _parse(self.dist_start, line, "dist_start")
         _check_choice(args.backend, BACKENDS, "backend")
-        _check_choice(args.launcher, LAUNCHERS, "launcher")
+        _check_choice(args.launcher, LAUNCHER_NAMES, "launcher")
         try:
             old = api.current()
         except ClusterError:

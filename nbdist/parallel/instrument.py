@@ -42,6 +42,8 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from .. import compat
+
 
 class StepMeter:
     __slots__ = (
@@ -86,8 +88,7 @@ class StepMeter:
 
     def _ddp_timers(self) -> dict[str, float]:
         """The closing step's collectives as DDP's reducer timed them (nanoseconds, wall clock)."""
-        self.ddp_logger.set_runtime_stats_and_log()  # what DDP's next forward would do; idempotent
-        ints = self.ddp_logger._get_ddp_logging_data().ints_map
+        ints = compat.ddp_timers(self.ddp_logger)
         if ints.get("backward_comm_time_start", 0) < self.start_ns:  # no reduction this step (no_sync)
             return {"comm/time_s": 0.0, "comm/exposed_s": 0.0, "comm/bytes": 0}
         exposed = ints["backward_comm_time_end"] - ints["backward_compute_time_end"]
@@ -194,8 +195,7 @@ def instrument(model: Any, hook_registered: bool, hook_state: Any = None) -> Ste
     meter = StepMeter(hook_state=hook_state)
     on_cpu = all(p.device.type == "cpu" for p in model.parameters())
     if on_cpu:
-        model._set_ddp_runtime_logging_sample_rate(1)  # DDP's reducer times every step, in C++
-        meter.ddp_logger = model.logger
+        meter.ddp_logger = compat.ddp_time_every_step(model)  # DDP's reducer times every step, in C++
         if not hook_registered:  # torch's built-in all-reduce carries every gradient
             meter.grad_bytes = sum(p.numel() * p.element_size() for p in model.parameters() if p.requires_grad)
     elif not hook_registered:
@@ -231,15 +231,15 @@ class _Timed:
 
 
 def _fsdp_comm_classes() -> tuple[type, type]:
-    from torch.distributed.fsdp._fully_shard._fsdp_collectives import DefaultAllGather, DefaultReduceScatter
+    DefaultAllGather, DefaultReduceScatter = compat.fsdp_collective_classes()
 
-    class TimedAllGather(_Timed, DefaultAllGather):
+    class TimedAllGather(_Timed, DefaultAllGather):  # type: ignore[valid-type,misc]
         def __call__(self, output_tensor: Any, input_tensor: Any, group: Any, async_op: bool = False) -> Any:
             started = time.perf_counter()
             work = DefaultAllGather.__call__(self, output_tensor, input_tensor, group, async_op)
             return self._track(work, started, input_tensor.numel() * input_tensor.element_size())
 
-    class TimedReduceScatter(_Timed, DefaultReduceScatter):
+    class TimedReduceScatter(_Timed, DefaultReduceScatter):  # type: ignore[valid-type,misc]
         def __call__(self, output_tensor: Any, input_tensor: Any, group: Any, op: Any, async_op: bool = False) -> Any:
             started = time.perf_counter()
             work = DefaultReduceScatter.__call__(self, output_tensor, input_tensor, group, op, async_op)

@@ -5,7 +5,14 @@ from __future__ import annotations
 import html
 from typing import Any
 
-STATE_COLOURS = {"idle": "#2e7d32", "busy": "#f9a825", "dead": "#c62828", "failed": "#c62828"}
+from ..results import RankState
+
+STATE_COLOURS: dict[str, str] = {
+    RankState.IDLE: "#2e7d32",
+    RankState.BUSY: "#f9a825",
+    RankState.DEAD: "#c62828",
+    RankState.FAILED: "#c62828",
+}
 
 
 def status_html(rows: list[dict[str, Any]]) -> str:

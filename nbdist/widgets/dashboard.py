@@ -16,13 +16,6 @@ from typing import Any
 SKIP = {"t", "step"}
 
 
-def overhead_percent(comm_s: float, step_s: float) -> float:
-    """Communication overhead as the dashboard shows it: time in collectives / step time."""
-    if step_s <= 0:
-        return 0.0
-    return 100.0 * comm_s / step_s
-
-
 class Series:
     """(x, y) points that keep at most ``max_points``: past that, every other point is
     dropped and later points are thinned at the same stride, so a 100k-step run stays
@@ -150,7 +143,7 @@ class Dashboard:
         self._box: Any = None
         self._strip: Any = None
 
-    def set_state(self, rank: int, state: str) -> None:
+    def set_state(self, rank: int, state: str) -> None:  # a RankState
         """idle / busy / failed / dead for one rank, shown in the strip above the plots."""
         self.states[rank] = state
         if self._strip is not None:

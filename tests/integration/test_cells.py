@@ -1,7 +1,11 @@
 """A real 2-engine cluster with a real gloo process group, driven through the API and the magics.
 
-One cluster for the module. Each fault drill (FAULTS.md rows 1, 2, 3, 8, 10) ends by
+One cluster for the module. Each fault drill (docs/faults.md, rows 1, 2, 3, 8, 9, 10) ends by
 proving the world is usable again: the next cell's all_reduce gives the right sum.
+
+Time bounds here only catch a hang: HANG_S is far below torch's 30-minute process-group
+timeout, which is what a rank left waiting would otherwise wait for. How fast nbdist
+releases and recovers is measured in benchmarks/cell_latency.py and benchmarks/faults.py.
 """
 
 from __future__ import annotations
@@ -14,17 +18,27 @@ import time
 import pytest
 
 from nbdist.errors import RankError, RunTimeout
-from nbdist.run import Sink
+from nbdist.output import Sink
 from tests.conftest import run_cell
 
 PROOF = "z = torch.ones(1) * (dist.get_rank() + 1)\ndist.all_reduce(z)\nproof = z.item()"
+HANG_S = 60.0  # a drill that takes longer than this waited for torch's timeout, not for nbdist
 
 
-def assert_usable(cluster, within: float = 5.0) -> None:
-    tic = time.perf_counter()
+def assert_usable(cluster) -> None:
     cluster.run(PROOF).raise_for_error()
     assert cluster.pull("proof") == [3.0, 3.0]
-    assert time.perf_counter() - tic < within
+
+
+def wait_for_file(path) -> str:
+    """Cell code: wait (at most 30 s) until the test creates ``path``; 'seen' or 'not seen'."""
+    return (
+        "import os, time\n"
+        "_end = time.monotonic() + 30\n"
+        f"while not os.path.exists({str(path)!r}) and time.monotonic() < _end:\n"
+        "    time.sleep(0.01)\n"
+        f"seen = 'seen' if os.path.exists({str(path)!r}) else 'not seen'\n"
+    )
 
 
 def test_world_is_initialised_and_all_reduce_sums_on_every_rank(cluster):
@@ -63,19 +77,18 @@ def test_quiet_shows_rank_zero_only(cluster, ip, capsys):
     assert "[rank 0] rank says 0" in out and "[rank 1]" not in out
 
 
-def test_output_streams_while_the_cell_runs(cluster):
-    seen: list[tuple[float, str]] = []
+def test_output_streams_while_the_cell_runs(cluster, tmp_path):
+    """The cell waits until the test has received its first line: it can only see the file
+    if that line was shown while the cell still ran."""
+    flag = tmp_path / "early-arrived"
 
     class Recorder(Sink):
         def stream(self, rank, name, text):
-            seen.append((time.perf_counter(), text))
+            if "early" in text:
+                flag.touch()
 
-    tic = time.perf_counter()
-    cluster.run(
-        "import time\nprint('early', flush=True)\ntime.sleep(1.5)\nprint('late')", ranks=0, sink=Recorder()
-    ).raise_for_error()
-    early = [t for t, text in seen if "early" in text]
-    assert early and early[0] - tic < 1.2, "the first line should arrive before the cell ends"
+    cluster.run("print('early', flush=True)\n" + wait_for_file(flag), ranks=0, sink=Recorder()).raise_for_error()
+    assert cluster.pull("seen", ranks=0) == ["seen"], "the first line should arrive before the cell ends"
 
 
 def test_rich_display_and_results_come_back_per_rank(cluster):
@@ -87,13 +100,15 @@ def test_rich_display_and_results_come_back_per_rank(cluster):
     assert r[0].result["data"]["text/plain"] == "0" and r[1].result["data"]["text/plain"] == "2"
 
 
-def test_noblock_returns_at_once_and_collects_later(cluster, ip):
-    tic = time.perf_counter()
-    pending = run_cell(ip, "%%distributed --noblock\nimport time\ntime.sleep(1)\nnb = dist.get_rank()")
-    assert time.perf_counter() - tic < 0.8
+def test_noblock_returns_at_once_and_collects_later(cluster, ip, tmp_path):
+    """The cell cannot finish before the test creates a file, which it does only after the magic returned."""
+    flag = tmp_path / "go"
+    pending = run_cell(ip, "%%distributed --noblock\n" + wait_for_file(flag) + "nb = dist.get_rank()")
     assert not pending.done()
+    flag.touch()
     result = pending.wait(show=False)
     assert result.ok and cluster.pull("nb") == [0, 1]
+    assert cluster.pull("seen") == ["seen", "seen"]
 
 
 def test_push_and_pull_magics(cluster, ip):
@@ -126,7 +141,7 @@ def test_fault2_rank_fails_while_others_wait_in_a_collective(cluster):
         "if dist.get_rank() == 1:\n    raise RuntimeError('rank 1 gives up')\ndist.all_reduce(torch.ones(4))"
     )
     took = time.perf_counter() - tic
-    assert took < 5, f"the waiting rank should be released within seconds, took {took:.1f}s"
+    assert took < HANG_S, f"the waiting rank was not released by nbdist (took {took:.0f} s)"
     assert r.released == "failure"
     assert r[1].status == "error" and r[0].status == "interrupted"
     assert any("process group was rebuilt" in n for n in r.notes)
@@ -149,7 +164,7 @@ def test_fault3_ctrl_c_reaches_ranks_blocked_in_collectives(cluster):
             "if dist.get_rank() == 0:\n    dist.all_reduce(torch.ones(1))\nelse:\n    dist.broadcast(torch.ones(3), src=1)\n    dist.barrier()"
         )
     took = time.perf_counter() - tic - 1.0
-    assert took < 4, f"every rank should stop within ~3 s of Ctrl-C, took {took:.1f}s"
+    assert took < HANG_S, f"Ctrl-C did not reach the ranks in their collectives (took {took:.0f} s)"
     assert cluster.dead_ranks() == []
     assert_usable(cluster)
 
@@ -180,7 +195,7 @@ def test_fault10_timeout_reports_where_each_rank_waits_and_releases(cluster, ip)
     assert isinstance(err, RunTimeout)
     assert "rank 0" in str(err) and "did not finish in time in cell line 2" in str(err)
     assert any("rank 0 was at cell line 2, in all_reduce (inside torch.distributed)" in n for n in err.notes)
-    assert took < 2 + 5
+    assert took < HANG_S
     assert_usable(cluster)
 
 
@@ -196,28 +211,33 @@ def test_dist_mode_runs_every_cell_on_all_ranks(cluster, ip, capsys):
 
 
 def test_each_rank_and_its_gloo_threads_run_on_their_own_cores(cluster):
+    """Each rank is pinned to its own cores, and threads gloo starts afterwards inherit them:
+    the threads a new gloo group adds (its workers) run on the rank's cores only."""
     import os
 
     allowed = sorted(os.sched_getaffinity(0))
+    if len(allowed) < 2:
+        pytest.skip(f"pinning 2 ranks needs 2 cores; this process may use {allowed}")
     cluster.run(
-        "import os, threading\n"
+        "import os\n"
+        "def tasks():\n"
+        "    return {int(t): sorted(os.sched_getaffinity(int(t))) for t in os.listdir('/proc/self/task')}\n"
         "mine = sorted(os.sched_getaffinity(0))\n"
-        "threads = {}\n"
-        "for tid in os.listdir('/proc/self/task'):\n"  # threads the process group started inherit it
-        "    with open(f'/proc/self/task/{tid}/comm') as fh:\n"
-        "        name = fh.read().strip()\n"
-        "    threads[name] = sorted(os.sched_getaffinity(int(tid)))"
+        "before = tasks()\n"
+        "group = dist.new_group(backend='gloo')\n"
+        "dist.all_reduce(torch.ones(1), group=group)\n"
+        "gloo_threads = {tid: cpus for tid, cpus in tasks().items() if tid not in before}\n"
+        "dist.destroy_process_group(group)"
     ).raise_for_error()
     mine = cluster.pull("mine")
-    if len(allowed) >= 2:
-        assert mine[0] and mine[1] and not set(mine[0]) & set(mine[1]), mine
-        assert set(mine[0]) | set(mine[1]) <= set(allowed)
-        assert [r["cpus"] for r in cluster.status()] == [
-            ",".join(map(str, m)) if len(m) == 1 else f"{m[0]}-{m[-1]}" for m in mine
-        ]
-        for rank, threads in enumerate(cluster.pull("threads")):
-            gloo = [cpus for name, cpus in threads.items() if "gloo" in name.lower()]
-            assert all(cpus == mine[rank] for cpus in gloo), threads
+    assert mine[0] and mine[1] and not set(mine[0]) & set(mine[1]), mine
+    assert set(mine[0]) | set(mine[1]) <= set(allowed)
+    assert [r["cpus"] for r in cluster.status()] == [
+        ",".join(map(str, m)) if len(m) == 1 else f"{m[0]}-{m[-1]}" for m in mine
+    ]
+    for rank, threads in enumerate(cluster.pull("gloo_threads")):
+        assert threads, f"rank {rank}: the new gloo group started no thread to check"
+        assert all(cpus == mine[rank] for cpus in threads.values()), (rank, mine[rank], threads)
 
 
 def test_status_lists_ranks(cluster, ip, capsys):
@@ -240,7 +260,7 @@ def test_fault10_default_watchdog_releases_a_rank_left_alone_in_a_collective(clu
         cluster.config.watchdog = old
     assert r.released == "watchdog" and r[0].status == "timeout" and r[1].status == "ok"
     assert any("rank 0 was at cell line 2, in all_reduce" in n for n in r.notes)
-    assert took < 2.0 + 5
+    assert took < HANG_S
     with pytest.raises(RunTimeout):
         r.raise_for_error()
     assert_usable(cluster)
@@ -264,30 +284,35 @@ def test_fault9_huge_output_is_cut_in_view_but_kept_and_never_blocks(cluster, ca
     err = capsys.readouterr().err
     assert "cut at 100,000 characters" in err and len(err) < 2 * 110_000
     assert len(r[0].stderr) >= 200_000  # nothing lost
-    assert took < 10
+    assert took < HANG_S
     assert_usable(cluster)
 
 
-def test_logged_metrics_arrive_tagged_by_rank_while_the_cell_runs(cluster):
-    arrivals: list[tuple[float, int, int]] = []
+def test_logged_metrics_arrive_tagged_by_rank_while_the_cell_runs(cluster, tmp_path):
+    """Rows arrive batched, tagged by rank, and while the cell runs: the cell waits until the
+    test's sink has received rows from both ranks before it ends."""
+    flag = tmp_path / "rows-arrived"
+    arrivals: list[tuple[int, int]] = []
 
     class Recorder(Sink):
         def metrics(self, rank, rows):
-            arrivals.append((time.perf_counter(), rank, len(rows)))
+            arrivals.append((rank, len(rows)))
+            if {r for r, _ in arrivals} == {0, 1}:
+                flag.touch()
 
     tic = time.perf_counter()
     r = cluster.run(
-        "import time, nbdist\nfor i in range(20):\n    nbdist.log(step=i, loss=dist.get_rank() + 1.0 / (i + 1))\n    time.sleep(0.05)",
+        "import time, nbdist\nfor i in range(20):\n    nbdist.log(step=i, loss=dist.get_rank() + 1.0 / (i + 1))\n"
+        "    time.sleep(0.05)\n" + wait_for_file(flag),
         sink=Recorder(),
     )
     r.raise_for_error()
     took = time.perf_counter() - tic
+    assert cluster.pull("seen") == ["seen", "seen"], "batches should arrive while the cell runs"
     assert {rank: len(rows) for rank, rows in r.metrics.items()} == {0: 20, 1: 20}
     assert r.metrics[1][0]["loss"] == 2.0 and r.metrics[0][19]["step"] == 19
-    early = [t - tic for t, _, _ in arrivals if t - tic < took - 0.3]
-    assert early, "batches should arrive while the cell runs"
     batches_per_rank = len(arrivals) / 2
-    assert 2 <= batches_per_rank <= took / 0.2 + 2  # batched: at most ~5 a second
+    assert 2 <= batches_per_rank <= took / 0.2 + 2  # batched: at most ~5 a second, not one per row
 
 
 def test_bench_sweep_and_scaling_report(cluster):

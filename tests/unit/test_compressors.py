@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from nbdist.compression import make_hook
-from nbdist.compression.compressors import QSGD, Identity, RandomK, Sign, TopK, powersgd_bytes, resnet18_shapes
+from nbdist.compression.compressors import QSGD, Identity, RandomK, Sign, TopK, powersgd_bytes
 from nbdist.errors import ConfigError
 
 
@@ -37,6 +37,20 @@ def test_bytes_on_the_wire_match_the_payload_layout():
     assert QSGD(127).compress(x.clone(), seed=0, world=2).tensor.nbytes == 1000 + 4 * 2  # a norm per 512
     assert Sign().compress(x.clone(), seed=0, world=2).tensor.nbytes == 125 + 4
     assert Identity().compress(x.clone(), seed=0, world=2).tensor.nbytes == 4000
+
+
+def resnet18_shapes(num_classes: int = 10) -> list[tuple[int, ...]]:
+    """Parameter shapes of the CIFAR ResNet-18 (3x3 stem, no max-pool), built by hand."""
+    shapes: list[tuple[int, ...]] = [(64, 3, 3, 3), (64,), (64,)]
+    inp = 64
+    for out, stride in ((64, 1), (128, 2), (256, 2), (512, 2)):
+        for block in range(2):
+            cin = inp if block == 0 else out
+            shapes += [(out, cin, 3, 3), (out,), (out,), (out, out, 3, 3), (out,), (out,)]
+            if block == 0 and (stride != 1 or cin != out):
+                shapes += [(out, cin, 1, 1), (out,), (out,)]
+        inp = out
+    return shapes + [(num_classes, 512), (num_classes,)]
 
 
 def test_powersgd_rank2_on_resnet18_compresses_136x():

@@ -5,8 +5,10 @@ from __future__ import annotations
 import pytest
 
 from nbdist.config import StartConfig, default_threads, did_you_mean, parse_ranks
+from nbdist.engine.runtime import rank_env
 from nbdist.errors import ConfigError
-from nbdist.rendezvous import choose_backend, describe_env, master_address, plan_cpus, plan_local_ranks
+from nbdist.launchers import LocalLauncher
+from nbdist.rendezvous import choose_backend, plan_cpus, plan_local_ranks
 
 
 @pytest.mark.parametrize(
@@ -99,16 +101,17 @@ def test_choose_backend():
         choose_backend("nccl", [1, 1], [0, 1])
 
 
-def test_env_plan_and_master_address():
-    env = describe_env(1, 2, (1, 2), "127.0.0.1", 1)
+def test_rank_env_is_what_configure_sets_and_the_local_store_stays_on_loopback():
+    """rank_env is the function runtime.configure applies (the integration tests read the
+    variables back on real ranks); here its shape: torchrun's names, strings."""
+    env = rank_env(rank=1, world_size=2, local_rank=1, local_world_size=2, master_addr="127.0.0.1", threads=1)
     assert env == {
-        "RANK": 1,
-        "LOCAL_RANK": 1,
-        "WORLD_SIZE": 2,
-        "LOCAL_WORLD_SIZE": 2,
+        "RANK": "1",
+        "LOCAL_RANK": "1",
+        "WORLD_SIZE": "2",
+        "LOCAL_WORLD_SIZE": "2",
         "MASTER_ADDR": "127.0.0.1",
-        "OMP_NUM_THREADS": 1,
-        "NUMBA_NUM_THREADS": 1,
+        "OMP_NUM_THREADS": "1",
+        "NUMBA_NUM_THREADS": "1",
     }
-    assert master_address("local", "node7") == "127.0.0.1"
-    assert master_address("slurm", "node7") == "node7"
+    assert LocalLauncher().master_address("node7") == "127.0.0.1"

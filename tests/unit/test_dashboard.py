@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from nbdist.widgets.dashboard import Dashboard, MetricStore, Series, overhead_percent
+from nbdist.widgets.dashboard import Dashboard, MetricStore, Series
 
 
 def test_series_decimates_to_a_bounded_size_and_keeps_the_whole_span():
@@ -31,11 +31,6 @@ def test_rows_without_a_step_are_numbered():
     store = MetricStore()
     store.add(0, [{"t": 0, "step": None, "x": 5.0}, {"t": 0, "step": None, "x": 6.0}])
     assert store.series[("x", 0)].xs == [0.0, 1.0]
-
-
-def test_overhead_arithmetic():
-    assert overhead_percent(0.012, 0.024) == pytest.approx(50.0)
-    assert overhead_percent(0.0, 0.0) == 0.0
 
 
 def test_static_figure_has_a_trace_per_rank_and_the_mean():

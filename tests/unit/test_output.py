@@ -5,7 +5,8 @@ from __future__ import annotations
 import pytest
 
 from nbdist.errors import RankError, RunTimeout
-from nbdist.run import RankResult, RunResult, TaggedPrinter, _error_dict
+from nbdist.output import TaggedPrinter
+from nbdist.results import RankResult, RunResult, remote_error
 
 
 def test_tagged_printer_tags_whole_lines_and_flushes_partials(capsys):
@@ -33,14 +34,14 @@ class _Remote(Exception):
     traceback = ["\x1b[31mValueError\x1b[0m Traceback", "Cell \x1b[32mIn[3]\x1b[0m, line 4", "ValueError: boom"]
 
 
-def test_error_dict_finds_cell_line_through_ansi():
-    err = _error_dict(_Remote())
+def test_remote_error_finds_cell_line_through_ansi():
+    err = remote_error(_Remote())
     assert err["ename"] == "ValueError" and err["line"] == 4
 
 
 def test_raise_for_error_puts_the_raising_rank_first():
     ok = RankResult(rank=0, engine_id=5, status="interrupted", error={"ename": "KeyboardInterrupt", "evalue": ""})
-    bad = RankResult(rank=1, engine_id=6, status="error", error={**_error_dict(_Remote())})
+    bad = RankResult(rank=1, engine_id=6, status="error", error={**remote_error(_Remote())})
     result = RunResult(ranks=[ok, bad], released="failure", notes=["the process group was rebuilt"])
     with pytest.raises(RankError) as info:
         result.raise_for_error()

@@ -1,0 +1,120 @@
+"""Every private API of another project that nbdist relies on, in one place.
+
+Each accessor names what it reaches into, where nbdist uses it, and the versions it was
+checked against (``CHECKED``). ``tests/unit/test_compat.py`` probes every entry of
+``PRIVATE_APIS`` against the installed packages and fails, naming the entry, when a
+release moves one; it also fails when an installed version is outside ``CHECKED``, so an
+upgrade is a decision: run the suite, re-check each entry, then widen the range.
+
+This module imports nothing heavy at import time (engines and light processes load it).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+# package -> (lowest, highest) version the entries below are known to hold for, inclusive.
+# Probed on torch 2.13.0, ipyparallel 9.2.0 and IPython 9.18.1 (November 2026); the upper
+# bounds are what pyproject.toml admits, so a release past them fails test_compat first.
+CHECKED = {
+    "torch": ("2.13", "2.14.99"),
+    "ipyparallel": ("9.2", "9.99"),
+    "ipython": ("9.18", "9.99"),
+}
+
+
+@dataclass(frozen=True)
+class PrivateAPI:
+    name: str  # what is reached into
+    package: str  # whose it is (a key of CHECKED)
+    used_by: str  # where nbdist uses it, and why
+
+
+PRIVATE_APIS = (
+    PrivateAPI(
+        "ipyparallel AsyncResult._children",
+        "ipyparallel",
+        "run: the per-engine results of one execute, followed one by one (output, failure, state)",
+    ),
+    PrivateAPI(
+        "ipyparallel LocalProcessLauncher._popen_process",
+        "ipyparallel",
+        "procs.exited: whether an engine process ended (launcher.state lags); pool hands a warm process over",
+    ),
+    PrivateAPI(
+        "IPython CachingCompiler._filename_map",
+        "ipython",
+        "engine.runtime: which code objects are notebook cells, to report the cell line a rank waits at",
+    ),
+    PrivateAPI(
+        "torch.distributed.distributed_c10d._abort_process_group",
+        "torch",
+        "engine.runtime: break a NCCL process group so a rank blocked in a collective returns",
+    ),
+    PrivateAPI(
+        "torch DDP._set_ddp_runtime_logging_sample_rate, DDP.logger._get_ddp_logging_data",
+        "torch",
+        "parallel.instrument: DDP's own C++ timers of the gradient all-reduce, read every step on CPU",
+    ),
+    PrivateAPI(
+        "torch.distributed.fsdp._fully_shard._fsdp_collectives.DefaultAllGather/DefaultReduceScatter",
+        "torch",
+        "parallel.instrument: FSDP2's collectives, subclassed to time them",
+    ),
+)
+
+
+# ----------------------------------------------------------------------------- ipyparallel
+
+
+def async_result_children(ar: Any) -> list[Any]:
+    """The per-engine futures of a multi-engine AsyncResult, in the order of its targets."""
+    return list(ar._children)
+
+
+def launcher_popen(launcher: Any) -> Any:
+    """The Popen of a local launcher's process, or None (not a local launcher, or not started)."""
+    return getattr(launcher, "_popen_process", None)
+
+
+def set_launcher_popen(launcher: Any, popen: Any) -> None:
+    """Hand a process nbdist started itself (a warm engine) to a local launcher, as its own."""
+    launcher._popen_process = popen
+
+
+# ----------------------------------------------------------------------------- IPython
+
+
+def cell_filenames(shell: Any) -> dict[str, Any]:
+    """File names IPython gave to the cells it compiled (``{}`` when there is no shell)."""
+    return getattr(getattr(shell, "compile", None), "_filename_map", None) or {}
+
+
+# ----------------------------------------------------------------------------- torch
+
+
+def abort_process_group() -> None:
+    """Abort the default process group (NCCL): collectives blocked on it return with an error."""
+    import torch.distributed as dist
+
+    dist.distributed_c10d._abort_process_group()
+
+
+def ddp_time_every_step(model: Any) -> Any:
+    """Have DDP's reducer time every step's gradient reduction; return DDP's C++ logger."""
+    model._set_ddp_runtime_logging_sample_rate(1)
+    return model.logger
+
+
+def ddp_timers(logger: Any) -> dict[str, int]:
+    """DDP's timers for the last step (nanoseconds): backward_comm_time, *_start, *_end, ..."""
+    logger.set_runtime_stats_and_log()  # what DDP's next forward would do; idempotent
+    return dict(logger._get_ddp_logging_data().ints_map)
+
+
+def fsdp_collective_classes() -> tuple[type, type]:
+    """FSDP2's default all-gather and reduce-scatter callables (subclassed to time them)."""
+    from torch.distributed.fsdp._fully_shard._fsdp_collectives import DefaultAllGather, DefaultReduceScatter
+
+    return DefaultAllGather, DefaultReduceScatter

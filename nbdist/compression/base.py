@@ -1,0 +1,170 @@
+"""What every compressor shares: the Compressor interface, its Payload, buffers, and the
+device dispatch (Numba kernels on the CPU, torch ops where the gradient lives elsewhere).
+
+A compressor turns one bucket's (error-corrected) gradient into a payload for one
+collective, says what the receiver will reconstruct from this rank (``sent``, used for
+error feedback), and turns the collective's result back into the mean gradient.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import torch
+
+from . import kernels, torch_kernels
+
+ALL_GATHER = "all_gather"
+ALL_REDUCE = "all_reduce"
+
+
+def mix_seed(base: int, *parts: int) -> int:
+    """A 63-bit seed mixed from several integers (iteration, bucket, rank)."""
+    h = base & 0x7FFFFFFFFFFFFFFF
+    for p in parts:
+        h = (h * 6364136223846793005 + p + 1442695040888963407) & 0x7FFFFFFFFFFFFFFF
+    return h
+
+
+def buffer(scratch: dict | None, name: str, n: int, dtype: Any) -> np.ndarray:
+    """A reusable array from this bucket's scratch space (fresh if there is none).
+
+    Touching a new multi-megabyte array costs more in page faults than the kernels
+    themselves, so hooks keep one set of buffers per bucket."""
+    if scratch is None:
+        return np.empty(n, dtype)
+    key = (name, n, np.dtype(dtype).str)
+    arr = scratch.get(key)
+    if arr is None:
+        arr = scratch[key] = np.empty(n, dtype)
+    return arr
+
+
+def uses_torch_ops(t: torch.Tensor) -> bool:
+    """Compress this tensor with torch ops (torch_kernels, where it lives) rather than the Numba
+    kernels? True off the CPU. (The tests patch it to run the GPU path on the CPU.)"""
+    return t.device.type != "cpu"
+
+
+def dense_buffer(scratch: dict | None, name: str, d: int, like: torch.Tensor) -> torch.Tensor:
+    """A reusable float32 vector of d entries on ``like``'s device."""
+    if like.device.type == "cpu":
+        return torch.from_numpy(buffer(scratch, name, d, np.float32))
+    key = (name, d, str(like.device))
+    t = scratch.get(key) if scratch is not None else None
+    if t is None:
+        t = torch.empty(d, dtype=torch.float32, device=like.device)
+        if scratch is not None:
+            scratch[key] = t
+    return t
+
+
+def out_buffer(out: torch.Tensor | None, scratch: dict | None, d: int, like: torch.Tensor) -> torch.Tensor:
+    """Where a decompressed mean goes: the caller's tensor (the bucket itself) or a scratch buffer."""
+    return out if out is not None else dense_buffer(scratch, "total", d, like)
+
+
+def scatter_add(values: torch.Tensor, indices: torch.Tensor, weight: float, out: torch.Tensor) -> None:
+    if uses_torch_ops(out):
+        torch_kernels.scatter_add(values, indices, weight, out)
+    else:
+        kernels.scatter_add(values.numpy(), indices.numpy(), weight, out.numpy())
+
+
+def sign_unpack_add(body: torch.Tensor, scale: float, weight: float, out: torch.Tensor) -> None:
+    if uses_torch_ops(out):
+        torch_kernels.sign_unpack_add(body, scale, weight, out)
+    else:
+        kernels.sign_unpack_add(body.numpy(), scale, weight, out.numpy())
+
+
+def qsgd_dequantize_add(body: torch.Tensor, norms: torch.Tensor, s: int, weight: float, out: torch.Tensor) -> None:
+    if uses_torch_ops(out):
+        torch_kernels.qsgd_dequantize_add(body, norms, s, weight, out)
+    else:
+        kernels.qsgd_dequantize_add(body.numpy(), norms.numpy(), s, weight, out.numpy())
+
+
+def mean_of_parts(
+    parts: list[torch.Tensor], d: int, world: int, scratch: dict | None, add: Any, out: torch.Tensor | None = None
+) -> torch.Tensor:
+    """Mean over ranks of payloads laid out as a float32 header (norm or scale) + a body;
+    ``add(body, header, weight, out)`` adds weight x one rank's dense gradient to ``out``."""
+    total = out_buffer(out, scratch, d, parts[0])
+    total.zero_()
+    for part in parts:
+        header = float(part[:4].view(torch.float32)[0])
+        add(part[4:], header, 1.0 / world, total)
+    return total
+
+
+class Payload:
+    """What one rank hands to the collective, and what the receivers will make of it."""
+
+    __slots__ = ("tensor", "context", "_sent", "_densify")
+
+    def __init__(self, tensor: torch.Tensor, sent: Any = None, context: Any = None) -> None:
+        self.tensor = tensor  # what goes on the wire
+        self.context = context  # what decompress needs besides the collective's result
+        # sent: what receivers reconstruct from this rank (dense float32), or a function
+        # that builds it on demand (sparse compressors never need it in the hook)
+        self._sent = None if callable(sent) else sent
+        self._densify = sent if callable(sent) else None
+
+    @property
+    def sent(self) -> torch.Tensor:
+        if self._sent is None:
+            self._sent = self._densify()  # type: ignore[misc]
+        return self._sent
+
+
+class Compressor:
+    name = "base"
+    collective = ALL_GATHER
+    error_feedback = False
+    shared_seed = False  # True: the same random draw on every rank
+    momentum = 0.0  # > 0: the hook applies momentum before compressing (DGC's momentum correction)
+
+    def compress(self, x: torch.Tensor, *, seed: int, world: int, scratch: dict | None = None) -> Payload:
+        raise NotImplementedError
+
+    def decompress(
+        self,
+        result: Any,
+        d: int,
+        world: int,
+        context: Any = None,
+        scratch: dict | None = None,
+        out: torch.Tensor | None = None,
+    ) -> torch.Tensor:
+        """The mean gradient from the collective's result; written into ``out`` when the
+        compressor can (the hook passes the bucket), else returned in a buffer of its own."""
+        raise NotImplementedError
+
+    def keep_residual(self, x: torch.Tensor, payload: Payload) -> None:
+        """Error feedback: turn x (the corrected gradient) into x - sent, in place."""
+        x.sub_(payload.sent)
+
+    def describe(self) -> str:
+        return self.name
+
+
+class Identity(Compressor):
+    """No compression; divides before the all-reduce exactly as torch's allreduce_hook does."""
+
+    name, collective = "none", ALL_REDUCE
+
+    def compress(self, x: torch.Tensor, *, seed: int, world: int, scratch: dict | None = None) -> Payload:
+        return Payload(x.div_(world), x)
+
+    def decompress(
+        self,
+        result: torch.Tensor,
+        d: int,
+        world: int,
+        context: Any = None,
+        scratch: dict | None = None,
+        out: torch.Tensor | None = None,
+    ) -> torch.Tensor:
+        return result

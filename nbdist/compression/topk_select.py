@@ -1,0 +1,243 @@
+"""Top-k selection (Numba): the k largest |x| of a gradient bucket, exactly, in about one pass.
+
+A threshold is estimated from a stratified sample of blocks, set a little low; entries
+at or above it are gathered through a bit-packed candidate mask, and the k-th largest
+among them is found by histogram; if fewer than k passed, it retries exactly.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+from numba import njit
+
+from .rng import JIT, uniform
+
+# Lowest set bit -> its position, by de Bruijn multiplication (no branch, no loop).
+_DEBRUIJN = np.uint64(0x03F79D71B4CB0A89)
+_DEBRUIJN_POS = np.zeros(64, np.int64)
+for _i in range(64):
+    _DEBRUIJN_POS[((1 << _i) * 0x03F79D71B4CB0A89 & 0xFFFFFFFFFFFFFFFF) >> 58] = _i
+
+
+@JIT
+def _gather_at_least(x: np.ndarray, t: float, idx: np.ndarray, vals: np.ndarray) -> int:
+    """Writes the indices and values of the entries with |x| >= t into idx and vals (as
+    many as fit); returns how many there are.
+
+    Chunk by chunk: a vectorised compare packs one bit per entry (as sign_pack does)
+    into a small mask that stays in cache, then each 64-bit word of it is walked set
+    bit by set bit. Few entries pass, so this costs about one read of x.
+    """
+    cap = idx.size
+    j = 0
+    tt = np.float32(t)
+    chunk = 4096
+    bits = np.zeros(chunk // 8, np.uint8)
+    words = bits.view(np.uint64)
+    d = x.size
+    full = d - d % chunk
+    for start in range(0, full, chunk):
+        xs = x[start : start + chunk]  # a slice view: indexing it lets LLVM vectorise the compare
+        for b in range(chunk // 8):
+            i = b * 8
+            bits[b] = (
+                np.uint8(abs(xs[i]) >= tt)
+                | (np.uint8(abs(xs[i + 1]) >= tt) << 1)
+                | (np.uint8(abs(xs[i + 2]) >= tt) << 2)
+                | (np.uint8(abs(xs[i + 3]) >= tt) << 3)
+                | (np.uint8(abs(xs[i + 4]) >= tt) << 4)
+                | (np.uint8(abs(xs[i + 5]) >= tt) << 5)
+                | (np.uint8(abs(xs[i + 6]) >= tt) << 6)
+                | (np.uint8(abs(xs[i + 7]) >= tt) << 7)
+            )
+        for w in range(chunk // 64):
+            word = words[w]  # bit p of word w is entry w * 64 + p (little-endian bytes)
+            while word != 0:
+                low = word & (~word + np.uint64(1))
+                p = w * 64 + _DEBRUIJN_POS[(low * _DEBRUIJN) >> np.uint64(58)]
+                if j < cap:
+                    idx[j] = start + p
+                    vals[j] = xs[p]
+                j += 1
+                word ^= low
+    for i in range(full, d):  # the tail
+        if abs(x[i]) >= tt:
+            if j < cap:
+                idx[j] = i
+                vals[j] = x[i]
+            j += 1
+    return j
+
+
+_SIGN_OFF = np.int32(0x7FFFFFFF)
+_TINY = float(np.float32(1e-45))  # the smallest positive float32: |x| >= _TINY means x != 0
+
+
+@JIT
+def _kth_largest_key(vals: np.ndarray, k: int) -> np.int32:
+    """The k-th largest |v| of float32 vals, as its bit pattern (non-negative floats order
+    like their bit patterns, so the key is the pattern with the sign bit cleared).
+    A 4096-bin histogram finds the bin that holds it, then only that bin is partitioned."""
+    keys = vals.view(np.int32)
+    lo = keys[0] & _SIGN_OFF
+    hi = lo
+    for v in keys:
+        lo = min(lo, v & _SIGN_OFF)
+        hi = max(hi, v & _SIGN_OFF)
+    shift = 0
+    while ((hi - lo) >> shift) >= 4096:
+        shift += 1
+    hist = np.zeros(4096, np.int64)
+    for v in keys:
+        hist[((v & _SIGN_OFF) - lo) >> shift] += 1
+    above = 0
+    b = 4095
+    while above + hist[b] < k:
+        above += hist[b]
+        b -= 1
+    members = np.empty(hist[b], np.int32)
+    m = 0
+    for v in keys:
+        key = v & _SIGN_OFF
+        if (key - lo) >> shift == b:
+            members[m] = key
+            m += 1
+    r = k - above  # the r-th largest inside bin b
+    return np.partition(members, m - r)[m - r]
+
+
+_BLOCK = 32  # contiguous elements per sampled block
+
+
+@JIT
+def _sample_abs(x: np.ndarray, blocks: int, seed: int) -> np.ndarray:
+    """|x| at ``blocks`` blocks of _BLOCK contiguous elements, one at a random offset in
+    each of ``blocks`` equal strata (stratified: every layer of a bucket is seen).
+    Reading blocks instead of single random elements keeps this a few hundred cache
+    misses rather than one per sample (which cost more than the whole pass over x)."""
+    d = x.size
+    stride = d // blocks
+    sample = np.empty(blocks * _BLOCK, np.float32)
+    s = np.uint64(seed)
+    for b in range(blocks):
+        off = b * stride + int(uniform(s, np.uint64(b)) * (stride - _BLOCK + 1))
+        xs = x[off : off + _BLOCK]
+        for i in range(_BLOCK):
+            sample[b * _BLOCK + i] = abs(xs[i])
+    return sample
+
+
+def _threshold_plan(d: int, k: int) -> tuple[int, float]:
+    """(sampled blocks, fraction of x the threshold lets through): the threshold is set
+    a little low so that at least k entries pass."""
+    blocks = min(512, d // (4 * _BLOCK))
+    q = k / d
+    if blocks < 16:
+        return 0, q
+    # Blocks hold neighbours that look alike, so count a block as 8 independent
+    # draws when setting the margin (about 4 standard errors of the quantile).
+    return blocks, min(1.0, q + 4.0 * np.sqrt(q / (blocks * 8)) + 8.0 / d)
+
+
+_threshold_plan_jit = njit(cache=True, nogil=True)(_threshold_plan)
+
+
+def topk_workspace(d: int, k: int) -> int:
+    """How many candidates topk_into's workspace should hold for a d-vector's top k."""
+    _, frac = _threshold_plan(d, k)
+    return min(d, int(frac * d * 1.25) + 64)
+
+
+@JIT
+def topk_into(
+    x: np.ndarray,
+    k: int,
+    seed: int,
+    vals: np.ndarray,
+    idx: np.ndarray,
+    cand_vals: np.ndarray,
+    cand_idx: np.ndarray,
+) -> None:
+    """The k entries of x largest in magnitude, written to vals[:k] and idx[:k] (int32
+    indices in increasing order; ties at the k-th magnitude go to the lowest indices).
+
+    A threshold is estimated from a stratified sample of |x|, one pass gathers the
+    candidates into the workspace (cand_vals, cand_idx: topk_workspace(d, k) entries),
+    and a histogram selection among the candidates keeps exactly k. No sort of x. If the
+    estimate was off, the pass is repeated with a lower threshold (too few passed) or
+    into a workspace of the exact size (too many), so the result is always exact.
+
+    Every array comes from the caller: fresh megabyte-sized arrays on every call cost
+    more in page faults than the selection itself (glibc returns them to the system).
+    """
+    d = x.size
+    if k >= d:
+        vals[:d] = x
+        for i in range(d):
+            idx[i] = i
+        return
+    if k <= 0:
+        return
+    blocks, frac = _threshold_plan_jit(d, k)
+    sample = _sample_abs(x, blocks, seed) if blocks > 0 else np.abs(x)
+    m = sample.size
+    count = 0
+    while True:  # frac grows 4x a round and reaches 1 (the threshold of nonzero entries)
+        t = _TINY
+        if frac < 1.0:
+            pos = int((1.0 - frac) * (m - 1))
+            t = max(np.partition(sample, pos)[pos], _TINY)
+        # A threshold of zero would let every entry through (an unused layer's zero
+        # gradients): only nonzero entries are gathered, and zeros are added below.
+        count = _gather_at_least(x, t, cand_idx, cand_vals)
+        if count > cand_idx.size:  # more passed than expected: again, into a workspace that fits
+            cand_idx = np.empty(count, np.int32)
+            cand_vals = np.empty(count, x.dtype)
+            count = _gather_at_least(x, t, cand_idx, cand_vals)
+        if count >= k or t == _TINY:
+            break
+        frac = min(1.0, frac * 4.0)  # too few passed: lower the threshold
+    if count < k:  # fewer than k nonzero entries: all of them, then zeros at the lowest indices
+        zeros = k - count
+        c = 0
+        n = 0
+        for i in range(d):
+            if c < count and cand_idx[c] == i:
+                idx[n] = i
+                vals[n] = cand_vals[c]
+                c += 1
+                n += 1
+            elif zeros > 0:
+                idx[n] = i
+                vals[n] = x[i]
+                zeros -= 1
+                n += 1
+            if n == k:
+                return
+    keys = cand_vals[:count].view(np.int32)
+    kth = _kth_largest_key(cand_vals[:count], k)
+    greater = 0
+    for j in range(count):
+        greater += (keys[j] & _SIGN_OFF) > kth
+    ties = k - greater  # how many entries equal to the k-th value to keep (lowest indices)
+    n = 0
+    for j in range(count):  # candidates are in index order, so idx comes out sorted
+        if n == k:  # the k-th was taken; slot n is written before it is known to be kept
+            break
+        key = keys[j] & _SIGN_OFF
+        take = key > kth
+        if key == kth:  # rare: ties at the k-th value, the lowest indices first
+            take = ties > 0
+            ties -= take
+        idx[n] = cand_idx[j]
+        vals[n] = cand_vals[j]
+        n += take
+
+
+def topk(x: np.ndarray, k: int, seed: int = 0) -> tuple[np.ndarray, np.ndarray]:
+    """topk_into with fresh arrays: (values, int32 indices in increasing order)."""
+    k = max(0, min(int(k), x.size))
+    vals, idx = np.empty(k, x.dtype), np.empty(k, np.int32)
+    w = topk_workspace(x.size, k) if k < x.size else 1
+    topk_into(x, k, seed, vals, idx, np.empty(w, x.dtype), np.empty(w, np.int32))
+    return vals, idx

@@ -1,0 +1,91 @@
+"""Processes nbdist started, by id: alive or not, children, and ending them.
+
+nbdist never ends a process by name; every function here takes pids the caller
+started (or their descendants, which the controller forks).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from . import compat
+
+
+def alive(pid: int) -> bool:
+    """Is this process running (not gone, not a zombie)? Reads /proc directly: this is on every cell's path."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as fh:
+            stat = fh.read()
+    except FileNotFoundError:
+        return False
+    except OSError:  # no /proc (not Linux): ask psutil
+        import psutil
+
+        try:
+            return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
+        except psutil.NoSuchProcess:
+            return False
+    state = stat[stat.rfind(b")") + 2 : stat.rfind(b")") + 3]
+    return state not in (b"Z", b"X")
+
+
+def descendants(pids: list[int]) -> set[int]:
+    """Processes started by these processes (the controller forks its heart monitor)."""
+    import psutil
+
+    out: set[int] = set()
+    for pid in pids:
+        try:
+            out.update(c.pid for c in psutil.Process(pid).children(recursive=True))
+        except psutil.Error:
+            pass
+    return out
+
+
+def exited(launcher: Any) -> bool:
+    """Has this ipyparallel launcher's process ended? (Asks the process; launcher.state lags behind.)"""
+    popen = compat.launcher_popen(launcher)
+    if popen is not None:
+        return popen.poll() is not None
+    return getattr(launcher, "state", "") == "after"
+
+
+def kill(pids: list[int], timeout: float = 5.0) -> None:
+    """SIGKILL these processes and wait for them to go."""
+    import psutil
+
+    procs = []
+    for pid in pids:
+        try:
+            proc = psutil.Process(pid)
+            proc.kill()
+            procs.append(proc)
+        except psutil.NoSuchProcess:
+            pass
+    psutil.wait_procs(procs, timeout=timeout)
+
+
+def reap(pids: list[int], timeout: float = 3.0) -> None:
+    """Make sure these processes are gone: TERM, then KILL what is left."""
+    import psutil
+
+    procs = []
+    for pid in pids:
+        try:
+            procs.append(psutil.Process(pid))
+        except psutil.NoSuchProcess:
+            pass
+    if not procs:
+        return
+    for p in procs:
+        try:
+            p.terminate()
+        except psutil.NoSuchProcess:
+            pass
+    _, left = psutil.wait_procs(procs, timeout=timeout)
+    for p in left:
+        try:
+            p.kill()
+        except psutil.NoSuchProcess:
+            pass
+    psutil.wait_procs(left, timeout=timeout)

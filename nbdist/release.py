@@ -1,0 +1,96 @@
+"""When to release ranks still running a cell, and when to end those that will not stop.
+
+A pure object: it reads a clock (injected, so tests run in milliseconds) and what the
+watch loop tells it, and answers with an ``Action``. It never touches a process.
+
+The rules (docs/faults.md, rows 2, 3 and 10):
+
+* a rank failed while others still run: they get ``grace`` seconds to finish, then
+  they are released (``Release.FAILURE``);
+* the cell ran past its ``timeout``: every running rank is released (``TIMEOUT``);
+* some ranks finished and others have run on for ``watchdog`` seconds: the loop is
+  asked to ``PROBE`` where they are; waiting in a collective means a hang
+  (``WATCHDOG``), anything else is legitimate work, looked at again a watchdog later;
+* Ctrl-C releases at once (``INTERRUPT``);
+* ranks still running ``escalate`` seconds after a release are killed, once.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from enum import Enum
+
+from .results import Release
+
+ESCALATE_S = 3.0  # after a release, seconds before ranks that did not stop are killed
+
+
+class Action(Enum):
+    WAIT = "wait"  # nothing to do yet
+    PROBE = "probe"  # find out whether the running ranks wait in a collective; answer with probed()
+    RELEASE = "release"  # interrupt the running ranks (the reason is in ``released``)
+    KILL = "kill"  # end the running ranks' processes: they did not stop after the release
+
+
+class ReleasePolicy:
+    """Decides, each time the watch loop wakes, whether to release or kill the ranks still running."""
+
+    def __init__(
+        self,
+        *,
+        grace: float,
+        watchdog: float | None,
+        timeout: float | None,
+        escalate: float = ESCALATE_S,
+        clock: Callable[[], float] = time.perf_counter,
+        started: float | None = None,
+    ) -> None:
+        self.grace = grace
+        self.watchdog = watchdog
+        self.escalate = escalate
+        self.clock = clock
+        self.started = clock() if started is None else started
+        self.deadline = self.started + timeout if timeout else None
+        self.first_failure: float | None = None  # when a rank was first seen failed
+        self.first_finish: float | None = None  # when a rank was first seen done (reset by a harmless probe)
+        self.released: Release | None = None
+        self.released_at: float | None = None
+        self.killed = False
+
+    def observe(self, *, failed: bool, finished: bool) -> Action:
+        """What to do now, given whether any rank has failed and whether any has finished."""
+        now = self.clock()
+        if failed and self.first_failure is None:
+            self.first_failure = now
+        if finished and self.first_finish is None:
+            self.first_finish = now
+        if self.released is None:
+            if self.first_failure is not None and now - self.first_failure > self.grace:
+                return self._release(Release.FAILURE, now)
+            if self.deadline is not None and now > self.deadline:
+                return self._release(Release.TIMEOUT, now)
+            if self.watchdog and self.first_finish is not None and now - self.first_finish > self.watchdog:
+                return Action.PROBE
+            return Action.WAIT
+        if not self.killed and self.released_at is not None and now - self.released_at > self.escalate:
+            self.killed = True
+            return Action.KILL
+        return Action.WAIT
+
+    def probed(self, in_collective: bool) -> Action:
+        """The answer to PROBE: do the running ranks wait inside a collective?"""
+        if in_collective:
+            return self._release(Release.WATCHDOG, self.clock())
+        self.first_finish = self.clock()  # legitimate work on the other ranks; look again later
+        return Action.WAIT
+
+    def interrupt(self) -> Action:
+        """Ctrl-C: release now, unless the ranks were released already."""
+        if self.released is not None:
+            return Action.WAIT
+        return self._release(Release.INTERRUPT, self.clock())
+
+    def _release(self, why: Release, now: float) -> Action:
+        self.released, self.released_at = why, now
+        return Action.RELEASE

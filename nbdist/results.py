@@ -1,0 +1,201 @@
+"""What a cell did on each rank: plain data, built by ``run``, read by the magics and by users.
+
+``RankStatus`` is how a rank ended a cell, ``RankState`` what a rank is doing now (the
+dashboard's strip and ``%dist_status``), ``Release`` why nbdist interrupted ranks.
+``remote_error`` is the one parser of the errors ipyparallel brings back from an engine.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+from enum import Enum
+from typing import Any
+
+from .errors import Failure, RankError, RunTimeout
+
+ANSI = re.compile(r"\x1b\[[0-9;]*[A-Za-z]")
+_CELL_LINE = re.compile(r"(?:Cell In\[\d+\]|<cell[^>]*>|ipykernel_\d+/\d+\.py)\D+line (\d+)")
+# An error raised by a broken process group (the release of a rank waiting in a collective).
+_DIST_ERROR = re.compile(r"gloo|nccl|Connection closed by peer|DistBackendError|c10d|ProcessGroup", re.I)
+
+
+class _Text(str, Enum):
+    """A string enum that prints as its value (so f-strings and JSON read 'ok', not 'RankStatus.OK')."""
+
+    def __str__(self) -> str:
+        return str(self.value)
+
+    def __hash__(self) -> int:  # equal to its value, so it hashes like it: dict lookups by 'ok' work
+        return hash(self.value)
+
+
+class RankStatus(_Text):
+    """How one rank ended a cell."""
+
+    PENDING = "pending"
+    OK = "ok"
+    ERROR = "error"  # the cell raised on this rank
+    INTERRUPTED = "interrupted"  # nbdist released it (another rank failed, or Ctrl-C)
+    TIMEOUT = "timeout"  # released by --timeout or the watchdog
+    DEAD = "dead"  # its process died, or nbdist killed it after it would not stop
+
+
+class RankState(_Text):
+    """What a rank is doing now."""
+
+    IDLE = "idle"
+    BUSY = "busy"
+    FAILED = "failed"  # its last cell raised
+    DEAD = "dead"
+
+
+class Release(_Text):
+    """Why nbdist interrupted the ranks still running a cell."""
+
+    FAILURE = "failure"
+    TIMEOUT = "timeout"
+    INTERRUPT = "interrupt"
+    WATCHDOG = "watchdog"
+
+    @property
+    def because(self) -> str:
+        return {
+            Release.FAILURE: "a rank failed",
+            Release.TIMEOUT: "the cell ran past its timeout",
+            Release.INTERRUPT: "of Ctrl-C",
+            Release.WATCHDOG: "other ranks had finished the cell and it waited in a collective past the watchdog",
+        }[self]
+
+
+# The order in which failures are reported: the rank that raised is the cause, the others follow.
+_BLAME = {RankStatus.ERROR: 0, RankStatus.DEAD: 1, RankStatus.TIMEOUT: 2, RankStatus.INTERRUPTED: 3}
+
+
+@dataclass(slots=True)
+class RankResult:
+    """What one rank did with a cell."""
+
+    rank: int
+    engine_id: int
+    status: RankStatus = RankStatus.PENDING
+    stdout: str = ""
+    stderr: str = ""
+    outputs: list[dict[str, Any]] = field(default_factory=list)
+    result: dict[str, Any] | None = None
+    error: dict[str, Any] | None = None  # ename, evalue, traceback, line (see remote_error)
+    wall_s: float | None = None
+
+    def __post_init__(self) -> None:
+        self.status = RankStatus(self.status)
+
+    def failure(self) -> Failure:
+        """This rank's failure as RankError reports it."""
+        err = self.error or {}
+        ename, evalue = err.get("ename", str(self.status)), err.get("evalue", "")
+        line = err.get("line")
+        where = f" in cell line {line}" if line else ""
+        who = f"rank {self.rank} (engine {self.engine_id})"
+        summary = {
+            RankStatus.DEAD: f"{who} died while running the cell: {evalue}",
+            RankStatus.INTERRUPTED: f"{who} was interrupted{where}",
+            RankStatus.TIMEOUT: f"{who} did not finish in time{where}",
+        }.get(self.status, f"{who} raised {ename}{where}: {evalue}")
+        return Failure(
+            rank=self.rank,
+            engine_id=self.engine_id,
+            status=str(self.status),
+            ename=ename,
+            evalue=evalue,
+            line=line,
+            traceback=[ANSI.sub("", text) for text in err.get("traceback", [])],
+            summary=summary,
+        )
+
+    def broke_the_world(self) -> bool:
+        """Did this rank's error come from a broken process group?"""
+        return bool(self.error and _DIST_ERROR.search(self.error.get("evalue") or ""))
+
+
+@dataclass(slots=True)
+class RunResult:
+    """Per-rank results of one cell, plus what nbdist did about failures."""
+
+    ranks: list[RankResult]
+    wall_s: float = 0.0
+    notes: list[str] = field(default_factory=list)
+    released: Release | None = None  # why ranks were interrupted, if they were
+    reports: dict[int, dict[str, Any]] = field(default_factory=dict)  # where each released rank waited
+    metrics: dict[int, list[dict[str, Any]]] = field(default_factory=dict)  # nbdist.log rows by rank
+
+    def __post_init__(self) -> None:
+        if self.released is not None:
+            self.released = Release(self.released)
+
+    @property
+    def ok(self) -> bool:
+        return all(r.status == RankStatus.OK for r in self.ranks)
+
+    @property
+    def failed(self) -> list[RankResult]:
+        return [r for r in self.ranks if r.status != RankStatus.OK]
+
+    def __getitem__(self, rank: int) -> RankResult:
+        for r in self.ranks:
+            if r.rank == rank:
+                return r
+        raise KeyError(f"rank {rank} did not run this cell; it ran on ranks {[r.rank for r in self.ranks]}.")
+
+    def raise_for_error(self) -> RunResult:
+        """Raise RankError (RunTimeout for a timeout) if any rank did not finish cleanly."""
+        if self.ok:
+            return self
+        failed = sorted(self.failed, key=lambda r: (_BLAME.get(r.status, 9), r.rank))
+        failures = [r.failure() for r in failed]
+        message = "\n".join(f.summary for f in failures)
+        cls = RunTimeout if self.released in (Release.TIMEOUT, Release.WATCHDOG) else RankError
+        raise cls(message, failures=failures, notes=self.notes)
+
+    def explain(self) -> None:
+        """Add the notes a user needs: diverged state, and where each released rank waited."""
+        errored = [r.rank for r in self.ranks if r.status == RankStatus.ERROR]
+        ok = [r.rank for r in self.ranks if r.status == RankStatus.OK]
+        if errored and ok:
+            self.notes.append(
+                f"note: rank(s) {', '.join(map(str, ok))} finished this cell, so state on the ranks may now differ."
+            )
+        if self.released is None:
+            return
+        for rank, rep in sorted(self.reports.items()):
+            if rep.get("busy"):
+                where = f"cell line {rep['cell_line']}" if rep.get("cell_line") else "library code"
+                waiting = " (inside torch.distributed)" if rep.get("in_collective") else ""
+                self.notes.append(
+                    f"rank {rank} was at {where}, in {rep.get('function')}{waiting}, "
+                    f"when released because {self.released.because}."
+                )
+
+
+def remote_error(exc: BaseException) -> dict[str, Any]:
+    """ename, evalue, traceback (lines) and the cell line of an error an engine reported."""
+    ename = getattr(exc, "ename", None) or type(exc).__name__
+    evalue = getattr(exc, "evalue", None)
+    if evalue is None:
+        evalue = str(exc)
+    tb = getattr(exc, "traceback", None)
+    lines = tb.splitlines() if isinstance(tb, str) else list(tb or [])
+    line = None
+    for text in lines:
+        m = _CELL_LINE.search(ANSI.sub("", text))
+        if m:
+            line = int(m.group(1))
+    return {"ename": ename, "evalue": str(evalue), "traceback": lines, "line": line}
+
+
+def classify(error: dict[str, Any], released: Release | None) -> RankStatus:
+    """How a rank that reported this error ended the cell."""
+    if error["ename"] == "EngineError":  # ipyparallel's word for an engine that died
+        return RankStatus.DEAD
+    if error["ename"] == "KeyboardInterrupt" or (released and _DIST_ERROR.search(error["evalue"] or "")):
+        return RankStatus.TIMEOUT if released in (Release.TIMEOUT, Release.WATCHDOG) else RankStatus.INTERRUPTED
+    return RankStatus.ERROR

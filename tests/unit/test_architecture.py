@@ -1,0 +1,173 @@
+"""The layout's rules, checked on the source: arrows point down, files stay small, privates stay home.
+
+Every import counts, wherever it is written: at the top, inside a function, or under
+``if TYPE_CHECKING``. A package's implicit import of its parent ``__init__`` does not.
+"""
+
+from __future__ import annotations
+
+import ast
+import pathlib
+
+import pytest
+
+ROOT = pathlib.Path(__file__).resolve().parents[2] / "nbdist"
+MAX_LINES = 400
+
+
+def _modules() -> dict[str, pathlib.Path]:
+    out = {}
+    for path in sorted(ROOT.rglob("*.py")):
+        parts = list(path.relative_to(ROOT.parent).with_suffix("").parts)
+        if parts[-1] == "__init__":
+            parts = parts[:-1]
+        out[".".join(parts)] = path
+    return out
+
+
+MODULES = _modules()
+
+
+def _package(name: str) -> str:
+    return name if MODULES[name].name == "__init__.py" else name.rpartition(".")[0]
+
+
+def _imports(name: str) -> list[tuple[str, list[str], int]]:
+    """(module imported, names taken from it, line) for every import statement in a module."""
+    tree = ast.parse(MODULES[name].read_text())
+    out = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            out += [(alias.name, [], node.lineno) for alias in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:
+                anchor = _package(name).split(".")
+                anchor = anchor[: len(anchor) - (node.level - 1)]
+                base = ".".join(anchor + ([base] if base else []))
+            out.append((base, [alias.name for alias in node.names], node.lineno))
+    return out
+
+
+def _edges(name: str) -> set[str]:
+    """The nbdist modules this module imports (a name taken from a package that is a submodule counts as it)."""
+    edges = set()
+    for base, names, _ in _imports(name):
+        if not base.startswith("nbdist"):
+            continue
+        subs = [f"{base}.{n}" for n in names if f"{base}.{n}" in MODULES]
+        edges.update(subs or [base])
+        if names and len(subs) < len(names) and base in MODULES:
+            edges.add(base)
+    edges.discard(name)
+    return {e for e in edges if e in MODULES}
+
+
+GRAPH = {name: _edges(name) for name in MODULES}
+
+
+def _cycle(graph: dict[str, set[str]]) -> list[str] | None:
+    state: dict[str, int] = {}
+    stack: list[str] = []
+
+    def visit(node: str) -> list[str] | None:
+        state[node] = 1
+        stack.append(node)
+        for nxt in sorted(graph[node]):
+            if state.get(nxt) == 1:
+                return stack[stack.index(nxt) :] + [nxt]
+            if nxt not in state:
+                found = visit(nxt)
+                if found:
+                    return found
+        stack.pop()
+        state[node] = 2
+        return None
+
+    for node in sorted(graph):
+        if node not in state:
+            found = visit(node)
+            if found:
+                return found
+    return None
+
+
+def test_the_checker_sees_function_level_and_relative_imports():
+    assert "nbdist.cluster" in GRAPH["nbdist"]  # imported inside nbdist.__getattr__
+    assert "nbdist.engine.runtime" in GRAPH["nbdist.rendezvous"]  # from .engine import runtime
+    assert "nbdist.compat" in GRAPH["nbdist.engine.runtime"]  # from .. import compat
+    assert "nbdist.widgets.dashboard" in GRAPH["nbdist.output"]  # imported inside a method
+
+
+def test_the_cycle_finder_finds_one():
+    assert _cycle({"a": {"b"}, "b": {"c"}, "c": {"a"}}) == ["a", "b", "c", "a"]
+    assert _cycle({"a": {"b"}, "b": set(), "c": {"a", "b"}}) is None
+
+
+def test_no_import_cycle_among_nbdist_modules():
+    cycle = _cycle(GRAPH)
+    assert cycle is None, "import cycle: " + " -> ".join(cycle or [])
+
+
+def test_the_core_points_down():
+    """magics -> cluster -> run -> engines -> launchers; nothing below imports what is above it."""
+    order = ["nbdist.magics", "nbdist.cluster", "nbdist.run", "nbdist.rendezvous", "nbdist.engines"]
+    for i, upper in enumerate(order):
+        for lower in order[i + 1 :]:
+            assert upper not in _reach(lower), f"{lower} reaches {upper}"
+    for low in ("nbdist.errors", "nbdist.results", "nbdist.release", "nbdist.compat", "nbdist.config"):
+        assert not _reach(low) & {"nbdist.cluster", "nbdist.run", "nbdist.engines", "nbdist.magics"}, low
+    assert GRAPH["nbdist.compat"] == set(), "compat.py is a leaf"
+
+
+def _reach(start: str) -> set[str]:
+    seen, todo = set(), [start]
+    while todo:
+        for nxt in GRAPH[todo.pop()]:
+            if nxt not in seen:
+                seen.add(nxt)
+                todo.append(nxt)
+    return seen
+
+
+@pytest.mark.parametrize("name", sorted(MODULES))
+def test_no_module_is_over_400_lines(name):
+    lines = len(MODULES[name].read_text().splitlines())
+    assert lines <= MAX_LINES, f"{MODULES[name]} has {lines} lines; split it by job (limit {MAX_LINES})"
+
+
+def test_no_private_name_crosses_a_module_boundary():
+    found = []
+    for name in MODULES:
+        for base, names, line in _imports(name):
+            if base.startswith("nbdist"):
+                found += [f"{name}:{line} imports {base}.{n}" for n in names if n.startswith("_")]
+        tree = ast.parse(MODULES[name].read_text())
+        aliases = _module_aliases(name)
+        for node in ast.walk(tree):
+            if (
+                isinstance(node, ast.Attribute)
+                and isinstance(node.value, ast.Name)
+                and node.value.id in aliases
+                and node.attr.startswith("_")
+                and not node.attr.startswith("__")
+            ):
+                found.append(f"{name}:{node.lineno} uses {aliases[node.value.id]}.{node.attr}")
+    assert not found, "\n".join(found)
+
+
+def _module_aliases(name: str) -> dict[str, str]:
+    """Local names bound to nbdist modules in this module: {'api': 'nbdist.cluster', ...}."""
+    tree = ast.parse(MODULES[name].read_text())
+    out = {}
+    for node in ast.walk(tree):
+        if isinstance(node, ast.ImportFrom):
+            base = {b for b, _, line in _imports(name) if line == node.lineno}.pop()
+            for alias in node.names:
+                if f"{base}.{alias.name}" in MODULES:
+                    out[alias.asname or alias.name] = f"{base}.{alias.name}"
+        elif isinstance(node, ast.Import):
+            for alias in node.names:
+                if alias.name in MODULES and alias.asname:
+                    out[alias.asname] = alias.name
+    return out

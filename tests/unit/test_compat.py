@@ -1,0 +1,98 @@
+"""Every private API in nbdist.compat, probed against the installed packages.
+
+When an upgrade moves one of them, the test names the entry; when an installed version
+is outside the range compat.CHECKED records, it says so, so that widening the range
+follows a re-check. The same accessors also run for real in the integration tests.
+"""
+
+from __future__ import annotations
+
+import inspect
+from importlib.metadata import version
+
+import pytest
+
+from nbdist import compat
+
+
+def _tuple(v: str) -> tuple[int, ...]:
+    out = []
+    for part in v.split("+")[0].split("."):
+        digits = "".join(ch for ch in part if ch.isdigit())
+        out.append(int(digits or 0))
+    return tuple(out)
+
+
+@pytest.mark.parametrize("package", sorted(compat.CHECKED))
+def test_installed_versions_are_the_ones_compat_was_checked_against(package):
+    low, high = compat.CHECKED[package]
+    have = version(package)
+    assert _tuple(low) <= _tuple(have) <= _tuple(high), (
+        f"{package} {have} is outside {low}..{high}, the range nbdist.compat was checked against: "
+        "run the suite, re-check each entry of compat.PRIVATE_APIS for it, then widen CHECKED."
+    )
+
+
+def test_every_private_api_has_a_probe_below():
+    probed = {name for name in globals() if name.startswith("test_probe_")}
+    assert len(probed) == len(compat.PRIVATE_APIS), "add a test_probe_ for each entry of compat.PRIVATE_APIS"
+
+
+def test_probe_async_result_children():
+    from ipyparallel.client.asyncresult import AsyncResult
+
+    source = inspect.getsource(AsyncResult)
+    assert "self._children" in source, "ipyparallel's AsyncResult no longer keeps _children: see compat.py"
+
+
+def test_probe_launcher_popen():
+    from ipyparallel.cluster.launcher import LocalProcessLauncher
+
+    assert "_popen_process" in inspect.getsource(LocalProcessLauncher), "see compat.launcher_popen"
+    launcher = LocalProcessLauncher.__new__(LocalProcessLauncher)
+    compat.set_launcher_popen(launcher, "popen")
+    assert compat.launcher_popen(launcher) == "popen"
+
+
+def test_probe_cell_filenames():
+    from IPython.core.compilerop import CachingCompiler
+
+    compiler = CachingCompiler()
+    name = compiler.cache("x = 1\n", number=7)
+    assert name in compat.cell_filenames(type("Shell", (), {"compile": compiler})())
+    assert compat.cell_filenames(None) == {}
+
+
+def test_probe_abort_process_group():
+    import torch.distributed as dist
+
+    assert callable(getattr(dist.distributed_c10d, "_abort_process_group", None)), "see compat.abort_process_group"
+
+
+def test_probe_ddp_timers(tmp_path):
+    """One-process gloo world: DDP's reducer times a step and the timers read back."""
+    import torch
+    import torch.distributed as dist
+
+    store = dist.FileStore(str(tmp_path / "store"), 1)
+    dist.init_process_group("gloo", store=store, rank=0, world_size=1)
+    try:
+        model = torch.nn.parallel.DistributedDataParallel(torch.nn.Linear(4, 2))
+        logger = compat.ddp_time_every_step(model)
+        for _ in range(2):
+            model(torch.randn(3, 4)).sum().backward()
+        model(torch.randn(3, 4))  # the forward after a step reports it
+        ints = compat.ddp_timers(logger)
+        for key in ("backward_comm_time", "backward_comm_time_start", "backward_comm_time_end"):
+            assert key in ints, f"DDP's logging data has no {key!r}: see compat.ddp_timers"
+        assert "backward_compute_time_end" in ints
+    finally:
+        dist.destroy_process_group()
+
+
+def test_probe_fsdp_collective_classes():
+    gather, scatter = compat.fsdp_collective_classes()
+    params = list(inspect.signature(gather.__call__).parameters)
+    assert params[1:] == ["output_tensor", "input_tensor", "group", "async_op"], params
+    params = list(inspect.signature(scatter.__call__).parameters)
+    assert params[1:] == ["output_tensor", "input_tensor", "group", "op", "async_op"], params
