@@ -33,6 +33,7 @@ bench: $(STAMP)
 	OMP_NUM_THREADS=1 $(BIN)/python benchmarks/ddp_throughput.py
 	OMP_NUM_THREADS=1 $(BIN)/python benchmarks/compression.py
 	OMP_NUM_THREADS=1 $(BIN)/python benchmarks/instrumentation.py
+	OMP_NUM_THREADS=1 $(BIN)/python benchmarks/faults.py
 
 clean:
 	rm -rf $(VENV) benchmarks/results

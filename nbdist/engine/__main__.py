@@ -11,7 +11,7 @@ import sys
 
 
 def _fault_exit_one() -> None:
-    # Fault drill (FAULTS.md row 7): the first engine that creates this file exits
+    # Fault drill (docs/faults.md, row 7): the first engine that creates this file exits
     # at once, so a test can start a world in which one rank never joins.
     path = os.environ.get("NBDIST_FAULT_EXIT_ONE")
     if not path:

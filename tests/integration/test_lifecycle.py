@@ -1,4 +1,7 @@
-"""Start, restart, stop and the process-level faults (FAULTS.md rows 4-7), each with its own cluster."""
+"""Start, restart, stop and the process-level faults (docs/faults.md, rows 4-7), each with its own cluster.
+
+Time bounds here catch hangs only; benchmarks/faults.py measures how fast each drill is handled.
+"""
 
 from __future__ import annotations
 
@@ -56,7 +59,7 @@ def test_fault4_killed_rank_is_named_and_restart_brings_the_world_back(ip, tmp_p
         )
         named_after = time.perf_counter() - tic - 0.8
         assert r[1].status == "dead"
-        assert named_after < 3.0, f"the dead rank should be named within ~2 s, took {named_after:.1f}s"
+        assert named_after < 30, f"the cell waited {named_after:.0f} s for a dead rank (rank 1 would sleep 60 s)"
         assert any("rank(s) 1 died; run %dist_restart" in n for n in r.notes)
         assert cluster.dead_ranks() == [1]
         with pytest.raises(Exception, match="rank 1 .* is dead; run %dist_restart"):
@@ -104,10 +107,8 @@ def test_fault5_engines_and_controller_end_with_the_kernel():
         assert all(psutil.pid_exists(p) for p in pids)
         kernel_pid = km.provisioner.pid
         os.kill(kernel_pid, signal.SIGKILL)
-        tic = time.monotonic()
-        left = _wait_gone(pids, 12)
+        left = _wait_gone(pids, 60)  # ipyparallel alone leaves them running for minutes
         assert left == [], f"processes outlived the kernel: {left}"
-        assert time.monotonic() - tic < 10.5
     finally:
         kc.stop_channels()
         km.cleanup_resources()
@@ -132,13 +133,12 @@ def test_fault6_taken_rendezvous_port_is_avoided(monkeypatch):
 def test_fault7_missing_rank_is_named_within_the_start_timeout(tmp_path, monkeypatch):
     monkeypatch.setenv("NBDIST_FAULT_EXIT_ONE", str(tmp_path / "one-engine-fails"))
     before = _children()
-    tic = time.perf_counter()
     with pytest.raises(ClusterError) as info:
-        nbdist.start(n=2, timeout=30)
-    took = time.perf_counter() - tic
+        nbdist.start(n=2, timeout=120)
     msg = str(info.value)
     assert "1 of 2 engine(s) did not start, so rank(s) 1 have no engine" in msg
-    assert took < 30, f"a failed engine should be reported before the timeout, took {took:.1f}s"
+    # reported because the engine exited, not because the start timeout ran out
+    assert "1 engine process(es) exited while starting" in msg and "did not register within" not in msg
     assert _wait_gone(list(_children() - before), 5) == []
 
 
