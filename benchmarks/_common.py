@@ -51,6 +51,19 @@ def shell() -> Any:
     return ip
 
 
+def interrupted_cell(ip: Any, code: str, after: float = 0.5) -> float:
+    """Run a cell and press Ctrl-C (SIGINT to this process) ``after`` seconds in; seconds
+    from the signal until the cell returned."""
+    import os
+    import signal
+    import threading
+
+    threading.Timer(after, os.kill, (os.getpid(), signal.SIGINT)).start()
+    tic = time.perf_counter()
+    ip.run_cell(code, silent=True)
+    return time.perf_counter() - tic - after
+
+
 def run_cell(ip: Any, code: str) -> Any:
     result = ip.run_cell(code, silent=True)
     result.raise_error()

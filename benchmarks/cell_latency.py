@@ -7,12 +7,9 @@ the other waited in an all_reduce, and (b) Ctrl-C while both ranks were inside c
 from __future__ import annotations
 
 import argparse
-import os
-import signal
-import threading
 import time
 
-from _common import run_cell, save, shell, stats
+from _common import interrupted_cell, run_cell, save, shell, stats
 
 NEXT = "%%distributed\nt = torch.ones(1)\ndist.all_reduce(t)"
 
@@ -37,15 +34,9 @@ def recovery_after_failure(ip) -> float:
 
 
 def recovery_after_interrupt(ip) -> float:
-    def fire():
-        time.sleep(0.5)
-        os.kill(os.getpid(), signal.SIGINT)
-
-    threading.Thread(target=fire, daemon=True).start()
     tic = time.perf_counter()
-    ip.run_cell(
-        "%%distributed\nif dist.get_rank() == 0:\n    dist.all_reduce(torch.ones(1))\nelse:\n    dist.barrier()",
-        silent=True,
+    interrupted_cell(
+        ip, "%%distributed\nif dist.get_rank() == 0:\n    dist.all_reduce(torch.ones(1))\nelse:\n    dist.barrier()"
     )
     run_cell(ip, NEXT)
     return time.perf_counter() - tic - 0.5

@@ -21,7 +21,7 @@ import threading
 import time
 
 import psutil
-from _common import run_cell, save, shell, stats
+from _common import interrupted_cell, run_cell, save, shell, stats
 
 PEER_WATCH_S = 10.0
 
@@ -45,19 +45,16 @@ def _gone_after(pids: list[int], limit: float) -> float | None:
 
 def failure_release(ip) -> float:
     tic = time.perf_counter()
-    ip.run_cell("%%distributed\nif dist.get_rank() == 1:\n    raise ValueError('x')\ndist.all_reduce(torch.ones(1))", silent=True)
+    ip.run_cell(
+        "%%distributed\nif dist.get_rank() == 1:\n    raise ValueError('x')\ndist.all_reduce(torch.ones(1))",
+        silent=True,
+    )
     return time.perf_counter() - tic
 
 
 def interrupt_release(ip) -> float:
-    def fire():
-        time.sleep(0.5)
-        os.kill(os.getpid(), signal.SIGINT)
-
-    threading.Thread(target=fire, daemon=True).start()
-    tic = time.perf_counter()
-    ip.run_cell("%%distributed\nif dist.get_rank() == 0:\n    dist.all_reduce(torch.ones(1))\nelse:\n    dist.barrier()", silent=True)
-    return time.perf_counter() - tic - 0.5
+    code = "%%distributed\nif dist.get_rank() == 0:\n    dist.all_reduce(torch.ones(1))\nelse:\n    dist.barrier()"
+    return interrupted_cell(ip, code)
 
 
 def dead_rank(ip) -> tuple[float, float]:
@@ -66,7 +63,10 @@ def dead_rank(ip) -> tuple[float, float]:
     victim = nbdist.current().ranks[1].pid
     threading.Timer(0.5, os.kill, (victim, signal.SIGKILL)).start()
     tic = time.perf_counter()
-    ip.run_cell("%%distributed\nimport time\nif dist.get_rank() == 0:\n    dist.all_reduce(torch.ones(1))\nelse:\n    time.sleep(60)", silent=True)
+    ip.run_cell(
+        "%%distributed\nimport time\nif dist.get_rank() == 0:\n    dist.all_reduce(torch.ones(1))\nelse:\n    time.sleep(60)",
+        silent=True,
+    )
     named = time.perf_counter() - tic - 0.5
     tic = time.perf_counter()
     run_cell(ip, "%dist_restart --ranks 1")

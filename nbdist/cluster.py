@@ -23,7 +23,7 @@ from typing import Any
 
 from .config import RunConfig, StartConfig, parse_ranks
 from .engines import EngineSet, RankInfo
-from .errors import ClusterError, NbdistError
+from .errors import ClusterError
 from .launchers import launcher_for
 from .output import Sink
 from .rendezvous import World, build_world, choose_backend, configure_ranks, leave_world
@@ -31,7 +31,6 @@ from .results import RankStatus, RunResult
 from .run import PendingRun, execute
 
 _CURRENT: Cluster | None = None  # the active cluster (strong: it owns processes)
-_LIVE: set[Cluster] = set()
 
 
 def current() -> Cluster:
@@ -86,7 +85,6 @@ class Cluster:
         self.startup["total"] = time.perf_counter() - tic
         self.running = True
         _CURRENT = self
-        _LIVE.add(self)
         return self
 
     def _form_world(self, configure: list[RankInfo]) -> None:
@@ -144,7 +142,6 @@ class Cluster:
             self._workdir = ""
         if _CURRENT is self:
             _CURRENT = None
-        _LIVE.discard(self)
 
     def __enter__(self) -> Cluster:
         return self.start()
@@ -264,7 +261,9 @@ class Cluster:
         listed = ", ".join(map(str, dead))
         tic = time.perf_counter()
         if dead and not (killed or self.config.auto_restart):
-            result.notes.append(f"rank(s) {listed} died; run %dist_restart to bring the world back with the same ranks.")
+            result.notes.append(
+                f"rank(s) {listed} died; run %dist_restart to bring the world back with the same ranks."
+            )
         elif dead:
             try:
                 self.restart(dead)
@@ -291,12 +290,3 @@ def _cpu_list(cpus: list[int] | None) -> str:
     if cpus == list(range(cpus[0], cpus[-1] + 1)) and len(cpus) > 1:
         return f"{cpus[0]}-{cpus[-1]}"
     return ",".join(map(str, cpus))
-
-
-def stop_all() -> None:
-    """Stop every cluster started in this process."""
-    for cluster in list(_LIVE):
-        try:
-            cluster.stop()
-        except NbdistError:
-            pass

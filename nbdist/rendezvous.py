@@ -135,7 +135,9 @@ def build_world(engines: EngineSet, *, backend: str, master_addr: str, timeout: 
     if errors:
         leave_world(engines)
         raise ClusterError(
-            "the process group could not be formed: " + "; ".join(errors) + ". Run %dist_restart to start fresh engines."
+            "the process group could not be formed: "
+            + "; ".join(errors)
+            + ". Run %dist_restart to start fresh engines."
         )
     return World(backend=backend, master_addr=master_addr, master_port=port, seconds=time.perf_counter() - tic)
 

@@ -120,6 +120,16 @@ class Payload:
 
 
 class Compressor:
+    """The compress/decompress pair behind one DDP comm hook, with no communication of its own.
+
+    ``compress(x)`` turns one bucket's (error-corrected) gradient into a ``Payload`` for
+    ``collective`` (all_gather: each rank's payload comes back as a list; all_reduce:
+    payloads are summed, so they must line up entry by entry); ``decompress`` turns the
+    collective's result into the mean gradient, into ``out`` when given. With
+    ``error_feedback``, the hook keeps ``x - sent`` (``keep_residual``) and adds it to the
+    next step's gradient. ``shared_seed``: every rank must draw the same random numbers.
+    """
+
     name = "base"
     collective = ALL_GATHER
     error_feedback = False

@@ -52,7 +52,10 @@ class TopK(Compressor):
         else:  # values then indices, written by the kernel straight into this bucket's wire buffer
             wire_np = base.buffer(scratch, "wire", 2 * k, np.float32)
             w = kernels.topk_workspace(d, k)
-            cand_vals, cand_idx = base.buffer(scratch, "cand_vals", w, np.float32), base.buffer(scratch, "cand_idx", w, np.int32)
+            cand_vals, cand_idx = (
+                base.buffer(scratch, "cand_vals", w, np.float32),
+                base.buffer(scratch, "cand_idx", w, np.int32),
+            )
             kernels.topk_into(x.numpy(), k, seed, wire_np[:k], wire_np[k:].view(np.int32), cand_vals, cand_idx)
             wire = torch.from_numpy(wire_np)
             vals, idx = wire[:k], wire[k:].view(torch.int32)

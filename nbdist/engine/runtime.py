@@ -42,8 +42,6 @@ STATE: dict[str, Any] = {
     "abort_after": 0.3,  # seconds an interrupted cell may take to stop before its process group is broken
 }
 
-_CELL_FILES: set[str] = set()
-
 
 def configure(
     *,
@@ -214,17 +212,6 @@ def abort_world() -> str:
     return f"closed {closed} gloo connections"
 
 
-def health() -> dict[str, Any]:
-    import torch.distributed as dist
-
-    return {
-        "rank": STATE["rank"],
-        "initialized": dist.is_available() and dist.is_initialized(),
-        "aborted": STATE["aborted"],
-        "busy": STATE["busy_since"] is not None,
-    }
-
-
 def _tcp_fds() -> set[int]:
     import psutil
 
@@ -275,8 +262,6 @@ def _preload_namespace() -> None:
 
 def _cell_label(filename: str) -> str | None:
     """'cell' for a notebook cell's code object, None for library code."""
-    if filename in _CELL_FILES:
-        return "cell"
     try:
         from IPython import get_ipython
 

@@ -46,6 +46,17 @@ from .. import compat
 
 
 class StepMeter:
+    """Closes each training step at the next forward and logs its metrics with ``nbdist.log``.
+
+    A step opens at a training forward (``on_forward``, registered as the model's forward
+    pre-hook) and closes at the next forward of any kind: ``time/step_s`` is forward to
+    forward. Time in collectives comes from one of three sources, set by ``instrument``
+    / ``instrument_fsdp``: DDP's C++ timers (``ddp_logger``, CPU), ``timing_hook``'s
+    launch and completion times (GPU), or FSDP's timed collectives (``fsdp``, ``comm_s``);
+    a compression hook's records (``hook_state``) replace bytes and times when present.
+    It pickles without its process group and DDP logger.
+    """
+
     __slots__ = (
         "step",
         "start",
