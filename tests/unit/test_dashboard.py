@@ -89,3 +89,13 @@ def test_panels_show_loss_throughput_overhead_and_bytes_with_the_compression_rat
     fig.store = store
     titles = [a.text for a in fig.figure().layout.annotations]
     assert "comm/bytes (compressed 50x)" in titles and titles[0] == "loss"
+
+
+def test_the_live_figure_widget_can_be_built():
+    """plotly's FigureWidget (the live dashboard) needs anywidget, which nbdist never imports
+    itself: the dependency stays declared in pyproject.toml for this."""
+    import plotly.graph_objects as go
+
+    widget = go.FigureWidget()
+    widget.add_scatter(x=[0, 1], y=[1.0, 0.5])
+    assert len(widget.data) == 1
