@@ -51,6 +51,13 @@ def shell() -> Any:
     return ip
 
 
+# The fault drills both benchmarks time (docs/faults.md, rows 2 and 3).
+FAILURE_CELL = "%%distributed\nif dist.get_rank() == 1:\n    raise ValueError('x')\ndist.all_reduce(torch.ones(1))"
+INTERRUPT_CELL = (
+    "%%distributed\nif dist.get_rank() == 0:\n    dist.all_reduce(torch.ones(1))\nelse:\n    dist.barrier()"
+)
+
+
 def interrupted_cell(ip: Any, code: str, after: float = 0.5) -> float:
     """Run a cell and press Ctrl-C (SIGINT to this process) ``after`` seconds in; seconds
     from the signal until the cell returned."""

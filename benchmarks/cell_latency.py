@@ -9,7 +9,7 @@ from __future__ import annotations
 import argparse
 import time
 
-from _common import interrupted_cell, run_cell, save, shell, stats
+from _common import FAILURE_CELL, INTERRUPT_CELL, interrupted_cell, run_cell, save, shell, stats
 
 NEXT = "%%distributed\nt = torch.ones(1)\ndist.all_reduce(t)"
 
@@ -25,19 +25,14 @@ def time_cells(ip, code: str, reps: int) -> list[float]:
 
 def recovery_after_failure(ip) -> float:
     tic = time.perf_counter()
-    ip.run_cell(
-        "%%distributed\nif dist.get_rank() == 1:\n    raise ValueError('x')\ndist.all_reduce(torch.ones(1))",
-        silent=True,
-    )
+    ip.run_cell(FAILURE_CELL, silent=True)
     run_cell(ip, NEXT)
     return time.perf_counter() - tic
 
 
 def recovery_after_interrupt(ip) -> float:
     tic = time.perf_counter()
-    interrupted_cell(
-        ip, "%%distributed\nif dist.get_rank() == 0:\n    dist.all_reduce(torch.ones(1))\nelse:\n    dist.barrier()"
-    )
+    interrupted_cell(ip, INTERRUPT_CELL)
     run_cell(ip, NEXT)
     return time.perf_counter() - tic - 0.5
 

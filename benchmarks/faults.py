@@ -21,7 +21,7 @@ import threading
 import time
 
 import psutil
-from _common import interrupted_cell, run_cell, save, shell, stats
+from _common import FAILURE_CELL, INTERRUPT_CELL, interrupted_cell, run_cell, save, shell, stats
 
 PEER_WATCH_S = 10.0
 
@@ -45,16 +45,12 @@ def _gone_after(pids: list[int], limit: float) -> float | None:
 
 def failure_release(ip) -> float:
     tic = time.perf_counter()
-    ip.run_cell(
-        "%%distributed\nif dist.get_rank() == 1:\n    raise ValueError('x')\ndist.all_reduce(torch.ones(1))",
-        silent=True,
-    )
+    ip.run_cell(FAILURE_CELL, silent=True)
     return time.perf_counter() - tic
 
 
 def interrupt_release(ip) -> float:
-    code = "%%distributed\nif dist.get_rank() == 0:\n    dist.all_reduce(torch.ones(1))\nelse:\n    dist.barrier()"
-    return interrupted_cell(ip, code)
+    return interrupted_cell(ip, INTERRUPT_CELL)
 
 
 def dead_rank(ip) -> tuple[float, float]:
