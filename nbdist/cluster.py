@@ -19,12 +19,13 @@ import shutil
 import tempfile
 import threading
 import time
+from collections.abc import Callable
 from typing import Any
 
 from .config import RunConfig, StartConfig, parse_ranks
 from .engines import EngineSet, RankInfo
 from .errors import ClusterError
-from .launchers import launcher_for
+from .hosts import default_launch, launcher_for
 from .output import Sink
 from .rendezvous import World, build_world, choose_backend, configure_ranks, leave_world
 from .results import RankStatus, RunResult
@@ -42,18 +43,36 @@ def current() -> Cluster:
 
 
 def start(
-    n: int = 2, backend: str | None = None, launcher: str = "local", timeout: float = 45.0, **options: Any
+    n: int | None = None,
+    backend: str | None = None,
+    launcher: str | None = None,
+    timeout: float = 45.0,
+    progress: Callable[[str], None] | None = None,
+    **options: Any,
 ) -> Cluster:
-    """Start n ranked engines with an initialised process group; return the Cluster."""
+    """Start n ranked engines with an initialised process group; return the Cluster.
+
+    Without ``n`` and ``launcher``: inside a Slurm allocation, one rank per allocated task
+    (or GPU) through ``srun --overlap``; elsewhere 2 local ranks. ``progress`` gets a line
+    now and then while a batch job waits in the queue (default: printed).
+    """
+    n, launcher, why = default_launch(n, launcher)
     config = StartConfig(n=n, backend=backend, launcher=launcher, timeout=timeout, **options)
-    return Cluster(config).start()
+    cluster = Cluster(config, progress=progress)
+    cluster.chosen = why
+    return cluster.start()
 
 
 class Cluster:
     """n engines, ranks 0..n-1, one process group. Use as a context manager to stop it."""
 
-    def __init__(self, config: StartConfig | None = None, **options: Any) -> None:
+    def __init__(
+        self, config: StartConfig | None = None, progress: Callable[[str], None] | None = None, **options: Any
+    ) -> None:
         self.config = config or StartConfig(**options)
+        self.progress = progress or _print_line
+        self.chosen = ""  # why these ranks and this launcher, when nbdist chose them (inside an allocation)
+        self.cancelled: list[str] = []  # batch jobs the last stop cancelled
         self.engines: EngineSet | None = None
         self.world: World | None = None
         self.running = False
@@ -71,14 +90,19 @@ class Cluster:
             return self
         tic = time.perf_counter()
         launcher = launcher_for(self.config)
-        self._workdir = tempfile.mkdtemp(prefix="nbdist-")
+        self._workdir = tempfile.mkdtemp(prefix="nbdist-", dir=launcher.workdir_base())
         os.chmod(self._workdir, 0o700)
         try:
-            self.engines = EngineSet(self.config, launcher, self._workdir)
+            self.engines = EngineSet(self.config, launcher, self._workdir, progress=self.progress)
             ranks = self.engines.start()
             self.startup["engines"] = time.perf_counter() - tic
             self._form_world(ranks)
             self.startup["world"] = self.world.seconds if self.world else 0.0
+        except KeyboardInterrupt:
+            self.stop()
+            if self.cancelled:
+                self.progress(f"interrupted: cancelled Slurm job(s) {', '.join(self.cancelled)}")
+            raise
         except BaseException:
             self.stop()
             raise
@@ -136,7 +160,7 @@ class Cluster:
         global _CURRENT
         self.running = False
         if self.engines is not None:
-            self.engines.stop()
+            self.cancelled = self.engines.stop()
         if self._workdir:
             shutil.rmtree(self._workdir, ignore_errors=True)
             self._workdir = ""
@@ -201,6 +225,8 @@ class Cluster:
                 "rank": r.rank,
                 "engine_id": r.engine_id,
                 "host": r.host,
+                "node_rank": r.node_rank,
+                "local_rank": r.local_rank,
                 "pid": r.pid,
                 "device": f"cuda:{r.local_rank}" if self.backend == "nccl" else "cpu",
                 "cpus": _cpu_list(r.cpus),
@@ -281,6 +307,10 @@ class Cluster:
                 )
             except Exception as exc:
                 result.notes.append(f"rebuilding the process group failed ({exc}); run %dist_restart.")
+
+
+def _print_line(line: str) -> None:
+    print(line, flush=True)
 
 
 def _cpu_list(cpus: list[int] | None) -> str:

@@ -9,7 +9,8 @@ from dataclasses import dataclass, field
 from .errors import ConfigError
 
 BACKENDS = ("gloo", "nccl")
-LAUNCHER_NAMES = ("local", "slurm", "mpi")  # known names; launchers.LAUNCHERS says which run today
+LAUNCHER_NAMES = ("local", "slurm", "srun", "mpi")  # the names the CLI knows; launchers.LAUNCHERS runs them
+MULTI_HOST = ("slurm", "srun", "mpi")
 
 
 def did_you_mean(value: str, choices: tuple[str, ...] | list[str]) -> str:
@@ -83,6 +84,15 @@ class StartConfig:
     threads: int | None = None  # threads per rank (OMP_NUM_THREADS); None: cores // n
     cores: int | None = field(default=None)  # cores to plan for; None: this machine's
     pin: bool = True  # give each rank its own cores (when there are enough)
+    # Several hosts (launchers slurm, srun, mpi):
+    ip: str | None = None  # the address the controller listens on; None: the interface that routes to the nodes
+    nodes: int | None = None  # nodes to spread the ranks over (sbatch/srun --nodes)
+    partition: str | None = None  # sbatch --partition
+    time: str | None = None  # sbatch --time, e.g. "30" or "1:00:00"
+    account: str | None = None  # sbatch --account
+    gpus_per_node: int | None = None  # sbatch --gpus-per-node
+    sbatch_args: list[str] = field(default_factory=list)  # more sbatch options, e.g. ["--mem=8G"]
+    mpi_args: list[str] = field(default_factory=list)  # more mpiexec options, e.g. ["--hostfile", "hosts"]
 
     def __post_init__(self) -> None:
         if isinstance(self.n, bool) or not isinstance(self.n, int):
@@ -98,6 +108,7 @@ class StartConfig:
             raise ConfigError(f"backend {self.backend!r} is not known; {did_you_mean(self.backend, BACKENDS)}")
         if self.launcher not in LAUNCHER_NAMES:
             raise ConfigError(f"launcher {self.launcher!r} is not known; {did_you_mean(self.launcher, LAUNCHER_NAMES)}")
+        self._check_hosts()
         if not self.timeout or self.timeout <= 0:
             raise ConfigError(f"timeout ({self.timeout!r}) must be a positive number of seconds, such as 45.")
         if self.heartbeat_ms < 10:
@@ -105,9 +116,40 @@ class StartConfig:
         if self.watchdog is not None and self.watchdog <= 0:
             raise ConfigError(f"watchdog ({self.watchdog!r}) must be positive seconds, or None to turn it off.")
         if self.threads is None:
-            self.threads = default_threads(self.n, cores)
+            per_host = -(-self.n // self.nodes) if self.nodes else self.n
+            self.threads = default_threads(per_host if self.launcher in MULTI_HOST else self.n, cores)
         elif self.threads < 1:
             raise ConfigError(f"threads ({self.threads}) must be at least 1.")
+
+
+    def _check_hosts(self) -> None:
+        """Options for several hosts: each belongs to a launcher; name the launcher when misplaced."""
+        if self.launcher == "local" and self.ip not in (None, "127.0.0.1"):
+            raise ConfigError(
+                f"--ip {self.ip} is for launchers on several hosts; the local launcher listens on 127.0.0.1 "
+                "only. Use --launcher slurm, srun or mpi, or leave --ip out."
+            )
+        slurm_only = {
+            "--partition": self.partition,
+            "--time": self.time,
+            "--account": self.account,
+            "--gpus-per-node": self.gpus_per_node,
+            "--sbatch-arg": self.sbatch_args or None,
+        }
+        for flag, value in slurm_only.items():
+            if value is not None and self.launcher != "slurm":
+                raise ConfigError(
+                    f"{flag} {value!r} is an sbatch option; it needs --launcher slurm (this is {self.launcher!r})."
+                )
+        if self.mpi_args and self.launcher != "mpi":
+            raise ConfigError(f"--mpi-arg {self.mpi_args!r} needs --launcher mpi (this is {self.launcher!r}).")
+        if self.nodes is not None:
+            if self.launcher not in ("slurm", "srun"):
+                raise ConfigError(f"--nodes {self.nodes} needs --launcher slurm or srun (this is {self.launcher!r}).")
+            if not 1 <= self.nodes <= self.n:
+                raise ConfigError(f"--nodes {self.nodes} must be between 1 and the number of ranks ({self.n}).")
+        if self.gpus_per_node is not None and self.gpus_per_node < 0:
+            raise ConfigError(f"--gpus-per-node ({self.gpus_per_node}) must be 0 or more.")
 
 
 @dataclass(kw_only=True, slots=True)

@@ -7,12 +7,14 @@ here is addressed by rank. Processes are ended by pid, only those this set start
 
 from __future__ import annotations
 
+import glob
 import json
 import logging
 import os
 import pickle
 import signal
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -31,21 +33,31 @@ class RankInfo:
 
     rank: int
     engine_id: int
-    pid: int = 0
+    pid: int = 0  # on its host
     host: str = ""
+    addr: str = ""  # its address on the route to the controller (MASTER_ADDR when it is rank 0)
+    local: bool = True  # on this host, so its pid means something here
     local_rank: int = 0
     local_world_size: int = 1
+    node_rank: int = 0
     cuda_devices: int = 0
     cpus: list[int] | None = None  # the cores this rank is pinned to (None: not pinned)
+
+    def where(self) -> str:
+        """'engine 3' here, 'engine 3 on node2' when the rank runs on another host."""
+        return f"engine {self.engine_id}" + ("" if self.local else f" on {self.host}")
 
 
 class EngineSet:
     """The controller and engines behind one Cluster, with ranks 0..n-1."""
 
-    def __init__(self, config: StartConfig, launcher: Launcher, workdir: str) -> None:
+    def __init__(
+        self, config: StartConfig, launcher: Launcher, workdir: str, progress: Callable[[str], None] | None = None
+    ) -> None:
         self.config = config
         self.launcher = launcher
-        self.workdir = workdir  # private to this cluster (0700): profile, rank reports
+        self.workdir = workdir  # private to this cluster (0700): profile, rank reports, preflight notes
+        self.progress = progress or (lambda line: None)  # what a queued job is waiting for, now and then
         self.ranks: list[RankInfo] = []
         self.client: Any = None
         self._ipp: Any = None
@@ -61,9 +73,10 @@ class EngineSet:
         self._ipp = self.launcher.cluster(self.config, profile.location)
         self._ipp.start_controller_sync()
         self._ipp.start_engines_sync(self.config.n)
+        self._record_jobs()
         self.client = self._ipp.connect_client_sync()
         ids = self._wait_for_engines(self.config.n, known=set(), old_launchers=set())
-        self.ranks = [RankInfo(rank=i, engine_id=eid) for i, eid in enumerate(ids)]
+        self.ranks = [RankInfo(rank=i, engine_id=eid) for i, eid in enumerate(self._in_launch_order(ids))]
         return self.ranks
 
     def replace(self, ranks: list[int]) -> list[RankInfo]:
@@ -72,7 +85,8 @@ class EngineSet:
         known = set(self.client.ids) | {r.engine_id for r in self.ranks}
         old_launchers = {id(el) for el in self._launchers()}
         self._ipp.start_engines_sync(len(ranks))
-        new_ids = self._wait_for_engines(len(ranks), known, old_launchers)
+        self._record_jobs()
+        new_ids = self._in_launch_order(self._wait_for_engines(len(ranks), known, old_launchers))
         for rank, eid in zip(ranks, new_ids, strict=True):
             self.ranks[rank] = RankInfo(rank=rank, engine_id=eid)
         return [self.ranks[r] for r in ranks]
@@ -82,23 +96,81 @@ class EngineSet:
             return []
         out: list[Any] = []
         for engine_set in list(self._ipp.engines.values()):
-            out.extend(getattr(engine_set, "launchers", {}).values())
+            # A local engine set holds one launcher per engine; mpiexec, srun and sbatch sets are one each.
+            children = getattr(engine_set, "launchers", None)
+            out.extend(children.values() if children is not None else [engine_set])
         return out
+
+    def _in_launch_order(self, ids: list[int]) -> list[int]:
+        """Engine ids sorted by launch rank (SLURM_PROCID, the MPI rank), when the launcher gives one."""
+        if not self.launcher.rank_vars:
+            return ids
+        from .engine.runtime import launch_rank
+
+        ranks = self.client[ids].apply_sync(launch_rank, list(self.launcher.rank_vars))
+        order = sorted(range(len(ids)), key=lambda i: (ranks[i] is None, ranks[i] or 0, i))
+        return [ids[i] for i in order]
+
+    def _record_jobs(self) -> None:
+        """Write the batch job ids this set submitted where the controller finds them (it cancels them
+        if the kernel dies)."""
+        jobs = self.job_ids()
+        if jobs:
+            path = os.path.join(self.workdir, "jobs")
+            fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+            with os.fdopen(fd, "w") as fh:
+                fh.write("\n".join(jobs) + "\n")
+
+    def job_ids(self) -> list[str]:
+        """The batch jobs (Slurm job ids) this set submitted."""
+        return self.launcher.job_ids(self._launchers())
+
+    def _preflight_failures(self) -> list[str]:
+        """Lines engines wrote when they could not reach the controller (see engine/__main__.py)."""
+        lines = []
+        for path in sorted(glob.glob(os.path.join(self.workdir, "preflight-*.txt"))):
+            try:
+                with open(path) as fh:
+                    lines.append(fh.read().strip())
+            except OSError:
+                pass
+        return lines
 
     def _wait_for_engines(self, n: int, known: set[int], old_launchers: set[int]) -> list[int]:
         """Wait until n new engines registered; name the missing ranks if they don't (docs/faults.md, row 7).
 
         ``known`` are engine ids that existed before, ``old_launchers`` the ids of
         launcher objects that existed before this start (their exits are not news).
+        While a batch job waits in the queue the timeout does not run; the wait is
+        reported through ``progress`` and Ctrl-C ends it (the caller cancels the job).
         """
-        deadline = time.monotonic() + self.config.timeout
+        started = time.monotonic()
+        deadline = started + self.config.timeout
+        said, said_at, asked_at = "", 0.0, 0.0
+        finished: list[Any] = []
         while True:
             new = sorted(set(self.client.ids) - known)
             if len(new) >= n:
                 return new[:n]
-            exited = [el for el in self._launchers() if id(el) not in old_launchers and procs.exited(el)]
-            # An engine that exited will never register; report once the others have.
-            if (exited and len(new) >= n - len(exited)) or time.monotonic() > deadline:
+            launchers = [el for el in self._launchers() if id(el) not in old_launchers]
+            failures = self._preflight_failures()
+            if failures:
+                raise ClusterError(failures[0])
+            now = time.monotonic()
+            if self.launcher.multi_host and now - asked_at >= 1.0:
+                asked_at = now
+                finished = self.launcher.finished(launchers)
+                waiting = self.launcher.waiting(launchers)
+                if waiting:
+                    deadline = max(deadline, now + self.config.timeout)
+                    if now - started >= 2 and (waiting != said or now - said_at >= 15):
+                        self.progress(f"{waiting}; waited {now - started:.0f} s (Ctrl-C cancels it)")
+                        said, said_at = waiting, now
+            exited = [el for el in launchers if procs.exited(el) or el in finished]
+            # An engine that exited will never register; report once the others have. One launcher
+            # of several hosts (mpiexec, srun, a job) carries every engine: its exit ends the wait.
+            enough = self.launcher.multi_host or len(new) >= n - len(exited)
+            if (exited and enough) or time.monotonic() > deadline:
                 missing = n - len(new)
                 first_missing = len(self.ranks) if known else len(new)
                 names = ", ".join(str(first_missing + i) for i in range(missing))
@@ -107,7 +179,8 @@ class EngineSet:
                     if exited
                     else f"they did not register within {self.config.timeout:.0f} s"
                 )
-                tail = _log_tail(getattr(exited[0], "output_file", "")) if exited else ""
+                logs = exited or (launchers if self.launcher.multi_host else [])
+                tail = _log_tail(getattr(logs[0], "output_file", "")) if logs else ""
                 raise ClusterError(
                     f"{missing} of {n} engine(s) did not start, so rank(s) {names} have no engine: {why}."
                     + (f" Engine log: {tail}" if tail else "")
@@ -116,27 +189,41 @@ class EngineSet:
             time.sleep(0.02)
 
     def kill(self, ranks: list[int]) -> None:
-        """End the engines of these ranks by pid (only processes this set started); wait until they left."""
-        ours = {el.pid for el in self._launchers() if getattr(el, "pid", None)}
-        procs.kill([self.ranks[r].pid for r in ranks if self.ranks[r].pid in ours])
-        deadline = time.monotonic() + 5
+        """End the engines of these ranks (only processes this set started); wait until they left.
+
+        Here by pid; on other hosts through ipyparallel's nanny, which kills the engine it started.
+        """
+        ours = set(self.pids())
+        procs.kill([self.ranks[r].pid for r in ranks if self.ranks[r].local and self.ranks[r].pid in ours])
+        self._remote_signal([r for r in ranks if not self.ranks[r].local], signal.SIGKILL)
+        deadline = time.monotonic() + 10
         gone = {self.ranks[r].engine_id for r in ranks}
         while gone & set(self.client.ids) and time.monotonic() < deadline:
             time.sleep(0.02)
 
     def signal(self, ranks: list[int], sig: int = signal.SIGINT) -> None:
-        """Send a signal to the engines of these ranks (by pid: the engines run on this host)."""
+        """Send a signal to the engines of these ranks (by pid here; through the nanny on other hosts)."""
         for rank in ranks:
             pid = self.ranks[rank].pid
-            if pid:
+            if pid and self.ranks[rank].local:
                 try:
                     os.kill(pid, sig)
                 except ProcessLookupError:
                     pass
+        self._remote_signal([r for r in ranks if not self.ranks[r].local], sig)
+
+    def _remote_signal(self, ranks: list[int], sig: int) -> None:
+        live = set(self.client.ids) if self.client is not None else set()
+        targets = [self.ranks[r].engine_id for r in ranks if self.ranks[r].engine_id in live]
+        if targets:
+            try:
+                self.client.send_signal(int(sig), targets=targets, block=True)
+            except Exception as exc:  # the engine (or its host) is gone
+                log.debug("signal %s to engines %s failed: %s", sig, targets, exc)
 
     def pids(self) -> list[int]:
-        """Process ids of the controller and engines this set started, and their children."""
-        pids = [r.pid for r in self.ranks if r.pid]
+        """Process ids, on this host, of the controller and engines this set started, and their children."""
+        pids = [r.pid for r in self.ranks if r.pid and r.local]
         if self._ipp is not None:
             pids.extend(el.pid for el in self._launchers() if getattr(el, "pid", None))
             controller = self._ipp.controller
@@ -144,9 +231,11 @@ class EngineSet:
                 pids.append(controller.pid)
         return sorted(set(pids) | procs.descendants(pids))
 
-    def stop(self) -> None:
-        """Stop every engine and the controller (through ipyparallel, then by pid)."""
+    def stop(self) -> list[str]:
+        """Stop every engine and the controller (through ipyparallel, then by pid); cancel the batch jobs
+        this set submitted (by id). Returns those job ids."""
         pids = self.pids()
+        jobs = self.job_ids()
         if self.client is not None:
             try:
                 self.client.close(linger=0)
@@ -159,7 +248,9 @@ class EngineSet:
             except Exception as exc:
                 log.warning("ipyparallel stop failed (%s); ending processes by pid", exc)
             self._ipp = None
+        self.launcher.cancel(jobs)
         procs.reap(pids)
+        return jobs
 
     # ------------------------------------------------------------------ state
 
@@ -168,7 +259,9 @@ class EngineSet:
         if self.client is None:
             return [r.rank for r in self.ranks]
         live = set(self.client.ids)
-        return [r.rank for r in self.ranks if r.engine_id not in live or (r.pid and not procs.alive(r.pid))]
+        return [
+            r.rank for r in self.ranks if r.engine_id not in live or (r.local and r.pid and not procs.alive(r.pid))
+        ]
 
     def states(self) -> dict[int, RankState]:
         """Each rank's state now: dead, busy (running or queued work) or idle."""

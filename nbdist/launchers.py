@@ -2,9 +2,9 @@
 
 A launcher turns a StartConfig into an ``ipyparallel.Cluster`` (its controller and engine-set
 launchers, the address the controller binds, the environment of the processes) and says
-where rank 0's rendezvous store listens. ``EngineSet`` uses whatever ``launcher_for``
-returns; a launcher for several hosts (ipyparallel's Slurm and MPI engine sets) is a new
-class registered in ``LAUNCHERS``, with no change to ``Cluster`` or ``EngineSet``.
+where rank 0's rendezvous store listens. ``Launcher`` holds the defaults for one host and
+``LocalLauncher`` runs everything here on 127.0.0.1; the launchers for several hosts
+(ipyparallel's Slurm and MPI engine sets) are in hosts.py, with ``launcher_for``.
 """
 
 from __future__ import annotations
@@ -12,30 +12,57 @@ from __future__ import annotations
 import logging
 import os
 import sys
-from typing import Any, Protocol
+from typing import Any
 
 from .config import StartConfig
-from .errors import ConfigError
+from .net import LOOPBACK
 from .pool import ENGINE_CMD, WarmEngineSetLauncher
 
-LOOPBACK = "127.0.0.1"
 # ipyparallel logs every engine's whole output at WARNING when it stops an engine;
 # nbdist reports failures itself, so only ipyparallel's errors get through.
 IPP_LOG = logging.getLogger("nbdist.ipyparallel")
 IPP_LOG.setLevel(logging.ERROR)
 
 
-class Launcher(Protocol):
-    name: str
+class Launcher:
+    """How a cluster's processes start. Defaults describe one host; launchers for several override them."""
+
+    name = ""
+    multi_host = False  # engines may run on other hosts: no local pids, signals go through ipyparallel
+    rank_vars: tuple[str, ...] = ()  # env vars that carry each engine's launch rank (SLURM_PROCID, ...)
 
     def cluster(self, config: StartConfig, profile_dir: str) -> Any:
         """An ipyparallel.Cluster, configured but not started, for ``config.n`` engines."""
+        raise NotImplementedError
 
-    def master_address(self, rank0_host: str) -> str:
-        """The address rank 0's rendezvous store binds and every rank connects to."""
+    def master_address(self, rank0_addr: str) -> str:
+        """The address rank 0's rendezvous store binds and every rank connects to.
+
+        ``rank0_addr`` is rank 0's own address on the route to the controller.
+        """
+        return LOOPBACK
+
+    def workdir_base(self) -> str | None:
+        """Where the cluster's private directory goes (None: the temp dir); several hosts need a shared one."""
+        return None
+
+    def waiting(self, engine_launchers: list[Any]) -> str:
+        """Why engines are not running yet (a job pending in a queue), in words; '' when nothing waits."""
+        return ""
+
+    def job_ids(self, engine_launchers: list[Any]) -> list[str]:
+        """The batch jobs these engine launchers submitted."""
+        return []
+
+    def finished(self, engine_launchers: list[Any]) -> list[Any]:
+        """Engine launchers whose batch job has left the queue (its engines will never register)."""
+        return []
+
+    def cancel(self, job_ids: list[str]) -> None:
+        """Cancel these batch jobs (after ipyparallel's own stop: nothing of them may outlive the cluster)."""
 
 
-class LocalLauncher:
+class LocalLauncher(Launcher):
     """Controller and engines on this machine, all on 127.0.0.1; engines served warm when they can be."""
 
     name = "local"
@@ -67,10 +94,6 @@ class LocalLauncher:
             c[klass].environment = dict(env)
         return cluster
 
-    def master_address(self, rank0_host: str) -> str:
-        return LOOPBACK
-
-
 def process_env(config: StartConfig) -> dict[str, str]:
     """Environment of the controller and engines: the kernel to watch, threads per rank, unbuffered output."""
     return {
@@ -79,18 +102,3 @@ def process_env(config: StartConfig) -> dict[str, str]:
         "NUMBA_NUM_THREADS": str(config.threads),
         "PYTHONUNBUFFERED": "1",
     }
-
-
-LAUNCHERS: dict[str, type] = {"local": LocalLauncher}
-
-
-def launcher_for(config: StartConfig) -> Launcher:
-    """The launcher for ``config.launcher``; a clear error for names nbdist knows but cannot run yet."""
-    klass = LAUNCHERS.get(config.launcher)
-    if klass is None:
-        raise ConfigError(
-            f"launcher {config.launcher!r} is not yet supported; use --launcher local "
-            "(multi-node launchers go through ipyparallel's Slurm/MPI launchers in a later release)."
-        )
-    launcher: Launcher = klass()
-    return launcher

@@ -9,6 +9,7 @@ all_reduce. ``build_world`` returns a ``World``; it changes nothing else.
 
 from __future__ import annotations
 
+import socket
 import time
 from dataclasses import dataclass
 
@@ -34,6 +35,15 @@ def plan_cpus(allowed: list[int], local_rank: int, local_world_size: int) -> lis
     if per < 1:
         return None
     return sorted(allowed)[local_rank * per : (local_rank + 1) * per]
+
+
+def plan_node_ranks(hosts: list[str]) -> list[int]:
+    """NODE_RANK of each rank: hosts numbered in the order their first rank appears (SLURM_NODEID
+    for Slurm's block distribution)."""
+    order: dict[str, int] = {}
+    for host in hosts:
+        order.setdefault(host, len(order))
+    return [order[h] for h in hosts]
 
 
 def plan_local_ranks(hosts: list[str]) -> list[tuple[int, int]]:
@@ -64,20 +74,24 @@ def choose_backend(requested: str | None, cuda_devices: list[int], local_ranks: 
 def configure_ranks(engines: EngineSet, ranks: list[RankInfo], *, pin: bool, timeout: float) -> str:
     """Give these ranks' engines their rank env, threads, cores and watcher; return MASTER_ADDR.
 
-    Fills in each RankInfo's pid, host, GPU count, local rank and cores.
+    Fills in each RankInfo's pid, host, address, GPU count, local and node rank, and cores.
+    LOCAL_RANK is a rank's position among the ranks on its host (SLURM_LOCALID for a Slurm launch).
     """
     config = engines.config
     infos = engines.client[[r.engine_id for r in ranks]].apply_sync(runtime.local_info)
     allowed = {}
+    here = socket.gethostname()
     for r, info in zip(ranks, infos, strict=True):
-        r.pid, r.host, r.cuda_devices = info["pid"], info["host"], info["cuda_devices"]
+        r.pid, r.host, r.cuda_devices, r.addr = info["pid"], info["host"], info["cuda_devices"], info["addr"]
+        r.local = r.host == here
         allowed[r.rank] = info["cpus"]
     every = engines.ranks
-    for r, (local_rank, local_size) in zip(every, plan_local_ranks([r.host for r in every]), strict=True):
-        r.local_rank, r.local_world_size = local_rank, local_size
+    hosts = [r.host for r in every]
+    for r, (local_rank, local_size), node in zip(every, plan_local_ranks(hosts), plan_node_ranks(hosts), strict=True):
+        r.local_rank, r.local_world_size, r.node_rank = local_rank, local_size, node
     for r in ranks:
         r.cpus = plan_cpus(allowed[r.rank], r.local_rank, r.local_world_size) if pin else None
-    master_addr = engines.launcher.master_address(every[0].host)
+    master_addr = engines.launcher.master_address(every[0].addr)
     futures = [
         engines.apply(
             r.rank,
@@ -90,6 +104,8 @@ def configure_ranks(engines: EngineSet, ranks: list[RankInfo], *, pin: bool, tim
             threads=config.threads,
             report_dir=engines.workdir,
             cpus=r.cpus,
+            node_rank=r.node_rank,
+            interface=engines.launcher.multi_host,
         )
         for r in ranks
     ]

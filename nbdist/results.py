@@ -85,6 +85,7 @@ class RankResult:
     result: dict[str, Any] | None = None
     error: dict[str, Any] | None = None  # ename, evalue, traceback, line (see remote_error)
     wall_s: float | None = None
+    host: str = ""  # set when the rank runs on another host than the notebook
 
     def __post_init__(self) -> None:
         self.status = RankStatus(self.status)
@@ -95,7 +96,7 @@ class RankResult:
         ename, evalue = err.get("ename", str(self.status)), err.get("evalue", "")
         line = err.get("line")
         where = f" in cell line {line}" if line else ""
-        who = f"rank {self.rank} (engine {self.engine_id})"
+        who = f"rank {self.rank} (engine {self.engine_id}{' on ' + self.host if self.host else ''})"
         summary = {
             RankStatus.DEAD: f"{who} died while running the cell: {evalue}",
             RankStatus.INTERRUPTED: f"{who} was interrupted{where}",

@@ -78,7 +78,7 @@ def execute(
     dead = [r for r in engines.dead_ranks() if r in cfg.ranks]
     if dead:
         raise ClusterError(
-            f"rank {dead[0]} (engine {engines.ranks[dead[0]].engine_id}) is dead; "
+            f"rank {dead[0]} ({engines.ranks[dead[0]].where()}) is dead; "
             "run %dist_restart (or cluster.restart()) to bring the world back."
         )
     if sink is None:
@@ -245,7 +245,8 @@ class Watch:
         for i, child in enumerate(self.children):
             rank = self.ranks[i]
             md = child.output.metadata
-            rr = RankResult(rank=rank, engine_id=self.engines.ranks[rank].engine_id)
+            info = self.engines.ranks[rank]
+            rr = RankResult(rank=rank, engine_id=info.engine_id, host="" if info.local else info.host)
             rr.stdout, rr.stderr = md.get("stdout") or "", md.get("stderr") or ""
             rr.outputs = list(md.get("outputs") or [])
             rr.result = md.get("execute_result")

@@ -13,13 +13,14 @@ from __future__ import annotations
 import os
 import threading
 import time
+from collections.abc import Callable
 
 ENV = "NBDIST_PARENT_PID"
 _FORK_HOOK = False
 
 
-def watch_parent(interval: float = 0.5) -> threading.Thread | None:
-    """Start a daemon thread that exits this process when its parent dies.
+def watch_parent(interval: float = 0.5, on_exit: Callable[[], None] | None = None) -> threading.Thread | None:
+    """Start a daemon thread that exits this process when its parent dies (after ``on_exit``).
 
     Does nothing when NBDIST_PARENT_PID is unset or is not our parent (for example
     when a batch system started us on another host).
@@ -34,19 +35,24 @@ def watch_parent(interval: float = 0.5) -> threading.Thread | None:
     if not _FORK_HOOK:
         os.register_at_fork(after_in_child=_watch_in_forked_child)
         _FORK_HOOK = True
-    return _start(parent, interval)
+    return _start(parent, interval, on_exit)
 
 
 def _watch_in_forked_child() -> None:
     os.environ[ENV] = str(os.getppid())
-    _start(os.getppid(), 0.5)
+    _start(os.getppid(), 0.5, None)
 
 
-def _start(parent: int, interval: float) -> threading.Thread:
+def _start(parent: int, interval: float, on_exit: Callable[[], None] | None) -> threading.Thread:
     def _watch() -> None:
         while True:
             time.sleep(interval)
             if os.getppid() != parent:
+                if on_exit is not None:
+                    try:
+                        on_exit()
+                    except Exception:
+                        pass
                 _end_children()
                 os._exit(70)
 

@@ -24,7 +24,7 @@ import time
 import traceback
 from typing import Any
 
-from .. import compat
+from .. import compat, net
 
 # One dict of state per engine process; plain values so it is easy to inspect.
 STATE: dict[str, Any] = {
@@ -54,9 +54,22 @@ def configure(
     report_dir: str,
     abort_after: float = 0.3,
     cpus: list[int] | None = None,
+    node_rank: int = 0,
+    interface: bool = False,
 ) -> dict[str, Any]:
-    """Give this engine its rank: env vars, thread count, cores, watcher, cell hooks."""
+    """Give this engine its rank: env vars, thread count, cores, watcher, cell hooks.
+
+    ``interface``: ranks on several hosts; gloo and NCCL use the interface this engine
+    reaches the controller through (GLOO_SOCKET_IFNAME, NCCL_SOCKET_IFNAME), unless set.
+    Without it gloo uses the address the host name resolves to, often 127.0.1.1.
+    """
     os.environ.update(rank_env(rank, world_size, local_rank, local_world_size, master_addr, threads))
+    os.environ["NODE_RANK"] = os.environ["GROUP_RANK"] = str(node_rank)
+    if interface:
+        name = net.interface_of(_address())
+        for var in ("GLOO_SOCKET_IFNAME", "NCCL_SOCKET_IFNAME"):
+            if name and not os.environ.get(var):
+                os.environ[var] = name
     import torch
 
     pin(cpus)  # before the process group starts gloo's threads, so they inherit it
@@ -89,13 +102,34 @@ def rank_env(
     }
 
 
+def launch_rank(names: list[str]) -> int | None:
+    """This engine's rank in its launch (SLURM_PROCID, the MPI rank): the first of these env vars set."""
+    for name in names:
+        value = os.environ.get(name, "")
+        if value.isdigit():
+            return int(value)
+    return None
+
+
+def _address() -> str:
+    """This host's address on the route to the controller (loopback when the controller is local)."""
+    controller = os.environ.get("NBDIST_CONTROLLER_IP", "")
+    if not controller or controller.startswith("127."):
+        return net.LOOPBACK
+    try:
+        return net.route_source(controller)
+    except OSError:
+        return net.LOOPBACK
+
+
 def local_info() -> dict[str, Any]:
-    """pid, host and GPU count of this engine (before it has a rank)."""
+    """pid, host, address and GPU count of this engine (before it has a rank)."""
     import torch
 
     return {
         "pid": os.getpid(),
         "host": socket.gethostname(),
+        "addr": _address(),
         "cuda_devices": torch.cuda.device_count() if torch.cuda.is_available() else 0,
         "cpus": sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else [],
     }
@@ -143,6 +177,14 @@ def join_world(*, master_addr: str, port: int, backend: str, timeout: float, pg_
     rank, world_size = STATE["rank"], STATE["world_size"]
     os.environ["MASTER_PORT"] = str(port)
     os.environ["MASTER_ADDR"] = master_addr
+    if rank != 0 and not master_addr.startswith("127."):
+        reason = net.connect_error(master_addr, port, timeout=min(timeout, 10.0))
+        if reason:
+            raise ConnectionError(
+                f"{socket.gethostname()} cannot reach MASTER_ADDR {master_addr}:{port} ({reason}): "
+                f"{net.likely_fix(reason)}; open the port range between the nodes, or start with --ip on "
+                "the interface the nodes share."
+            )
     if rank != 0 or STATE["store"] is None:
         STATE["store"] = TCPStore(
             master_addr,

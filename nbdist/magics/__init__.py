@@ -18,7 +18,10 @@ from ..config import BACKENDS, LAUNCHER_NAMES, did_you_mean
 from ..errors import ClusterError, ConfigError, NbdistError, RankError
 
 USAGE = {
-    "dist_start": "%dist_start [-n N] [--backend gloo|nccl] [--launcher local|slurm|mpi] [--timeout S]",
+    "dist_start": (
+        "%dist_start [-n N] [--backend gloo|nccl] [--launcher local|slurm|srun|mpi] [--timeout S] [--nodes K] "
+        "[--partition P] [--time T] [--account A] [--gpus-per-node G] [--sbatch-arg ARG] [--mpi-arg ARG] [--ip ADDR]"
+    ),
     "distributed": "%%distributed [--ranks SPEC] [--timeout S] [--noblock] [--quiet]",
     "rank": "%%rank SPEC [--timeout S] [--noblock] [--quiet]   (SPEC: 0, 0,2 or 1-3)",
     "dist_restart": "%dist_restart [--ranks SPEC]",
@@ -52,12 +55,24 @@ class DistMagics(Magics):
     # ---------------------------------------------------------------- lifecycle
 
     @magic_arguments()
-    @argument("-n", type=int, default=2, help="number of ranks (default 2)")
+    @argument("-n", type=int, default=None, help="number of ranks (default 2; in a Slurm allocation: its tasks)")
     @argument("--backend", default=None, help="gloo or nccl (default: nccl when every rank has a GPU)")
-    @argument("--launcher", default="local", help="local (slurm and mpi come later)")
+    @argument(
+        "--launcher",
+        default=None,
+        help="local (default), slurm (sbatch a job), srun (inside an allocation; the default there without -n), mpi",
+    )
     @argument("--timeout", type=float, default=45.0, help="seconds to wait for the world to form")
     @argument("--oversubscribe", action="store_true", help="allow more ranks than cores")
     @argument("--no-pin", action="store_true", help="let every rank run on every core (default: each rank its own)")
+    @argument("--nodes", type=int, default=None, help="nodes to spread the ranks over (slurm, srun)")
+    @argument("--partition", default=None, help="Slurm partition (slurm)")
+    @argument("--time", default=None, help="Slurm time limit, e.g. 30 or 1:00:00 (slurm)")
+    @argument("--account", default=None, help="Slurm account (slurm)")
+    @argument("--gpus-per-node", type=int, default=None, help="GPUs per node (slurm)")
+    @argument("--sbatch-arg", action="append", default=[], help="one more sbatch option, e.g. --sbatch-arg=--mem=8G")
+    @argument("--mpi-arg", action="append", default=[], help="one more mpiexec option (mpi)")
+    @argument("--ip", default=None, help="address the controller listens on (default: the one that reaches the nodes)")
     @line_magic
     def dist_start(self, line: str = "") -> None:
         """Start n ranked engines with an initialised torch.distributed world."""
@@ -79,13 +94,25 @@ class DistMagics(Magics):
                 timeout=args.timeout,
                 oversubscribe=args.oversubscribe,
                 pin=not args.no_pin,
+                nodes=args.nodes,
+                partition=args.partition,
+                time=args.time,
+                account=args.account,
+                gpus_per_node=args.gpus_per_node,
+                sbatch_args=args.sbatch_arg,
+                mpi_args=args.mpi_arg,
+                ip=args.ip,
             )
         except ConfigError as exc:
             raise UsageError(str(exc)) from None
         except ClusterError as exc:
             raise UsageError(str(exc)) from None
+        if cluster.chosen:
+            print(cluster.chosen)
+        hosts = sorted({r.host for r in cluster.ranks})
+        where = f" on {len(hosts)} hosts ({', '.join(hosts)})" if len(hosts) > 1 else ""
         print(
-            f"{cluster.world_size} ranks ready, backend {cluster.backend}, "
+            f"{cluster.world_size} ranks ready{where}, backend {cluster.backend}, "
             f"in {cluster.startup['total']:.1f} s; torch and dist (torch.distributed) are imported on every rank. "
             "Run cells on them with %%distributed."
         )
@@ -157,7 +184,8 @@ class DistMagics(Magics):
             print("no cluster is running")
             return
         cluster.stop()
-        print("cluster stopped")
+        jobs = f"; cancelled Slurm job(s) {', '.join(cluster.cancelled)}" if cluster.cancelled else ""
+        print(f"cluster stopped{jobs}")
 
     # ---------------------------------------------------------------- running code
 

@@ -1,0 +1,299 @@
+"""Launchers for ranks on several hosts, all on ipyparallel's own engine-set launchers; and ``launcher_for``.
+
+- ``slurm``: the engines are one ``sbatch`` job (ipyparallel's ``SlurmEngineSetLauncher``,
+  its template extended with --nodes, --time, --gpus-per-node, ...);
+- ``srun``: inside an allocation (``salloc``, a batch job, batchspawner) the engines are one
+  ``srun --overlap`` step (ipyparallel's ``MPIEngineSetLauncher`` with srun as its mpiexec);
+- ``mpi``: ``mpiexec`` (ipyparallel's ``MPIEngineSetLauncher``).
+
+The controller always runs beside the kernel. It listens on the address that routes to
+the nodes (or ``--ip``), never on every interface; engines read its 0600 connection file
+from the cluster's private directory, which must be visible from the nodes (the home
+directory, or ``$NBDIST_WORKDIR``). Ranks follow the launch rank (SLURM_PROCID, the MPI
+rank), not the order in which engines registered.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import sys
+import tempfile
+from typing import Any
+
+from . import net, slurm
+from .config import StartConfig
+from .errors import ConfigError
+from .launchers import IPP_LOG, Launcher, LocalLauncher, process_env
+from .pool import ENGINE_CMD
+
+# Engines end when the controller's heartbeat stops for HB_MISSES checks of (period + 0.5 s):
+# about 12 s after the kernel (and so the controller) is gone.
+HB_MISSES = 20
+SBATCH_TEMPLATE = """#!/bin/sh
+#SBATCH --job-name=nbdist-{cluster_id}
+#SBATCH --ntasks={n}
+#SBATCH --output={output_file}
+#SBATCH --export=ALL
+%(options)s
+exec srun --kill-on-bad-exit=0 {program_and_args}
+"""
+
+
+def _engine_launchers() -> tuple[type, type]:
+    """ipyparallel's Slurm and MPI engine sets, extended (imported late: ipyparallel is slow to import)."""
+    from ipyparallel.cluster.launcher import MPIEngineSetLauncher, SlurmEngineSetLauncher
+    from traitlets import Integer, List, Unicode
+
+    class SbatchEngines(SlurmEngineSetLauncher):  # type: ignore[misc]
+        """One sbatch job of n engines; --nodes shrinks for a job of fewer engines (a restart)."""
+
+        nodes = Integer(0, config=True)
+        sbatch_options = List(Unicode(), config=True)
+
+        def write_batch_script(self, n: int = 1) -> None:
+            lines = [f"#SBATCH {opt}" for opt in self.sbatch_options]
+            if self.nodes:
+                lines.append(f"#SBATCH --nodes={min(self.nodes, n)}")
+            escaped = "\n".join(lines).replace("{", "{{").replace("}", "}}")
+            self.batch_template = SBATCH_TEMPLATE % {"options": escaped}
+            super().write_batch_script(n)
+
+    class StepEngines(MPIEngineSetLauncher):  # type: ignore[misc]
+        """mpiexec, or srun, with --nodes no larger than the number of engines."""
+
+        nodes = Integer(0, config=True)
+
+        def find_args(self) -> list[str]:
+            args: list[str] = super().find_args()
+            if self.nodes:
+                args.insert(len(self.mpi_cmd), f"--nodes={min(self.nodes, self.n)}")
+            return args
+
+    return SbatchEngines, StepEngines
+
+
+class _ManyHosts(Launcher):
+    """What the launchers for several hosts share: the controller's address, its environment, a shared dir."""
+
+    multi_host = True
+    rank_vars: tuple[str, ...] = ("SLURM_PROCID",)
+
+    def __init__(self) -> None:
+        self.ip = ""
+
+    def node_addresses(self, config: StartConfig) -> list[str]:
+        """Addresses of the nodes engines may run on (to find the interface that reaches them)."""
+        return []
+
+    def controller_ip(self, config: StartConfig) -> str:
+        """``--ip`` when given (checked to be this host's), else this host's address on the route to the nodes."""
+        if config.ip:
+            if not net.is_local(config.ip):
+                raise ConfigError(
+                    f"--ip {config.ip} is not an address of this host; use one of: {net.describe()}."
+                )
+            return config.ip
+        addrs = self.node_addresses(config)
+        for addr in addrs:
+            try:
+                return net.route_source(socket.gethostbyname(addr))
+            except OSError:
+                continue
+        if not addrs:
+            return net.LOOPBACK  # every engine runs on this host
+        raise ConfigError(
+            f"no interface of this host routes to the nodes ({', '.join(addrs)}); name the one they reach "
+            f"with --ip (this host has: {net.describe()})."
+        )
+
+    def cluster(self, config: StartConfig, profile_dir: str) -> Any:
+        import ipyparallel as ipp
+
+        self.ip = self.controller_ip(config)
+        workdir = os.path.dirname(profile_dir)
+        cluster = ipp.Cluster(
+            profile_dir=profile_dir,
+            n=config.n,
+            delay=0,
+            send_engines_connection_env=False,  # engines read the 0600 connection file, not an env var
+            engine_timeout=int(config.timeout),
+            controller_ip=self.ip,
+            controller_args=["--usethreads", f"--HeartMonitor.period={config.heartbeat_ms}"],
+            controller="Local",
+            engines=self.engine_set(),
+            log=IPP_LOG,
+            load_profile=False,
+        )
+        env = process_env(config)
+        env.update(
+            NBDIST_CONTROLLER_IP=self.ip,
+            NBDIST_WORKDIR=workdir,
+            NBDIST_RANK_VARS=",".join(self.rank_vars),
+        )
+        c = cluster.config
+        c.LocalControllerLauncher.controller_cmd = [sys.executable, "-m", "nbdist.engine.controller"]
+        c.LocalControllerLauncher.environment = dict(env, NBDIST_JOBS_FILE=os.path.join(workdir, "jobs"))
+        klass = self.engine_set().__name__
+        c[klass].engine_cmd = list(ENGINE_CMD)
+        # The nanny (ipyparallel's default) carries signals to engines on other hosts.
+        c[klass].engine_args = [f"--IPEngine.max_heartbeat_misses={HB_MISSES}"]
+        c[klass].environment = env
+        self.configure_engines(c[klass], config)
+        return cluster
+
+    def engine_set(self) -> type:
+        raise NotImplementedError
+
+    def configure_engines(self, c: Any, config: StartConfig) -> None:
+        """Set the engine-set launcher's own options."""
+
+    def master_address(self, rank0_addr: str) -> str:
+        return rank0_addr
+
+    def workdir_base(self) -> str | None:
+        base = os.environ.get("NBDIST_WORKDIR") or os.path.join(os.path.expanduser("~"), ".nbdist")
+        os.makedirs(base, mode=0o700, exist_ok=True)
+        return base
+
+
+class SlurmLauncher(_ManyHosts):
+    """Engines as one sbatch job; the controller stays with the kernel."""
+
+    name = "slurm"
+
+    def engine_set(self) -> type:
+        return _engine_launchers()[0]
+
+    def node_addresses(self, config: StartConfig) -> list[str]:
+        return slurm.node_addresses(partition=config.partition)
+
+    def configure_engines(self, c: Any, config: StartConfig) -> None:
+        options = [f"--time={config.time}"] if config.time else []
+        if config.account:
+            options.append(f"--account={config.account}")
+        if config.partition:
+            options.append(f"--partition={config.partition}")
+        if config.gpus_per_node:
+            options.append(f"--gpus-per-node={config.gpus_per_node}")
+        c.sbatch_options = options + list(config.sbatch_args)
+        c.nodes = config.nodes or 0
+
+    def job_ids(self, engine_launchers: list[Any]) -> list[str]:
+        return [str(el.job_id) for el in engine_launchers if getattr(el, "job_id", "")]
+
+    def cancel(self, job_ids: list[str]) -> None:
+        slurm.cancel(job_ids)
+
+    def finished(self, engine_launchers: list[Any]) -> list[Any]:
+        states = slurm.job_states(self.job_ids(engine_launchers))
+        return [el for el in engine_launchers if getattr(el, "job_id", "") and str(el.job_id) not in states]
+
+    def waiting(self, engine_launchers: list[Any]) -> str:
+        states = slurm.job_states(self.job_ids(engine_launchers))
+        pending = [f"Slurm job {job} {state}" for job, state in states.items() if state.startswith("PENDING")]
+        return "; ".join(pending)
+
+
+class SrunLauncher(_ManyHosts):
+    """Inside an allocation: engines as one ``srun --overlap`` step of the kernel's own job."""
+
+    name = "srun"
+
+    def engine_set(self) -> type:
+        return _engine_launchers()[1]
+
+    def node_addresses(self, config: StartConfig) -> list[str]:
+        alloc = slurm.allocation()
+        if alloc is None:
+            raise ConfigError(
+                "--launcher srun runs engines inside this kernel's Slurm allocation, but SLURM_JOB_ID is not set; "
+                "start the notebook inside salloc/sbatch, or use --launcher slurm to submit a job."
+            )
+        return slurm.node_addresses(nodes=list(alloc.nodes)) or list(alloc.nodes)
+
+    def configure_engines(self, c: Any, config: StartConfig) -> None:
+        # Without --overlap the step waits behind the notebook's own step and hangs without a word.
+        c.mpi_cmd = ["srun"]
+        c.mpi_args = ["--overlap", "--kill-on-bad-exit=0"]
+        c.nodes = config.nodes or 0
+
+    def waiting(self, engine_launchers: list[Any]) -> str:
+        for el in engine_launchers:
+            text = el.get_output(remove=False) if hasattr(el, "get_output") else ""
+            for line in reversed(text.splitlines()):
+                if "step creation" in line or "nodes are busy" in line or "Requested node" in line:
+                    return f"srun is waiting for the allocation: {line.strip()}"
+        return ""
+
+
+class MpiLauncher(_ManyHosts):
+    """Engines through mpiexec; rank = MPI rank."""
+
+    name = "mpi"
+    rank_vars = ("OMPI_COMM_WORLD_RANK", "PMIX_RANK", "PMI_RANK")
+
+    def engine_set(self) -> type:
+        return _engine_launchers()[1]
+
+    def node_addresses(self, config: StartConfig) -> list[str]:
+        args = list(config.mpi_args)
+        for flag in ("--hostfile", "-hostfile", "--machinefile", "-machinefile"):
+            if flag in args and args.index(flag) + 1 < len(args):
+                with open(args[args.index(flag) + 1]) as fh:
+                    return [line.split()[0] for line in fh if line.strip() and not line.startswith("#")]
+        for flag in ("--host", "-host", "-H"):
+            if flag in args and args.index(flag) + 1 < len(args):
+                return [h.split(":")[0] for h in args[args.index(flag) + 1].split(",")]
+        return []
+
+    def configure_engines(self, c: Any, config: StartConfig) -> None:
+        c.mpi_cmd = ["mpiexec"]
+        c.mpi_args = list(config.mpi_args)
+        env = dict(c.environment)
+        if os.geteuid() == 0:  # Open MPI refuses root unless told twice
+            env.update(OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1")
+        if config.oversubscribe or config.n > (os.cpu_count() or 1):
+            env["OMPI_MCA_rmaps_base_oversubscribe"] = "1"
+        c.environment = env
+
+
+def launcher_for(config: StartConfig) -> Launcher:
+    """The launcher named by ``config.launcher``."""
+    launchers: dict[str, type[Launcher]] = {
+        "local": LocalLauncher,
+        "slurm": SlurmLauncher,
+        "srun": SrunLauncher,
+        "mpi": MpiLauncher,
+    }
+    klass = launchers.get(config.launcher)
+    if klass is None:
+        raise ConfigError(f"launcher {config.launcher!r} is not known; use --launcher local, slurm, srun or mpi.")
+    return klass()
+
+
+def default_launch(n: int | None, launcher: str | None) -> tuple[int, str, str]:
+    """(n, launcher, why) when the user left them out: inside a Slurm allocation and without -n,
+    one rank per allocated task (or GPU) through srun; otherwise 2 local ranks."""
+    alloc = slurm.allocation()
+    if launcher is None:
+        launcher = "srun" if (alloc is not None and n is None) else "local"
+    if n is None:
+        if launcher == "srun" and alloc is not None:
+            return alloc.ranks(), launcher, f"{alloc.ranks()} ranks = {alloc.describe()}; engines via srun --overlap"
+        return 2, launcher, ""
+    return n, launcher, ""
+
+
+def batch_script(config: StartConfig) -> str:
+    """The sbatch script ``--launcher slurm`` would submit for this config (to show where Slurm is absent)."""
+    launcher = SlurmLauncher()
+    with tempfile.TemporaryDirectory() as tmp:
+        profile = os.path.join(tmp, "profile")
+        engines = launcher.engine_set()(work_dir=tmp, profile_dir=profile, cluster_id="nbdist", log=IPP_LOG)
+        launcher.configure_engines(engines, config)
+        engines.engine_cmd = list(ENGINE_CMD)
+        engines.engine_args = [f"--IPEngine.max_heartbeat_misses={HB_MISSES}"]
+        engines.write_batch_script(config.n)
+        with open(engines.batch_file) as fh:
+            return fh.read().replace(tmp, "$HOME/.nbdist/nbdist-XXXX")
