@@ -155,7 +155,7 @@ class EngineSet:
             launchers = [el for el in self._launchers() if id(el) not in old_launchers]
             failures = self._preflight_failures()
             if failures:
-                raise ClusterError(failures[0])
+                raise ClusterError(f"{failures[0]} {self.launcher.unreachable_hint()}".strip())
             now = time.monotonic()
             if self.launcher.multi_host and now - asked_at >= 1.0:
                 asked_at = now

@@ -151,6 +151,12 @@ class _ManyHosts(Launcher):
     def master_address(self, rank0_addr: str) -> str:
         return rank0_addr
 
+    def unreachable_hint(self) -> str:
+        return (
+            f"Start again with --ip naming an address of this host that the nodes reach (this host has: "
+            f"{net.describe()}), or open the port in the firewall."
+        )
+
     def workdir_base(self) -> str | None:
         base = os.environ.get("NBDIST_WORKDIR") or os.path.join(os.path.expanduser("~"), ".nbdist")
         os.makedirs(base, mode=0o700, exist_ok=True)

@@ -54,6 +54,10 @@ class Launcher:
         """The batch jobs these engine launchers submitted."""
         return []
 
+    def unreachable_hint(self) -> str:
+        """What to do when an engine cannot reach the controller."""
+        return ""
+
     def finished(self, engine_launchers: list[Any]) -> list[Any]:
         """Engine launchers whose batch job has left the queue (its engines will never register)."""
         return []

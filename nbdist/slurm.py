@@ -41,6 +41,8 @@ def allocation(env: Mapping[str, str] | None = None) -> Allocation | None:
     if not job_id:
         return None
     ntasks = _int(env.get("SLURM_NTASKS") or env.get("SLURM_NPROCS"), 0)
+    if "SLURM_STEP_NUM_TASKS" in env:  # inside a step (batchspawner, srun): SLURM_NTASKS is the step's
+        ntasks = job_tasks(str(job_id)) or ntasks
     nodelist = env.get("SLURM_JOB_NODELIST") or env.get("SLURM_NODELIST") or ""
     nodes = tuple(hostnames(nodelist)) if nodelist else ()
     if not ntasks:
@@ -73,6 +75,18 @@ def hostnames(nodelist: str) -> list[str]:
         return _run("scontrol", "show", "hostnames", nodelist).split()
     except (OSError, RuntimeError, subprocess.TimeoutExpired):
         return [nodelist] if "[" not in nodelist else []
+
+
+def job_tasks(job_id: str) -> int:
+    """The job's task count (NumTasks), from scontrol; 0 when unknown."""
+    try:
+        out = _run("scontrol", "show", "job", "-o", job_id)
+    except (OSError, RuntimeError, subprocess.TimeoutExpired):
+        return 0
+    for field in out.split():
+        if field.startswith("NumTasks="):
+            return _int(field.split("=", 1)[1], 0)
+    return 0
 
 
 def node_addresses(partition: str | None = None, nodes: list[str] | None = None) -> list[str]:

@@ -119,7 +119,7 @@ class TwoNodeSlurm:
         """End what this object started, by pid, and remove its interfaces; safe to call twice."""
         self.cancel_all_jobs()
         for pid in reversed(self.pids):
-            _kill(pid)
+            _kill(pid, wait=1.0)  # the cluster's state is thrown away: no need to wait for a clean save
         self.pids.clear()
         for link in reversed(self.links):
             if link.startswith("netns:"):

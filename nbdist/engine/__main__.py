@@ -40,27 +40,21 @@ def run_engine() -> None:
     engine_main()
 
 
-def _arg(name: str) -> str:
-    for arg in sys.argv:
-        if arg.startswith(f"--{name}="):
-            return arg.split("=", 1)[1]
-    return ""
-
-
 def preflight() -> None:
     """On another host: can this engine reach the controller? If not, leave one line for the notebook
     (NBDIST_WORKDIR/preflight-HOST-RANK.txt, a shared directory) and exit, instead of timing out silently."""
-    import glob
     import json
     import socket
 
     from nbdist import net
 
-    workdir, profile = os.environ.get("NBDIST_WORKDIR", ""), _arg("profile-dir")
-    files = glob.glob(os.path.join(profile, "security", "ipcontroller*-engine.json")) if profile else []
-    if not workdir or not files:
+    workdir, profile = os.environ.get("NBDIST_WORKDIR", ""), os.environ.get("IPP_PROFILE_DIR", "")
+    cluster_id = os.environ.get("IPP_CLUSTER_ID", "")
+    name = f"ipcontroller-{cluster_id}-engine.json" if cluster_id else "ipcontroller-engine.json"
+    path = os.path.join(profile, "security", name)
+    if not workdir or not profile or not os.path.exists(path):
         return
-    with open(files[0]) as fh:
+    with open(path) as fh:
         info = json.load(fh)
     addr = info["interface"].split("//")[-1]
     port = int(info["registration"])
@@ -69,11 +63,7 @@ def preflight() -> None:
         return
     host = socket.gethostname()
     rank = next((os.environ[v] for v in os.environ.get("NBDIST_RANK_VARS", "").split(",") if v in os.environ), "?")
-    line = (
-        f"the engine on {host} cannot reach the controller at {addr}:{port} ({reason}): {net.likely_fix(reason)}. "
-        f"Start again with --ip naming an address the nodes reach (this host has: {net.describe()}), "
-        "or open the port in the firewall."
-    )
+    line = f"the engine on {host} cannot reach the controller at {addr}:{port} ({reason}): {net.likely_fix(reason)}."
     path = os.path.join(workdir, f"preflight-{host}-{rank}.txt")
     with open(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600), "w") as fh:
         fh.write(line)

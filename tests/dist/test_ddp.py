@@ -36,6 +36,11 @@ def _local(code: str) -> dict:
 
 
 def test_ddp_matches_one_process_with_the_combined_batch(cluster):
+    check_ddp_against_one_process(cluster)
+
+
+def check_ddp_against_one_process(cluster) -> None:
+    """DDP over 2 ranks for 5 steps equals one process on the combined batch (also across hosts)."""
     b, steps = 4, 5
     cluster.run(SETUP).raise_for_error()
     cluster.run(

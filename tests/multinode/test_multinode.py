@@ -1,0 +1,230 @@
+"""Ranks on two hosts: a real Slurm with two slurmd in their own network namespaces (tests/slurmnodes.py).
+
+Every test ends the clusters and jobs it starts; the ``slurm`` fixture fails a test that
+leaves a job in the queue. Times are bounded only to catch hangs (HANG_S).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+
+import psutil
+import pytest
+
+import nbdist
+from nbdist.errors import ClusterError, RankError
+from tests.conftest import run_cell
+from tests.dist.test_ddp import check_ddp_against_one_process
+from tests.slurmnodes import NODES, UNROUTED
+
+HANG_S = 120
+PY = sys.executable
+REPORT = textwrap.dedent(
+    """
+    import os, socket
+    x = torch.tensor([float(dist.get_rank() + 1)])
+    dist.all_reduce(x)
+    env = {k: os.environ.get(k) for k in ("RANK", "LOCAL_RANK", "NODE_RANK", "MASTER_ADDR", "SLURM_PROCID",
+                                          "SLURM_LOCALID", "SLURM_NODEID", "GLOO_SOCKET_IFNAME")}
+    report = dict(env, host=socket.gethostname(), total=x.item())
+    """
+)
+
+
+def _alive(pids: list[int]) -> list[int]:
+    return [p for p in pids if psutil.pid_exists(p) and psutil.Process(p).status() != psutil.STATUS_ZOMBIE]
+
+
+def _wait_gone(pids: list[int], timeout: float) -> list[int]:
+    deadline = time.monotonic() + timeout
+    while _alive(pids) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    return _alive(pids)
+
+
+def test_slurm_launcher_puts_ranks_on_two_nodes_and_trains_like_one_process(ip, slurm, capsys):
+    run_cell(ip, "%dist_start --launcher slurm -n 2 --nodes 2 --timeout 90")
+    cluster = nbdist.current()
+    try:
+        out = capsys.readouterr().out
+        assert "2 ranks ready on 2 hosts (node1, node2)" in out
+        jobs = cluster.engines.job_ids()
+        assert len(jobs) == 1 and slurm.jobs() == jobs
+        engine_pids = [r.pid for r in cluster.ranks]
+
+        cluster.run(REPORT, quiet=True).raise_for_error()
+        reports = cluster.pull("report")
+        assert {r["host"] for r in reports} == set(NODES), "one rank per node"
+        for rank, rep in enumerate(reports):
+            assert rep["total"] == 3.0  # 1 + 2
+            # torch's rank is Slurm's task id, not the order engines registered in
+            assert rep["RANK"] == rep["SLURM_PROCID"] == str(rank)
+            assert rep["LOCAL_RANK"] == rep["SLURM_LOCALID"] == "0"
+            assert rep["NODE_RANK"] == rep["SLURM_NODEID"]
+            # rank 0's address as the other node reaches it, and gloo on the interface that gets there
+            assert rep["MASTER_ADDR"] == NODES[reports[0]["host"]]
+            assert rep["GLOO_SOCKET_IFNAME"] == "eth0"
+
+        check_ddp_against_one_process(cluster)
+
+        run_cell(ip, "%dist_status")
+        status = capsys.readouterr().out
+        assert "node1" in status and "node2" in status
+
+        # One rank raises while the other waits in a collective on the other host: released, named.
+        code = "if dist.get_rank() == 1:\n    raise ValueError('bad batch')\ndist.all_reduce(torch.ones(1))"
+        tic = time.monotonic()
+        with pytest.raises(RankError) as info:
+            cluster.run(code).raise_for_error()
+        assert time.monotonic() - tic < HANG_S
+        host1 = reports[1]["host"]
+        assert f"rank 1 (engine {cluster.ranks[1].engine_id} on {host1}) raised ValueError" in str(info.value)
+        cluster.run("dist.all_reduce(torch.ones(1))").raise_for_error()  # the world works again
+    finally:
+        run_cell(ip, "%dist_stop")
+    assert f"cancelled Slurm job(s) {jobs[0]}" in capsys.readouterr().out
+    assert slurm.wait_empty(30) == []
+    assert _wait_gone(engine_pids, 30) == [], "no engine may outlive %dist_stop"
+
+
+def test_a_rank_killed_on_node2_is_named_with_its_host_and_restarts_through_slurm(ip, slurm):
+    run_cell(ip, "%dist_start --launcher slurm -n 2 --nodes 2 --timeout 90")
+    cluster = nbdist.current()
+    try:
+        victim = next(r for r in cluster.ranks if r.host == "node2")
+        pending = cluster.run(
+            "import time\nif dist.get_rank() == %d:\n    time.sleep(60)\ndist.all_reduce(torch.ones(1))" % victim.rank,
+            block=False,
+        )
+        time.sleep(1.0)
+        os.kill(victim.pid, signal.SIGKILL)  # kill -9 on node2 (the namespaces share one pid space)
+        tic = time.monotonic()
+        result = pending.wait(show=False)
+        assert time.monotonic() - tic < HANG_S
+        with pytest.raises(RankError) as info:
+            result.raise_for_error()
+        assert f"rank {victim.rank} (engine {victim.engine_id} on node2) died" in str(info.value)
+
+        run_cell(ip, f"%dist_restart --ranks {victim.rank}")
+        assert len(cluster.engines.job_ids()) == 2, "the restarted rank comes from a new job of the same launcher"
+        cluster.run(REPORT, quiet=True).raise_for_error()
+        assert [r["total"] for r in cluster.pull("report")] == [3.0, 3.0]
+    finally:
+        run_cell(ip, "%dist_stop")
+    assert slurm.wait_empty(30) == []
+
+
+def test_inside_an_allocation_dist_start_uses_it_through_srun_overlap(slurm, tmp_path):
+    """The kernel runs in a step of a 2-node allocation (as batchspawner runs it), so a plain srun would
+    queue behind it forever; %dist_start with no -n must use the allocation through srun --overlap."""
+    script = tmp_path / "kernel.ipy"
+    script.write_text(
+        textwrap.dedent(
+            """
+            %load_ext nbdist
+            %dist_start --timeout 90
+            import json, nbdist
+            c = nbdist.current()
+            launcher = c.engines._ipp.engines
+            args = [el.args for el in launcher.values()][0]
+            c.run("x = torch.ones(1); dist.all_reduce(x); import socket; host = socket.gethostname()").raise_for_error()
+            print("RESULT", json.dumps({"hosts": c.pull("host"), "sums": [t.item() for t in c.pull("x")],
+                                         "launcher": c.config.launcher, "args": args}))
+            %dist_stop
+            """
+        )
+    )
+    ipython = [PY, "-m", "IPython", "--quick", "--no-banner", "--colors=nocolor", str(script)]
+    done = slurm.run("salloc", "-N2", "-n2", "srun", "-N1", "-n1", *ipython, check=False, timeout=HANG_S)
+    line = next((ln for ln in done.stdout.splitlines() if ln.startswith("RESULT ")), "")
+    assert line, f"no result: {done.stdout[-2000:]} {done.stderr[-2000:]}"
+    result = json.loads(line[len("RESULT ") :])
+    assert "2 ranks = Slurm job" in done.stdout and "engines via srun --overlap" in done.stdout
+    assert result["launcher"] == "srun" and "--overlap" in result["args"]
+    assert sorted(result["hosts"]) == ["node1", "node2"]
+    assert result["sums"] == [2.0, 2.0]
+
+
+def test_mpi_launcher_ranks_are_mpi_ranks(ip, slurm):
+    run_cell(ip, "%dist_start --launcher mpi -n 2 --timeout 90")
+    cluster = nbdist.current()
+    try:
+        cluster.run("import os\nmpi_rank = int(os.environ['OMPI_COMM_WORLD_RANK'])").raise_for_error()
+        assert cluster.pull("mpi_rank") == [0, 1]
+        cluster.run("x = torch.ones(1); dist.all_reduce(x)").raise_for_error()
+        assert [t.item() for t in cluster.pull("x")] == [2.0, 2.0]
+    finally:
+        run_cell(ip, "%dist_stop")
+
+
+def test_an_unreachable_controller_address_gives_one_line_within_the_timeout(slurm):
+    tic = time.monotonic()
+    with pytest.raises(ClusterError) as info:
+        nbdist.start(n=2, launcher="slurm", nodes=2, ip=UNROUTED, timeout=60, progress=lambda line: None)
+    assert time.monotonic() - tic < 60
+    text = str(info.value)
+    assert "\n" not in text
+    assert f"cannot reach the controller at {UNROUTED}:" in text
+    assert "node1" in text or "node2" in text
+    assert "--ip" in text and "10.77.0.1" in text, "the fix names the address the nodes do reach"
+
+
+KERNEL = textwrap.dedent(
+    """
+    import json, sys, time, nbdist
+    c = nbdist.start(n=2, launcher="slurm", nodes=2, timeout=90)
+    print(json.dumps({"pids": [r.pid for r in c.ranks], "jobs": c.engines.job_ids()}), flush=True)
+    time.sleep(600)
+    """
+)
+
+
+def test_engines_on_the_nodes_end_when_the_kernel_dies(slurm):
+    kernel = subprocess.Popen([PY, "-c", KERNEL], stdout=subprocess.PIPE, text=True)
+    try:
+        info = next(json.loads(line) for line in kernel.stdout if line.startswith("{"))
+    finally:
+        kernel.kill()
+        kernel.wait()
+    assert _wait_gone(info["pids"], 30) == [], "engines on the nodes must end within 30 s of the kernel"
+    assert slurm.wait_empty(30) == []
+
+
+PENDING = textwrap.dedent(
+    """
+    import nbdist
+    nbdist.start(n=2, launcher="slurm", nodes=2, timeout=30)
+    """
+)
+
+
+def test_a_pending_job_shows_its_state_and_ctrl_c_cancels_it(slurm):
+    blocker = slurm.run("sbatch", "-N2", "--exclusive", "--parsable", "--wrap", "sleep 600").stdout.strip()
+    try:
+        waiting = subprocess.Popen([PY, "-u", "-c", PENDING], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+        lines = []
+        try:
+            for line in waiting.stdout:
+                lines.append(line)
+                if "PENDING (Resources)" in line:
+                    break
+            assert any("Ctrl-C cancels it" in ln for ln in lines), lines
+            ours = [j for j in slurm.jobs() if j != blocker]
+            assert len(ours) == 1
+            waiting.send_signal(signal.SIGINT)
+            rest = waiting.communicate(timeout=HANG_S)[0]
+        finally:
+            waiting.kill()
+        assert f"interrupted: cancelled Slurm job(s) {ours[0]}" in rest
+        deadline = time.monotonic() + 30
+        while slurm.jobs() != [blocker] and time.monotonic() < deadline:
+            time.sleep(0.2)
+        assert slurm.jobs() == [blocker], "Ctrl-C cancels nbdist's job and nothing else"
+    finally:
+        slurm.run("scancel", blocker, check=False)
