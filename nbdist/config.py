@@ -121,7 +121,6 @@ class StartConfig:
         elif self.threads < 1:
             raise ConfigError(f"threads ({self.threads}) must be at least 1.")
 
-
     def _check_hosts(self) -> None:
         """Options for several hosts: each belongs to a launcher; name the launcher when misplaced."""
         if self.launcher == "local" and self.ip not in (None, "127.0.0.1"):

@@ -259,9 +259,7 @@ class EngineSet:
         if self.client is None:
             return [r.rank for r in self.ranks]
         live = set(self.client.ids)
-        return [
-            r.rank for r in self.ranks if r.engine_id not in live or (r.local and r.pid and not procs.alive(r.pid))
-        ]
+        return [r.rank for r in self.ranks if r.engine_id not in live or (r.local and r.pid and not procs.alive(r.pid))]
 
     def states(self) -> dict[int, RankState]:
         """Each rank's state now: dead, busy (running or queued work) or idle."""

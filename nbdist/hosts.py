@@ -16,14 +16,16 @@ rank), not the order in which engines registered.
 from __future__ import annotations
 
 import os
+import shutil
 import socket
+import subprocess
 import sys
 import tempfile
 from typing import Any
 
 from . import net, slurm
 from .config import StartConfig
-from .errors import ConfigError
+from .errors import ClusterError, ConfigError
 from .launchers import IPP_LOG, Launcher, LocalLauncher, process_env
 from .pool import ENGINE_CMD
 
@@ -38,6 +40,10 @@ SBATCH_TEMPLATE = """#!/bin/sh
 %(options)s
 exec srun --kill-on-bad-exit=0 {program_and_args}
 """
+
+
+class SubmitError(ClusterError):
+    """The batch system refused to start the engines."""
 
 
 def _engine_launchers() -> tuple[type, type]:
@@ -58,6 +64,20 @@ def _engine_launchers() -> tuple[type, type]:
             escaped = "\n".join(lines).replace("{", "{{").replace("}", "}}")
             self.batch_template = SBATCH_TEMPLATE % {"options": escaped}
             super().write_batch_script(n)
+
+        def _run_command(self, command: list[str], **kwargs: Any) -> str:
+            """Slurm's own words when it refuses (ipyparallel lets stderr go to the kernel's terminal)."""
+            done = subprocess.run(command, stdin=subprocess.DEVNULL, capture_output=True, text=True, **kwargs)
+            if done.returncode != 0:
+                said = " ".join((done.stderr or done.stdout).split())[:500]
+                raise SubmitError(f"{command[0]} refused the job: {said}")
+            return done.stdout
+
+        def stop(self) -> Any:
+            if not self.job_id:  # never submitted: nothing to cancel (scancel '' would fail)
+                self.notify_stop({"job_id": "", "output": ""})
+                return ""
+            return super().stop()
 
     class StepEngines(MPIEngineSetLauncher):  # type: ignore[misc]
         """mpiexec, or srun, with --nodes no larger than the number of engines."""
@@ -90,9 +110,7 @@ class _ManyHosts(Launcher):
         """``--ip`` when given (checked to be this host's), else this host's address on the route to the nodes."""
         if config.ip:
             if not net.is_local(config.ip):
-                raise ConfigError(
-                    f"--ip {config.ip} is not an address of this host; use one of: {net.describe()}."
-                )
+                raise ConfigError(f"--ip {config.ip} is not an address of this host; use one of: {net.describe()}.")
             return config.ip
         addrs = self.node_addresses(config)
         for addr in addrs:
@@ -172,6 +190,11 @@ class SlurmLauncher(_ManyHosts):
         return _engine_launchers()[0]
 
     def node_addresses(self, config: StartConfig) -> list[str]:
+        if not slurm.available():
+            raise ConfigError(
+                "--launcher slurm needs Slurm's sbatch and squeue on this host's PATH (a login node of the "
+                "cluster); use --launcher local here."
+            )
         return slurm.node_addresses(partition=config.partition)
 
     def configure_engines(self, c: Any, config: StartConfig) -> None:
@@ -211,7 +234,7 @@ class SrunLauncher(_ManyHosts):
 
     def node_addresses(self, config: StartConfig) -> list[str]:
         alloc = slurm.allocation()
-        if alloc is None:
+        if alloc is None or not shutil.which("srun"):
             raise ConfigError(
                 "--launcher srun runs engines inside this kernel's Slurm allocation, but SLURM_JOB_ID is not set; "
                 "start the notebook inside salloc/sbatch, or use --launcher slurm to submit a job."
@@ -243,6 +266,10 @@ class MpiLauncher(_ManyHosts):
         return _engine_launchers()[1]
 
     def node_addresses(self, config: StartConfig) -> list[str]:
+        if not shutil.which("mpiexec"):
+            raise ConfigError(
+                "--launcher mpi needs mpiexec on this host's PATH (Open MPI or MPICH); use --launcher local here."
+            )
         args = list(config.mpi_args)
         for flag in ("--hostfile", "-hostfile", "--machinefile", "-machinefile"):
             if flag in args and args.index(flag) + 1 < len(args):

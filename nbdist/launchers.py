@@ -98,6 +98,7 @@ class LocalLauncher(Launcher):
             c[klass].environment = dict(env)
         return cluster
 
+
 def process_env(config: StartConfig) -> dict[str, str]:
     """Environment of the controller and engines: the kernel to watch, threads per rank, unbuffered output."""
     return {

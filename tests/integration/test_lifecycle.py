@@ -142,9 +142,27 @@ def test_fault7_missing_rank_is_named_within_the_start_timeout(tmp_path, monkeyp
     assert _wait_gone(list(_children() - before), 5) == []
 
 
-def test_launchers_for_many_hosts_say_not_yet():
-    with pytest.raises(nbdist.ConfigError, match="launcher 'slurm' is not yet supported; use --launcher local"):
+def test_launchers_for_many_hosts_name_what_is_missing(monkeypatch, tmp_path):
+    monkeypatch.setenv("PATH", str(tmp_path))  # no sbatch, srun or mpiexec here
+    monkeypatch.delenv("SLURM_JOB_ID", raising=False)
+    with pytest.raises(nbdist.ConfigError, match="--launcher slurm needs Slurm's sbatch"):
         nbdist.start(n=2, launcher="slurm")
+    with pytest.raises(nbdist.ConfigError, match="SLURM_JOB_ID is not set"):
+        nbdist.start(n=2, launcher="srun")
+    with pytest.raises(nbdist.ConfigError, match="--launcher mpi needs mpiexec"):
+        nbdist.start(n=2, launcher="mpi")
+
+
+def test_a_slurm_that_refuses_the_job_is_quoted(monkeypatch, tmp_path):
+    """sbatch is there but Slurm is not configured: its own words, not a CalledProcessError."""
+    fake = tmp_path / "sbatch"
+    fake.write_text("#!/bin/sh\necho 'sbatch: error: invalid partition specified: gpu' >&2\nexit 1\n")
+    fake.chmod(0o755)
+    for tool in ("squeue", "sinfo", "scancel"):
+        (tmp_path / tool).symlink_to("/bin/true")
+    monkeypatch.setenv("PATH", f"{tmp_path}:{os.environ['PATH']}")
+    with pytest.raises(nbdist.ClusterError, match="sbatch refused the job: sbatch: error: invalid partition"):
+        nbdist.start(n=2, launcher="slurm", ip="127.0.0.1", timeout=20)
 
 
 def test_context_manager_stops_everything():

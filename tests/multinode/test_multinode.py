@@ -99,7 +99,7 @@ def test_a_rank_killed_on_node2_is_named_with_its_host_and_restarts_through_slur
     try:
         victim = next(r for r in cluster.ranks if r.host == "node2")
         pending = cluster.run(
-            "import time\nif dist.get_rank() == %d:\n    time.sleep(60)\ndist.all_reduce(torch.ones(1))" % victim.rank,
+            f"import time\nif dist.get_rank() == {victim.rank}:\n    time.sleep(60)\ndist.all_reduce(torch.ones(1))",
             block=False,
         )
         time.sleep(1.0)
@@ -207,7 +207,9 @@ PENDING = textwrap.dedent(
 def test_a_pending_job_shows_its_state_and_ctrl_c_cancels_it(slurm):
     blocker = slurm.run("sbatch", "-N2", "--exclusive", "--parsable", "--wrap", "sleep 600").stdout.strip()
     try:
-        waiting = subprocess.Popen([PY, "-u", "-c", PENDING], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+        waiting = subprocess.Popen(
+            [PY, "-u", "-c", PENDING], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
+        )
         lines = []
         try:
             for line in waiting.stdout:
