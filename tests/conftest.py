@@ -6,6 +6,8 @@ import os
 
 import pytest
 
+from tests.slurmnodes import TwoNodeSlurm, unavailable
+
 os.environ.setdefault("OMP_NUM_THREADS", "1")
 
 
@@ -65,3 +67,29 @@ def run_cell(shell, code: str):
     result = shell.run_cell(code)
     result.raise_error()
     return result.result
+
+
+# ---------------------------------------------------------------- a real two-node Slurm (root only)
+
+
+@pytest.fixture(scope="session")
+def two_nodes():
+    why = unavailable()
+    if why:
+        pytest.skip(why)
+    nodes = TwoNodeSlurm().up()
+    try:
+        yield nodes
+    finally:
+        nodes.down()
+
+
+@pytest.fixture
+def slurm(two_nodes, monkeypatch):
+    """The cluster, for this test's processes (SLURM_CONF), with no job left behind by the test
+    (checked, then cancelled by id)."""
+    monkeypatch.setenv("SLURM_CONF", two_nodes.conf)
+    yield two_nodes
+    left = two_nodes.wait_empty(timeout=20)
+    two_nodes.cancel_all_jobs()
+    assert not left, f"Slurm jobs outlived the test: {left}"
