@@ -34,6 +34,7 @@ bench: $(STAMP)
 	OMP_NUM_THREADS=1 $(BIN)/python benchmarks/compression.py
 	OMP_NUM_THREADS=1 $(BIN)/python benchmarks/instrumentation.py
 	OMP_NUM_THREADS=1 $(BIN)/python benchmarks/faults.py
+	OMP_NUM_THREADS=1 $(BIN)/python benchmarks/multinode.py
 
 clean:
 	rm -rf $(VENV) benchmarks/results

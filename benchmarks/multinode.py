@@ -1,0 +1,172 @@
+"""Ranks on two Slurm nodes (tests/slurmnodes.py: two slurmd in network namespaces; root only).
+
+1. Start until a collective runs, 2 ranks on 2 nodes: ``%dist_start --launcher slurm -n 2 --nodes 2``
+   against raw ipyparallel (its Slurm engine launcher, then ``init_process_group`` by hand with what a
+   careful user must set: rank from SLURM_PROCID, MASTER_ADDR, GLOO_SOCKET_IFNAME), alternating in
+   one run. Targets: nbdist <= 0.5x raw and <= 6 s.
+2. all_reduce bus bandwidth across the two nodes vs within one node, same run, several sizes.
+
+    python benchmarks/multinode.py [--rounds 5]
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import tempfile
+import time
+
+sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
+
+from _common import save, stats  # noqa: E402
+
+from tests.slurmnodes import NODES, TwoNodeSlurm, unavailable  # noqa: E402
+
+RAW_TEMPLATE = """#!/bin/sh
+#SBATCH --job-name=raw-ipp
+#SBATCH --ntasks={n}
+#SBATCH --nodes=2
+#SBATCH --output={output_file}
+srun {program_and_args}
+"""
+
+
+def _init_by_hand(port: int) -> float:
+    """What a user types on every engine after raw ipyparallel: rank, master, interface, init, one all_reduce."""
+    import os
+    import socket
+    import subprocess
+
+    import torch
+    import torch.distributed as dist
+
+    rank, world = int(os.environ["SLURM_PROCID"]), int(os.environ["SLURM_NTASKS"])
+    first = subprocess.run(
+        ["scontrol", "show", "hostnames", os.environ["SLURM_JOB_NODELIST"]], capture_output=True, text=True
+    ).stdout.split()[0]
+    master = subprocess.run(["sinfo", "-h", "-N", "-n", first, "-o", "%o"], capture_output=True, text=True).stdout
+    os.environ["GLOO_SOCKET_IFNAME"] = "eth0"  # the hostname does not resolve to a routable address
+    dist.init_process_group("gloo", init_method=f"tcp://{master.strip()}:{port}", rank=rank, world_size=world)
+    x = torch.ones(1)
+    dist.all_reduce(x)
+    socket.gethostname()
+    return x.item()
+
+
+def raw_once(port: int) -> float:
+    import ipyparallel as ipp
+
+    tic = time.perf_counter()
+    with tempfile.TemporaryDirectory(dir=os.path.expanduser("~")) as tmp:
+        cluster = ipp.Cluster(
+            profile_dir=os.path.join(tmp, "profile"), n=2, engines="slurm", controller_ip="10.77.0.1", log_level=40
+        )
+        cluster.config.SlurmEngineSetLauncher.batch_template = RAW_TEMPLATE
+        try:
+            rc = cluster.start_and_connect_sync()
+            rc.wait_for_engines(2, timeout=120)
+            sums = rc[:].apply_sync(_init_by_hand, port)
+            assert sums == [2.0, 2.0], sums
+            seconds = time.perf_counter() - tic
+            rc.close()
+        finally:
+            cluster.stop_cluster_sync()
+    return seconds
+
+
+def nbdist_once() -> tuple[float, dict]:
+    import nbdist
+
+    tic = time.perf_counter()
+    cluster = nbdist.start(n=2, launcher="slurm", nodes=2, timeout=120, progress=lambda line: None)
+    try:
+        cluster.run("x = torch.ones(1); dist.all_reduce(x)", quiet=True).raise_for_error()
+        seconds = time.perf_counter() - tic
+        assert {r.host for r in cluster.ranks} == set(NODES)
+        return seconds, dict(cluster.startup)
+    finally:
+        cluster.stop()
+
+
+BANDWIDTH = """
+import time
+x = torch.ones(numel)
+for _ in range(3):
+    dist.all_reduce(x)
+dist.barrier()
+tic = time.perf_counter()
+for _ in range(reps):
+    dist.all_reduce(x)
+seconds = (time.perf_counter() - tic) / reps
+"""
+
+
+def bandwidth(nodes: int, sizes: list[int]) -> dict[str, dict]:
+    import nbdist
+
+    out = {}
+    with nbdist.start(n=2, launcher="slurm", nodes=nodes, timeout=120, progress=lambda line: None) as cluster:
+        hosts = sorted({r.host for r in cluster.ranks})
+        for numel in sizes:
+            cluster.push({"numel": numel, "reps": max(5, min(50, (1 << 24) // numel))})
+            cluster.run(BANDWIDTH, quiet=True).raise_for_error()
+            seconds = max(cluster.pull("seconds"))
+            out[f"{numel * 4 // 1024} KiB"] = {
+                "seconds": seconds,
+                "busbw_gb_s": numel * 4 / seconds / 1e9,  # 2 ranks: 2 (n-1)/n = 1
+                "hosts": hosts,
+            }
+    return out
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--rounds", type=int, default=5)
+    args = parser.parse_args()
+    why = unavailable()
+    if why:
+        print(f"skipped: {why}")
+        return
+    with TwoNodeSlurm() as nodes:
+        os.environ.update(nodes.env)
+        raw, ours, phases = [], [], []
+        for i in range(args.rounds):
+            # alternate which goes first, so a warmer page cache favours neither
+            order = ("raw", "nbdist") if i % 2 == 0 else ("nbdist", "raw")
+            for which in order:
+                if which == "raw":
+                    raw.append(raw_once(29500 + i))
+                else:
+                    seconds, startup = nbdist_once()
+                    ours.append(seconds)
+                    phases.append(startup)
+                assert nodes.wait_empty(30) == []
+        start = {"nbdist": stats(ours), "raw_ipyparallel": stats(raw)}
+        ratio = start["nbdist"]["median"] / start["raw_ipyparallel"]["median"]
+        print(f"start until a collective runs, 2 ranks on 2 nodes (median of {args.rounds}):")
+        print(f"  nbdist --launcher slurm  {start['nbdist']['median']:.2f} s  (target <= 6 s)")
+        print(f"  raw ipyparallel + init   {start['raw_ipyparallel']['median']:.2f} s")
+        print(f"  ratio                    {ratio:.2f}x  (target <= 0.5x)")
+        sizes = [1 << 10, 1 << 16, 1 << 20, 1 << 22]
+        across = bandwidth(2, sizes)
+        within = bandwidth(1, sizes)
+        print("all_reduce bus bandwidth, 2 ranks:")
+        print(f"  {'size':>10}  {'within a node':>14}  {'across nodes':>13}  ratio")
+        for key in across:
+            w, a = within[key]["busbw_gb_s"], across[key]["busbw_gb_s"]
+            print(f"  {key:>10}  {w:11.3f} GB/s  {a:10.3f} GB/s  {w / a:5.2f}x")
+        save(
+            "multinode",
+            {
+                "start": start,
+                "ratio_nbdist_to_raw": ratio,
+                "nbdist_phases": phases,
+                "allreduce_within": within,
+                "allreduce_across": across,
+            },
+        )
+
+
+if __name__ == "__main__":
+    main()
