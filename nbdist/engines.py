@@ -171,6 +171,9 @@ class EngineSet:
             # of several hosts (mpiexec, srun, a job) carries every engine: its exit ends the wait.
             enough = self.launcher.multi_host or len(new) >= n - len(exited)
             if (exited and enough) or time.monotonic() > deadline:
+                failures = self._preflight_failures()  # written just before those engines exited
+                if failures:
+                    raise ClusterError(f"{failures[0]} {self.launcher.unreachable_hint()}".strip())
                 missing = n - len(new)
                 first_missing = len(self.ranks) if known else len(new)
                 names = ", ".join(str(first_missing + i) for i in range(missing))

@@ -146,7 +146,7 @@ class _ManyHosts(Launcher):
         env = process_env(config)
         env.update(
             NBDIST_CONTROLLER_IP=self.ip,
-            NBDIST_WORKDIR=workdir,
+            NBDIST_CLUSTER_DIR=workdir,  # this cluster's directory (under workdir_base)
             NBDIST_RANK_VARS=",".join(self.rank_vars),
         )
         c = cluster.config

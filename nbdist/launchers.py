@@ -96,6 +96,7 @@ class LocalLauncher(Launcher):
         c.LocalProcessLauncher.stop_seconds_until_kill = 2
         for klass in ("LocalControllerLauncher", "LocalEngineSetLauncher"):
             c[klass].environment = dict(env)
+        c.LocalControllerLauncher.environment["NBDIST_CLUSTER_DIR"] = os.path.dirname(profile_dir)
         return cluster
 
 

@@ -42,18 +42,24 @@ def run_engine() -> None:
 
 def preflight() -> None:
     """On another host: can this engine reach the controller? If not, leave one line for the notebook
-    (NBDIST_WORKDIR/preflight-HOST-RANK.txt, a shared directory) and exit, instead of timing out silently."""
+    (NBDIST_CLUSTER_DIR/preflight-HOST-RANK.txt, a shared directory) and exit, instead of timing out silently."""
     import json
     import socket
+    import time
 
     from nbdist import net
 
-    workdir, profile = os.environ.get("NBDIST_WORKDIR", ""), os.environ.get("IPP_PROFILE_DIR", "")
+    workdir, profile = os.environ.get("NBDIST_CLUSTER_DIR", ""), os.environ.get("IPP_PROFILE_DIR", "")
     cluster_id = os.environ.get("IPP_CLUSTER_ID", "")
     name = f"ipcontroller-{cluster_id}-engine.json" if cluster_id else "ipcontroller-engine.json"
     path = os.path.join(profile, "security", name)
-    if not workdir or not profile or not os.path.exists(path):
+    if not workdir or not profile:
         return
+    deadline = time.monotonic() + 30  # the controller may still be writing it (ipengine waits too)
+    while not os.path.exists(path):
+        if time.monotonic() > deadline:
+            return  # ipengine reports the missing file itself
+        time.sleep(0.05)
     with open(path) as fh:
         info = json.load(fh)
     addr = info["interface"].split("//")[-1]

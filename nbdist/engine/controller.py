@@ -2,7 +2,8 @@
 
 When the kernel dies, the controller also cancels the batch jobs the kernel submitted
 (their ids are in NBDIST_JOBS_FILE), so engines on other nodes do not wait for a
-heartbeat timeout to notice.
+heartbeat timeout to notice, and removes the cluster's directory (NBDIST_CLUSTER_DIR),
+which the kernel can no longer clean up.
 """
 
 from __future__ import annotations
@@ -23,10 +24,20 @@ def cancel_jobs() -> None:
     slurm.cancel(jobs)
 
 
+def clean_up() -> None:
+    """The kernel is gone: cancel its jobs, remove its cluster's directory."""
+    import shutil
+
+    cancel_jobs()
+    cluster_dir = os.environ.get("NBDIST_CLUSTER_DIR", "")
+    if cluster_dir and os.path.basename(cluster_dir).startswith("nbdist-"):
+        shutil.rmtree(cluster_dir, ignore_errors=True)
+
+
 def main() -> None:
     from nbdist.engine.parentwatch import watch_parent
 
-    watch_parent(on_exit=cancel_jobs)
+    watch_parent(on_exit=clean_up)
     from ipyparallel.controller.app import main as controller_main
 
     controller_main()

@@ -12,6 +12,7 @@ import signal
 import subprocess
 import sys
 import textwrap
+import threading
 import time
 
 import psutil
@@ -86,6 +87,15 @@ def test_slurm_launcher_puts_ranks_on_two_nodes_and_trains_like_one_process(ip, 
         host1 = reports[1]["host"]
         assert f"rank 1 (engine {cluster.ranks[1].engine_id} on {host1}) raised ValueError" in str(info.value)
         cluster.run("dist.all_reduce(torch.ones(1))").raise_for_error()  # the world works again
+
+        # Ctrl-C while both ranks, on two hosts, block in mismatched collectives: both released.
+        threading.Timer(1.0, os.kill, (os.getpid(), signal.SIGINT)).start()
+        tic = time.monotonic()
+        with pytest.raises(KeyboardInterrupt):
+            cluster.run("if dist.get_rank() == 0:\n    dist.all_reduce(torch.ones(1))\nelse:\n    dist.barrier()")
+        assert time.monotonic() - tic < HANG_S
+        assert cluster.dead_ranks() == []
+        cluster.run("dist.all_reduce(torch.ones(1))").raise_for_error()
     finally:
         run_cell(ip, "%dist_stop")
     assert f"cancelled Slurm job(s) {jobs[0]}" in capsys.readouterr().out
@@ -179,21 +189,39 @@ KERNEL = textwrap.dedent(
     """
     import json, sys, time, nbdist
     c = nbdist.start(n=2, launcher="slurm", nodes=2, timeout=90)
-    print(json.dumps({"pids": [r.pid for r in c.ranks], "jobs": c.engines.job_ids()}), flush=True)
+    print(json.dumps({"pids": [r.pid for r in c.ranks], "jobs": c.engines.job_ids(), "dir": c.engines.workdir}),
+          flush=True)
     time.sleep(600)
     """
 )
 
 
-def test_engines_on_the_nodes_end_when_the_kernel_dies(slurm):
-    kernel = subprocess.Popen([PY, "-c", KERNEL], stdout=subprocess.PIPE, text=True)
+def _start_and_kill_kernel(code: str) -> dict:
+    """Run a 'kernel' that starts a cluster and prints its pids, then SIGKILL it (no cleanup can run)."""
+    kernel = subprocess.Popen([PY, "-c", code], stdout=subprocess.PIPE, text=True)
     try:
         info = next(json.loads(line) for line in kernel.stdout if line.startswith("{"))
     finally:
         kernel.kill()
         kernel.wait()
+    return info
+
+
+def test_engines_on_the_nodes_end_when_the_kernel_dies(slurm):
+    """The controller watches the kernel and cancels the Slurm job (by id) when it is gone."""
+    info = _start_and_kill_kernel(KERNEL)
     assert _wait_gone(info["pids"], 30) == [], "engines on the nodes must end within 30 s of the kernel"
     assert slurm.wait_empty(30) == []
+    assert not os.path.exists(info["dir"]), "the controller removes the cluster's directory"
+
+
+def test_engines_that_lose_the_controller_end_by_themselves(slurm):
+    """No job to cancel (mpiexec): the engines notice the controller's heartbeat stopped."""
+    code = KERNEL.replace('launcher="slurm", nodes=2', 'launcher="mpi"').replace(
+        '"jobs": c.engines.job_ids()', '"jobs": []'
+    )
+    info = _start_and_kill_kernel(code)
+    assert _wait_gone(info["pids"], 30) == [], "engines must end within 30 s of losing the controller"
 
 
 PENDING = textwrap.dedent(

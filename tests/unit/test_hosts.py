@@ -109,3 +109,26 @@ def test_addresses_on_this_host():
     assert "refused" in reason.lower()
     assert "loopback" in net.likely_fix(reason)
     assert "wrong interface" in net.likely_fix("Network is unreachable")
+
+
+def test_a_rank_that_cannot_reach_master_addr_says_so_in_one_line():
+    from nbdist.engine import runtime
+
+    addr = next((ip for ip in net.interfaces().values() if not ip.startswith("127.")), None)
+    if addr is None:
+        pytest.skip("this host has no address but loopback")
+    with socket.socket() as sock:
+        sock.bind((addr, 0))
+        port = sock.getsockname()[1]  # bound, not listening: refused
+        old = dict(runtime.STATE)
+        runtime.STATE.update(rank=1, world_size=2, store=None)
+        try:
+            with pytest.raises(ConnectionError) as info:
+                runtime.join_world(master_addr=addr, port=port, backend="gloo", timeout=2, pg_timeout=10)
+        finally:
+            runtime.STATE.clear()
+            runtime.STATE.update(old)
+    text = str(info.value)
+    assert "\n" not in text
+    assert f"cannot reach MASTER_ADDR {addr}:{port} (" in text and "refused" in text.lower()
+    assert "--ip" in text
