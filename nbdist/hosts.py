@@ -61,6 +61,8 @@ def _engine_launchers() -> tuple[type, type]:
             lines = [f"#SBATCH {opt}" for opt in self.sbatch_options]
             if self.nodes:
                 lines.append(f"#SBATCH --nodes={min(self.nodes, n)}")
+            # ipyparallel writes the script to the kernel's working directory; keep it in the cluster's own
+            self.batch_file = os.path.join(self.profile_dir, self.batch_file_name)
             escaped = "\n".join(lines).replace("{", "{{").replace("}", "}}")
             self.batch_template = SBATCH_TEMPLATE % {"options": escaped}
             super().write_batch_script(n)

@@ -101,6 +101,7 @@ def test_slurm_launcher_puts_ranks_on_two_nodes_and_trains_like_one_process(ip, 
     assert f"cancelled Slurm job(s) {jobs[0]}" in capsys.readouterr().out
     assert slurm.wait_empty(30) == []
     assert _wait_gone(engine_pids, 30) == [], "no engine may outlive %dist_stop"
+    assert not os.path.exists("slurm_engine.sbatch"), "the batch script stays in the cluster's directory"
 
 
 def test_a_rank_killed_on_node2_is_named_with_its_host_and_restarts_through_slurm(ip, slurm):
