@@ -125,16 +125,15 @@ class EngineSet:
         """The batch jobs (Slurm job ids) this set submitted."""
         return self.launcher.job_ids(self._launchers())
 
-    def _preflight_failures(self) -> list[str]:
-        """Lines engines wrote when they could not reach the controller (see engine/__main__.py)."""
-        lines = []
+    def _check_preflight(self) -> None:
+        """Fail with the first line an engine wrote when it could not reach the controller (engine/__main__.py)."""
         for path in sorted(glob.glob(os.path.join(self.workdir, "preflight-*.txt"))):
             try:
                 with open(path) as fh:
-                    lines.append(fh.read().strip())
+                    line = fh.read().strip()
             except OSError:
-                pass
-        return lines
+                continue
+            raise ClusterError(f"{line} {self.launcher.unreachable_hint()}".strip())
 
     def _wait_for_engines(self, n: int, known: set[int], old_launchers: set[int]) -> list[int]:
         """Wait until n new engines registered; name the missing ranks if they don't (docs/faults.md, row 7).
@@ -153,14 +152,11 @@ class EngineSet:
             if len(new) >= n:
                 return new[:n]
             launchers = [el for el in self._launchers() if id(el) not in old_launchers]
-            failures = self._preflight_failures()
-            if failures:
-                raise ClusterError(f"{failures[0]} {self.launcher.unreachable_hint()}".strip())
+            self._check_preflight()
             now = time.monotonic()
             if self.launcher.multi_host and now - asked_at >= 1.0:
                 asked_at = now
-                finished = self.launcher.finished(launchers)
-                waiting = self.launcher.waiting(launchers)
+                waiting, finished = self.launcher.queue(launchers)
                 if waiting:
                     deadline = max(deadline, now + self.config.timeout)
                     if now - started >= 2 and (waiting != said or now - said_at >= 15):
@@ -171,9 +167,7 @@ class EngineSet:
             # of several hosts (mpiexec, srun, a job) carries every engine: its exit ends the wait.
             enough = self.launcher.multi_host or len(new) >= n - len(exited)
             if (exited and enough) or time.monotonic() > deadline:
-                failures = self._preflight_failures()  # written just before those engines exited
-                if failures:
-                    raise ClusterError(f"{failures[0]} {self.launcher.unreachable_hint()}".strip())
+                self._check_preflight()  # written just before those engines exited
                 missing = n - len(new)
                 first_missing = len(self.ranks) if known else len(new)
                 names = ", ".join(str(first_missing + i) for i in range(missing))

@@ -15,6 +15,7 @@ rank), not the order in which engines registered.
 
 from __future__ import annotations
 
+import functools
 import os
 import shutil
 import socket
@@ -46,6 +47,7 @@ class SubmitError(ClusterError):
     """The batch system refused to start the engines."""
 
 
+@functools.cache
 def _engine_launchers() -> tuple[type, type]:
     """ipyparallel's Slurm and MPI engine sets, extended (imported late: ipyparallel is slow to import)."""
     from ipyparallel.cluster.launcher import MPIEngineSetLauncher, SlurmEngineSetLauncher
@@ -216,14 +218,11 @@ class SlurmLauncher(_ManyHosts):
     def cancel(self, job_ids: list[str]) -> None:
         slurm.cancel(job_ids)
 
-    def finished(self, engine_launchers: list[Any]) -> list[Any]:
-        states = slurm.job_states(self.job_ids(engine_launchers))
-        return [el for el in engine_launchers if getattr(el, "job_id", "") and str(el.job_id) not in states]
-
-    def waiting(self, engine_launchers: list[Any]) -> str:
+    def queue(self, engine_launchers: list[Any]) -> tuple[str, list[Any]]:
         states = slurm.job_states(self.job_ids(engine_launchers))
         pending = [f"Slurm job {job} {state}" for job, state in states.items() if state.startswith("PENDING")]
-        return "; ".join(pending)
+        gone = [el for el in engine_launchers if getattr(el, "job_id", "") and str(el.job_id) not in states]
+        return "; ".join(pending), gone
 
 
 class SrunLauncher(_ManyHosts):
@@ -249,13 +248,13 @@ class SrunLauncher(_ManyHosts):
         c.mpi_args = ["--overlap", "--kill-on-bad-exit=0"]
         c.nodes = config.nodes or 0
 
-    def waiting(self, engine_launchers: list[Any]) -> str:
+    def queue(self, engine_launchers: list[Any]) -> tuple[str, list[Any]]:
         for el in engine_launchers:
             text = el.get_output(remove=False) if hasattr(el, "get_output") else ""
             for line in reversed(text.splitlines()):
                 if "step creation" in line or "nodes are busy" in line or "Requested node" in line:
-                    return f"srun is waiting for the allocation: {line.strip()}"
-        return ""
+                    return f"srun is waiting for the allocation: {line.strip()}", []
+        return "", []  # srun's own exit is seen through its process
 
 
 class MpiLauncher(_ManyHosts):

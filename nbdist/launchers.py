@@ -46,9 +46,11 @@ class Launcher:
         """Where the cluster's private directory goes (None: the temp dir); several hosts need a shared one."""
         return None
 
-    def waiting(self, engine_launchers: list[Any]) -> str:
-        """Why engines are not running yet (a job pending in a queue), in words; '' when nothing waits."""
-        return ""
+    def queue(self, engine_launchers: list[Any]) -> tuple[str, list[Any]]:
+        """One look at the batch queue: why engines are not running yet (a pending job, in words; ''
+        when nothing waits), and the engine launchers whose job has left the queue (their engines
+        will never register)."""
+        return "", []
 
     def job_ids(self, engine_launchers: list[Any]) -> list[str]:
         """The batch jobs these engine launchers submitted."""
@@ -57,10 +59,6 @@ class Launcher:
     def unreachable_hint(self) -> str:
         """What to do when an engine cannot reach the controller."""
         return ""
-
-    def finished(self, engine_launchers: list[Any]) -> list[Any]:
-        """Engine launchers whose batch job has left the queue (its engines will never register)."""
-        return []
 
     def cancel(self, job_ids: list[str]) -> None:
         """Cancel these batch jobs (after ipyparallel's own stop: nothing of them may outlive the cluster)."""

@@ -3,7 +3,7 @@
 Each ``slurmd`` runs in its own network namespace (its own address on a bridge) and
 UTS namespace (its own hostname), from Debian's ``slurm-wlm`` and ``munge``; the
 controller (``slurmctld``) and the notebook side stay in this namespace at 10.77.0.1.
-Recipe: ../shared/recipes/slurm-two-nodes.md. Needs root; ``unavailable()`` says why not.
+How it is built, and its two traps: docs/multinode-testing.md. Needs root; ``unavailable()`` says why not.
 
 Everything started here is ended by pid (never by name), and the namespaces, bridge
 and portless bridge this module made are removed, also when a test fails. A second
