@@ -22,13 +22,15 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+from . import defaults
 from .config import RunConfig, StartConfig, parse_ranks
+from .engine import gpu
 from .engines import EngineSet, RankInfo
 from .errors import ClusterError
-from .hosts import default_launch, launcher_for
+from .hosts import launcher_for
 from .output import Sink
 from .rendezvous import World, build_world, choose_backend, configure_ranks, leave_world
-from .results import RankStatus, RunResult
+from .results import RankState, RankStatus, RunResult
 from .run import PendingRun, execute
 
 _CURRENT: Cluster | None = None  # the active cluster (strong: it owns processes)
@@ -52,14 +54,17 @@ def start(
 ) -> Cluster:
     """Start n ranked engines with an initialised process group; return the Cluster.
 
-    Without ``n`` and ``launcher``: inside a Slurm allocation, one rank per allocated task
-    (or GPU) through ``srun --overlap``; elsewhere 2 local ranks. ``progress`` gets a line
-    now and then while a batch job waits in the queue (default: printed).
+    Without ``n`` and ``launcher``: inside a Slurm allocation, one rank per allocated GPU
+    (or task) through ``srun --overlap``; elsewhere one rank per visible GPU, or 2 local
+    ranks (``defaults.choose``). ``Cluster.chosen`` then says what was chosen and why.
+    ``progress`` gets a line now and then while a batch job waits in the queue (default: printed).
     """
-    n, launcher, why = default_launch(n, launcher)
-    config = StartConfig(n=n, backend=backend, launcher=launcher, timeout=timeout, **options)
+    choice = defaults.choose(n, launcher)
+    if choice.ranks_per_node and not options.get("ranks_per_node"):
+        options["ranks_per_node"] = choice.ranks_per_node
+    config = StartConfig(n=choice.n, backend=backend, launcher=choice.launcher, timeout=timeout, **options)
     cluster = Cluster(config, progress=progress)
-    cluster.chosen = why
+    cluster.choice = choice
     return cluster.start()
 
 
@@ -71,7 +76,7 @@ class Cluster:
     ) -> None:
         self.config = config or StartConfig(**options)
         self.progress = progress or _print_line
-        self.chosen = ""  # why these ranks and this launcher, when nbdist chose them (inside an allocation)
+        self.choice: defaults.Choice | None = None  # what nbdist chose when the user left n out
         self.cancelled: list[str] = []  # batch jobs the last stop cancelled
         self.engines: EngineSet | None = None
         self.world: World | None = None
@@ -115,7 +120,7 @@ class Cluster:
         """Configure these ranks' engines, choose the backend and build the world on every rank."""
         engines, cfg = self._engines(), self.config
         master_addr = configure_ranks(engines, configure, pin=cfg.pin, timeout=cfg.timeout)
-        backend = choose_backend(cfg.backend, [r.cuda_devices for r in self.ranks], [r.local_rank for r in self.ranks])
+        backend = choose_backend(cfg.backend, [r.gpu for r in self.ranks])
         self.world = build_world(
             engines,
             backend=backend,
@@ -198,6 +203,11 @@ class Cluster:
         return self.engines.client if self.engines is not None else None
 
     @property
+    def chosen(self) -> str:
+        """What nbdist chose when the user left -n out, and why, in one line ('' when the user chose)."""
+        return self.choice.line(self.backend) if self.choice else ""
+
+    @property
     def backend(self) -> str:
         return self.world.backend if self.world else ""
 
@@ -218,8 +228,9 @@ class Cluster:
         return self._engines().dead_ranks()
 
     def status(self) -> list[dict[str, Any]]:
-        """One row per rank: rank, engine id, host, pid, device, cores, backend, state."""
+        """One row per rank: rank, engine id, host, pid, device, GPU (name, memory held), cores, backend, state."""
         states = self._engines().states()
+        gpus = self._gpu_info(states) if self.backend == "nccl" else {}
         return [
             {
                 "rank": r.rank,
@@ -228,13 +239,29 @@ class Cluster:
                 "node_rank": r.node_rank,
                 "local_rank": r.local_rank,
                 "pid": r.pid,
-                "device": f"cuda:{r.local_rank}" if self.backend == "nccl" else "cpu",
+                "device": f"cuda:{r.gpu}" if self.backend == "nccl" else "cpu",
+                "gpu": gpus.get(r.rank, ""),
                 "cpus": _cpu_list(r.cpus),
                 "backend": self.backend,
                 "state": str(states[r.rank]),
             }
             for r in self.ranks
         ]
+
+    def _gpu_info(self, states: dict[int, RankState]) -> dict[int, str]:
+        """'NVIDIA H100 80GB HBM3, 1234/81559 MiB' per idle rank; 'busy' for a rank still running a cell."""
+        engines = self._engines()
+        idle = [r.rank for r in self.ranks if states[r.rank] == RankState.IDLE]
+        futures = {rank: engines.apply(rank, gpu.info) for rank in idle}
+        out = {r.rank: "busy" for r in self.ranks if states[r.rank] == RankState.BUSY}
+        for rank, fut in futures.items():
+            try:
+                info = fut.get(timeout=2)
+            except Exception:
+                out[rank] = "busy"
+                continue
+            out[rank] = f"{info['name']}, {info['memory_mib']}/{info['total_mib']} MiB" if info else ""
+        return out
 
     def view(self, ranks: list[int]) -> Any:
         """An ipyparallel DirectView on these ranks' engines."""

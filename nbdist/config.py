@@ -87,6 +87,7 @@ class StartConfig:
     # Several hosts (launchers slurm, srun, mpi):
     ip: str | None = None  # the address the controller listens on; None: the interface that routes to the nodes
     nodes: int | None = None  # nodes to spread the ranks over (sbatch/srun --nodes)
+    ranks_per_node: int | None = None  # srun --ntasks-per-node, e.g. one rank per GPU of each node
     partition: str | None = None  # sbatch --partition
     time: str | None = None  # sbatch --time, e.g. "30" or "1:00:00"
     account: str | None = None  # sbatch --account
@@ -116,7 +117,7 @@ class StartConfig:
         if self.watchdog is not None and self.watchdog <= 0:
             raise ConfigError(f"watchdog ({self.watchdog!r}) must be positive seconds, or None to turn it off.")
         if self.threads is None:
-            per_host = -(-self.n // self.nodes) if self.nodes else self.n
+            per_host = self.ranks_per_node or (-(-self.n // self.nodes) if self.nodes else self.n)
             self.threads = default_threads(per_host if self.launcher in MULTI_HOST else self.n, cores)
         elif self.threads < 1:
             raise ConfigError(f"threads ({self.threads}) must be at least 1.")
@@ -147,6 +148,15 @@ class StartConfig:
                 raise ConfigError(f"--nodes {self.nodes} needs --launcher slurm or srun (this is {self.launcher!r}).")
             if not 1 <= self.nodes <= self.n:
                 raise ConfigError(f"--nodes {self.nodes} must be between 1 and the number of ranks ({self.n}).")
+        if self.ranks_per_node is not None:
+            if self.launcher != "srun":
+                raise ConfigError(
+                    f"--ranks-per-node {self.ranks_per_node} needs --launcher srun (this is {self.launcher!r})."
+                )
+            if not 1 <= self.ranks_per_node <= self.n:
+                raise ConfigError(
+                    f"--ranks-per-node {self.ranks_per_node} must be between 1 and the number of ranks ({self.n})."
+                )
         if self.gpus_per_node is not None and self.gpus_per_node < 0:
             raise ConfigError(f"--gpus-per-node ({self.gpus_per_node}) must be 0 or more.")
 

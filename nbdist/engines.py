@@ -15,7 +15,7 @@ import pickle
 import signal
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from . import procs
@@ -40,7 +40,8 @@ class RankInfo:
     local_rank: int = 0
     local_world_size: int = 1
     node_rank: int = 0
-    cuda_devices: int = 0
+    gpu_ids: list[str] = field(default_factory=list)  # the GPUs its process sees (UUIDs), [] without CUDA
+    gpu: int | None = None  # the visible device it binds under nccl (None: no GPU of its own)
     cpus: list[int] | None = None  # the cores this rank is pinned to (None: not pinned)
 
     def where(self) -> str:

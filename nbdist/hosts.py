@@ -84,14 +84,21 @@ def _engine_launchers() -> tuple[type, type]:
             return super().stop()
 
     class StepEngines(MPIEngineSetLauncher):  # type: ignore[misc]
-        """mpiexec, or srun, with --nodes no larger than the number of engines."""
+        """mpiexec, or srun, with --nodes no larger than the number of engines; for srun,
+        --ntasks-per-node (with --overcommit: the job may hold fewer tasks than GPUs)."""
 
         nodes = Integer(0, config=True)
+        ranks_per_node = Integer(0, config=True)
 
         def find_args(self) -> list[str]:
             args: list[str] = super().find_args()
-            if self.nodes:
-                args.insert(len(self.mpi_cmd), f"--nodes={min(self.nodes, self.n)}")
+            at = len(self.mpi_cmd)
+            if self.ranks_per_node and self.n > self.ranks_per_node:
+                # block: neighbouring ranks share a node (the kernel's step may pass srun cyclic in its env)
+                args[at:at] = [f"--ntasks-per-node={self.ranks_per_node}", "--distribution=block", "--overcommit"]
+                args.insert(at, f"--nodes={-(-self.n // self.ranks_per_node)}")
+            elif self.nodes:
+                args.insert(at, f"--nodes={min(self.nodes, self.n)}")
             return args
 
     return SbatchEngines, StepEngines
@@ -247,6 +254,7 @@ class SrunLauncher(_ManyHosts):
         c.mpi_cmd = ["srun"]
         c.mpi_args = ["--overlap", "--kill-on-bad-exit=0"]
         c.nodes = config.nodes or 0
+        c.ranks_per_node = config.ranks_per_node or 0
 
     def queue(self, engine_launchers: list[Any]) -> tuple[str, list[Any]]:
         for el in engine_launchers:
@@ -304,19 +312,6 @@ def launcher_for(config: StartConfig) -> Launcher:
     if klass is None:
         raise ConfigError(f"launcher {config.launcher!r} is not known; use --launcher local, slurm, srun or mpi.")
     return klass()
-
-
-def default_launch(n: int | None, launcher: str | None) -> tuple[int, str, str]:
-    """(n, launcher, why) when the user left them out: inside a Slurm allocation and without -n,
-    one rank per allocated task (or GPU) through srun; otherwise 2 local ranks."""
-    alloc = slurm.allocation()
-    if launcher is None:
-        launcher = "srun" if (alloc is not None and n is None) else "local"
-    if n is None:
-        if launcher == "srun" and alloc is not None:
-            return alloc.ranks(), launcher, f"{alloc.ranks()} ranks = {alloc.describe()}; engines via srun --overlap"
-        return 2, launcher, ""
-    return n, launcher, ""
 
 
 def batch_script(config: StartConfig) -> str:

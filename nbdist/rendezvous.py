@@ -1,6 +1,6 @@
 """Ranks, per-rank env and the torch.distributed world, seen from the notebook side.
 
-Pure planning functions (``plan_local_ranks``, ``plan_cpus``, ``choose_backend``), then
+Pure planning functions (``plan_local_ranks``, ``plan_cpus``, ``plan_gpus``, ``choose_backend``), then
 the two steps that talk to the engines: ``configure_ranks`` gives each engine its rank
 (env vars, threads, cores, watcher) and ``build_world`` has rank 0 open the rendezvous
 store on a port the OS picks, every rank join the process group and prove it with one
@@ -60,21 +60,39 @@ def plan_local_ranks(hosts: list[str]) -> list[tuple[int, int]]:
     return plan
 
 
-def choose_backend(requested: str | None, cuda_devices: list[int], local_ranks: list[int]) -> str:
-    """nccl when every rank has a GPU of its own, gloo otherwise; check a requested one."""
-    every_rank_has_gpu = all(n > lr for n, lr in zip(cuda_devices, local_ranks, strict=True))
+def plan_gpus(hosts: list[str], local_ranks: list[int], gpu_ids: list[list[str]]) -> list[int | None]:
+    """The visible device each rank binds: its LOCAL_RANK, or 0 when it sees a single GPU (the
+    launcher gave each task its own); None when that GPU is not its own (another rank on the
+    host binds the same physical GPU, or the rank sees too few)."""
+    picks: list[int | None] = []
+    for local_rank, ids in zip(local_ranks, gpu_ids, strict=True):
+        picks.append(local_rank if local_rank < len(ids) else (0 if len(ids) == 1 else None))
+    owners: dict[tuple[str, str], int] = {}
+    for host, ids, pick in zip(hosts, gpu_ids, picks, strict=True):
+        if pick is not None:
+            owners[(host, ids[pick])] = owners.get((host, ids[pick]), 0) + 1
+    return [
+        None if pick is None or owners[(host, ids[pick])] > 1 else pick
+        for host, ids, pick in zip(hosts, gpu_ids, picks, strict=True)
+    ]
+
+
+def choose_backend(requested: str | None, gpus: list[int | None]) -> str:
+    """nccl when every rank has a GPU of its own (``plan_gpus``), gloo otherwise; check a requested one."""
+    lacking = [rank for rank, g in enumerate(gpus) if g is None]
     if requested is None:
-        return "nccl" if cuda_devices and every_rank_has_gpu else "gloo"
-    if requested == "nccl" and not every_rank_has_gpu:
-        lacking = [r for r, (n, lr) in enumerate(zip(cuda_devices, local_ranks, strict=True)) if n <= lr]
-        raise ConfigError(f"backend 'nccl' needs one GPU per rank, but rank {lacking[0]} has none; use --backend gloo.")
+        return "nccl" if gpus and not lacking else "gloo"
+    if requested == "nccl" and lacking:
+        raise ConfigError(
+            f"backend 'nccl' needs one GPU per rank, but rank {lacking[0]} has none of its own; use --backend gloo."
+        )
     return requested
 
 
 def configure_ranks(engines: EngineSet, ranks: list[RankInfo], *, pin: bool, timeout: float) -> str:
     """Give these ranks' engines their rank env, threads, cores and watcher; return MASTER_ADDR.
 
-    Fills in each RankInfo's pid, host, address, GPU count, local and node rank, and cores.
+    Fills in each RankInfo's pid, host, address, GPUs, local and node rank, and cores.
     LOCAL_RANK is a rank's position among the ranks on its host (SLURM_LOCALID for a Slurm launch).
     """
     config = engines.config
@@ -82,13 +100,16 @@ def configure_ranks(engines: EngineSet, ranks: list[RankInfo], *, pin: bool, tim
     allowed = {}
     here = socket.gethostname()
     for r, info in zip(ranks, infos, strict=True):
-        r.pid, r.host, r.cuda_devices, r.addr = info["pid"], info["host"], info["cuda_devices"], info["addr"]
+        r.pid, r.host, r.gpu_ids, r.addr = info["pid"], info["host"], info["gpu_ids"], info["addr"]
         r.local = r.host == here
         allowed[r.rank] = info["cpus"]
     every = engines.ranks
     hosts = [r.host for r in every]
     for r, (local_rank, local_size), node in zip(every, plan_local_ranks(hosts), plan_node_ranks(hosts), strict=True):
         r.local_rank, r.local_world_size, r.node_rank = local_rank, local_size, node
+    gpus = plan_gpus(hosts, [r.local_rank for r in every], [r.gpu_ids for r in every])
+    for r, g in zip(every, gpus, strict=True):
+        r.gpu = g
     for r in ranks:
         r.cpus = plan_cpus(allowed[r.rank], r.local_rank, r.local_world_size) if pin else None
     master_addr = engines.launcher.master_address(every[0].addr)
@@ -135,6 +156,7 @@ def build_world(engines: EngineSet, *, backend: str, master_addr: str, timeout: 
             backend=backend,
             timeout=timeout,
             pg_timeout=pg_timeout,
+            gpu_index=r.gpu,
         )
         for r in ranks
     ]

@@ -9,7 +9,7 @@ from __future__ import annotations
 import os
 import shutil
 import subprocess
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
 
@@ -20,22 +20,30 @@ class Allocation:
     job_id: str
     ntasks: int
     nodes: tuple[str, ...]
-    gpus_per_node: int = 0
+    gpus: tuple[int, ...] = ()  # GPUs allocated on each node, in the order of ``nodes`` (empty: none)
 
     def ranks(self) -> int:
-        """One rank per GPU when the job has GPUs, else one per task."""
-        if self.gpus_per_node:
-            return self.gpus_per_node * max(1, len(self.nodes))
-        return self.ntasks
+        """One rank per allocated GPU, across the nodes, when the job has GPUs; else one per task."""
+        return sum(self.gpus) or self.ntasks
+
+    def gpus_per_node(self) -> int:
+        """The GPUs on each node when every node has the same number; 0 when they differ or there are none."""
+        return self.gpus[0] if self.gpus and len(set(self.gpus)) == 1 else 0
 
     def describe(self) -> str:
         hosts = ",".join(self.nodes) or "?"
-        unit = f"{self.gpus_per_node} GPU(s) per node" if self.gpus_per_node else f"{self.ntasks} task(s)"
-        return f"Slurm job {self.job_id}: {unit} on {len(self.nodes)} node(s) ({hosts})"
+        if sum(self.gpus):
+            return f"{sum(self.gpus)} GPUs allocated on {hosts} (Slurm job {self.job_id})"
+        return f"{self.ntasks} tasks allocated on {hosts} (Slurm job {self.job_id})"
 
 
 def allocation(env: Mapping[str, str] | None = None) -> Allocation | None:
-    """The allocation this process runs in, from Slurm's environment; None outside one."""
+    """The allocation this process runs in, from Slurm's environment; None outside one.
+
+    ``SLURM_GPUS_ON_NODE`` counts the GPUs of this node only; a job on several nodes may
+    have others elsewhere (or unevenly, with ``--gpus=N``), so the count per node comes
+    from ``scontrol show job -d`` when the job has GPUs at all.
+    """
     env = os.environ if env is None else env
     job_id = env.get("SLURM_JOB_ID") or env.get("SLURM_JOBID")
     if not job_id:
@@ -47,8 +55,41 @@ def allocation(env: Mapping[str, str] | None = None) -> Allocation | None:
     nodes = tuple(hostnames(nodelist)) if nodelist else ()
     if not ntasks:
         ntasks = max(1, len(nodes))
-    gpus = _int(env.get("SLURM_GPUS_ON_NODE"), 0)
-    return Allocation(job_id=str(job_id), ntasks=ntasks, nodes=nodes, gpus_per_node=gpus)
+    here = _int(env.get("SLURM_GPUS_ON_NODE"), 0)
+    gpus: tuple[int, ...] = ()
+    if here or env.get("SLURM_JOB_GPUS"):
+        per_node = node_gpus(str(job_id))
+        if per_node and set(per_node) <= set(nodes):
+            gpus = tuple(per_node.get(node, 0) for node in nodes)
+        else:  # scontrol not answering: assume every node has what this one has
+            gpus = (here,) * max(1, len(nodes))
+    return Allocation(job_id=str(job_id), ntasks=ntasks, nodes=nodes, gpus=gpus)
+
+
+def node_gpus(job_id: str) -> dict[str, int]:
+    """GPUs the job holds on each node, from ``scontrol show job -d`` (``Nodes=n[1-2] ... GRES=gpu:2(IDX:0-1)``)."""
+    try:
+        out = _run("scontrol", "show", "job", "-d", job_id)
+    except (OSError, RuntimeError, subprocess.TimeoutExpired):
+        return {}
+    return parse_node_gpus(out, hostnames)
+
+
+def parse_node_gpus(out: str, expand: Callable[[str], list[str]]) -> dict[str, int]:
+    """The per-node ``GRES=`` entries of ``scontrol show job -d``; ``expand`` turns 'n[1-2]' into names."""
+    counts: dict[str, int] = {}
+    for line in out.splitlines():
+        fields = dict(f.split("=", 1) for f in line.split() if "=" in f)
+        if "Nodes" not in fields or "GRES" not in fields:
+            continue
+        total = 0
+        for gres in fields["GRES"].split(","):
+            name, _, rest = gres.partition(":")
+            if name == "gpu":  # gpu:2(IDX:0-1) or gpu:a100:2(IDX:0-1)
+                total += _int(rest.split("(")[0].rsplit(":", 1)[-1], 0)
+        for node in expand(fields["Nodes"]):
+            counts[node] = counts.get(node, 0) + total
+    return counts
 
 
 def _int(text: str | None, default: int) -> int:

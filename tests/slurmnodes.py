@@ -19,6 +19,7 @@ import os
 import shutil
 import signal
 import socket
+import stat
 import subprocess
 import sys
 import tempfile
@@ -29,6 +30,7 @@ BRIDGE, SUBNET = "nbbr0", "10.77.0"
 HOST_ADDR = f"{SUBNET}.1"
 DUMMY, UNROUTED = "nbbr1", "10.78.0.1"  # a bridge with no ports: an address the nodes have no route to
 NODES = {"node1": f"{SUBNET}.2", "node2": f"{SUBNET}.3"}
+GPUS = 2  # per node, for Slurm's bookkeeping only (see _fake_gpus)
 PACKAGES = ("slurm-wlm", "munge", "openmpi-bin")
 STATE_FILE = "/tmp/nbdist-slurmnodes.dir"  # where `up` left its directory, for `down`
 
@@ -219,9 +221,10 @@ class TwoNodeSlurm:
         d = self.workdir
         host = socket.gethostname().split(".")[0]
         nodes = "\n".join(
-            f"NodeName={n} NodeAddr={a} NodeHostname={n} CPUs={self.cpus_per_node} RealMemory=2000"
+            f"NodeName={n} NodeAddr={a} NodeHostname={n} CPUs={self.cpus_per_node} RealMemory=2000 Gres=gpu:{GPUS}"
             for n, a in NODES.items()
         )
+        self._fake_gpus()
         text = f"""ClusterName=nbtest
 SlurmctldHost={host}({HOST_ADDR})
 SlurmctldPort=16817
@@ -239,6 +242,7 @@ SlurmdPidFile={d}/slurmd-%n.pid
 SlurmctldLogFile={d}/ctld.log
 SlurmdLogFile={d}/d-%n.log
 SlurmUser=root
+GresTypes=gpu
 ReturnToService=2
 MpiDefault=none
 JobAcctGatherType=jobacct_gather/none
@@ -249,6 +253,17 @@ PartitionName=debug Nodes={",".join(NODES)} Default=YES MaxTime=INFINITE State=U
 """
         with open(self.conf, "w") as fh:
             fh.write(text)
+
+    def _fake_gpus(self) -> None:
+        """GPUs for Slurm's bookkeeping only: device files like /dev/null, so that jobs that ask
+        ``--gpus-per-node`` get what a GPU node gives them (``SLURM_GPUS_ON_NODE``,
+        ``SLURM_JOB_GPUS``, ``CUDA_VISIBLE_DEVICES``). Nothing can run CUDA on them."""
+        dev = os.path.join(self.workdir, "dev")
+        os.makedirs(dev, exist_ok=True)
+        for i in range(GPUS):
+            os.mknod(os.path.join(dev, f"gpu{i}"), 0o666 | stat.S_IFCHR, os.makedev(1, 3))
+        with open(os.path.join(self.workdir, "gres.conf"), "w") as fh:
+            fh.write(f"NodeName={','.join(NODES)} Name=gpu File={dev}/gpu[0-{GPUS - 1}]\n")
 
     def _daemon(self, cmd: list[str], pidfile: str) -> None:
         """Start a daemon that writes its pid file; record that pid."""

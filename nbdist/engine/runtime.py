@@ -25,6 +25,7 @@ import traceback
 from typing import Any
 
 from .. import compat, net
+from . import gpu
 
 # One dict of state per engine process; plain values so it is easy to inspect.
 STATE: dict[str, Any] = {
@@ -83,7 +84,6 @@ def configure(
         "rank": rank,
         "pid": os.getpid(),
         "host": socket.gethostname(),
-        "cuda_devices": torch.cuda.device_count() if torch.cuda.is_available() else 0,
     }
 
 
@@ -124,13 +124,11 @@ def _address() -> str:
 
 def local_info() -> dict[str, Any]:
     """pid, host, address and GPU count of this engine (before it has a rank)."""
-    import torch
-
     return {
         "pid": os.getpid(),
         "host": socket.gethostname(),
         "addr": _address(),
-        "cuda_devices": torch.cuda.device_count() if torch.cuda.is_available() else 0,
+        "gpu_ids": gpu.ids(),
         "cpus": sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else [],
     }
 
@@ -168,8 +166,12 @@ def open_store(host: str, timeout: float) -> int:
     return int(store.port)
 
 
-def join_world(*, master_addr: str, port: int, backend: str, timeout: float, pg_timeout: float) -> float:
-    """Join the process group and prove it with one all_reduce; return its sum."""
+def join_world(
+    *, master_addr: str, port: int, backend: str, timeout: float, pg_timeout: float, gpu_index: int | None = None
+) -> float:
+    """Join the process group and prove it with one all_reduce; return its sum.
+
+    Under nccl the rank first binds ``cuda:gpu_index`` (engine/gpu.py holds the rule)."""
     import torch
     import torch.distributed as dist
     from torch.distributed import TCPStore
@@ -197,9 +199,7 @@ def join_world(*, master_addr: str, port: int, backend: str, timeout: float, pg_
     kwargs: dict[str, Any] = {}
     device = torch.device("cpu")
     if backend == "nccl":
-        local_rank = int(os.environ.get("LOCAL_RANK", "0"))
-        torch.cuda.set_device(local_rank)
-        device = torch.device("cuda", local_rank)
+        device = gpu.bind(int(os.environ.get("LOCAL_RANK", "0")) if gpu_index is None else gpu_index)
         kwargs["device_id"] = device
     dist.init_process_group(
         backend,

@@ -19,7 +19,7 @@ from ..errors import ClusterError, ConfigError, NbdistError, RankError
 
 USAGE = {
     "dist_start": (
-        "%dist_start [-n N] [--backend gloo|nccl] [--launcher local|slurm|srun|mpi] [--timeout S] [--nodes K] "
+        "%dist_start [-n N] [--backend gloo|nccl] [--launcher local|slurm|srun|mpi] [--timeout S] [--nodes K] [--ranks-per-node R] "
         "[--partition P] [--time T] [--account A] [--gpus-per-node G] [--sbatch-arg ARG] [--mpi-arg ARG] [--ip ADDR]"
     ),
     "distributed": "%%distributed [--ranks SPEC] [--timeout S] [--noblock] [--quiet]",
@@ -55,7 +55,12 @@ class DistMagics(Magics):
     # ---------------------------------------------------------------- lifecycle
 
     @magic_arguments()
-    @argument("-n", type=int, default=None, help="number of ranks (default 2; in a Slurm allocation: its tasks)")
+    @argument(
+        "-n",
+        type=int,
+        default=None,
+        help="number of ranks (default: one per allocated GPU or task in a Slurm job, one per GPU here, else 2)",
+    )
     @argument("--backend", default=None, help="gloo or nccl (default: nccl when every rank has a GPU)")
     @argument(
         "--launcher",
@@ -66,6 +71,7 @@ class DistMagics(Magics):
     @argument("--oversubscribe", action="store_true", help="allow more ranks than cores")
     @argument("--no-pin", action="store_true", help="let every rank run on every core (default: each rank its own)")
     @argument("--nodes", type=int, default=None, help="nodes to spread the ranks over (slurm, srun)")
+    @argument("--ranks-per-node", type=int, default=None, help="ranks on each node, e.g. one per GPU (srun)")
     @argument("--partition", default=None, help="Slurm partition (slurm)")
     @argument("--time", default=None, help="Slurm time limit, e.g. 30 or 1:00:00 (slurm)")
     @argument("--account", default=None, help="Slurm account (slurm)")
@@ -95,6 +101,7 @@ class DistMagics(Magics):
                 oversubscribe=args.oversubscribe,
                 pin=not args.no_pin,
                 nodes=args.nodes,
+                ranks_per_node=args.ranks_per_node,
                 partition=args.partition,
                 time=args.time,
                 account=args.account,
@@ -119,9 +126,11 @@ class DistMagics(Magics):
 
     @line_magic
     def dist_status(self, line: str = "") -> None:
-        """Show rank, engine id, host, pid, device, backend and state of each rank."""
+        """Show rank, engine id, host, pid, device (and GPU: name, memory held), backend and state of each rank."""
         rows = _call(lambda: api.current().status())
         cols = ["rank", "engine_id", "host", "pid", "device", "backend", "state"]
+        if any(r["gpu"] for r in rows):
+            cols.insert(5, "gpu")
         widths = [max(len(c), *(len(str(r[c])) for r in rows)) for c in cols]
         print("  ".join(c.ljust(w) for c, w in zip(cols, widths, strict=True)))
         for r in rows:

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import contextlib
 import math
-import os
 from collections.abc import Iterator
 from typing import Any
 
@@ -18,9 +17,10 @@ from ..errors import ConfigError
 
 
 def device() -> torch.device:
-    """This rank's device: cuda:LOCAL_RANK under nccl, else the CPU."""
+    """This rank's device: under nccl the GPU nbdist bound it to (``torch.cuda.current_device()``:
+    LOCAL_RANK, or 0 when the launcher gave the task one GPU of its own); else the CPU."""
     if dist.is_initialized() and dist.get_backend() == "nccl":
-        return torch.device("cuda", int(os.environ.get("LOCAL_RANK", "0")))
+        return torch.device("cuda", torch.cuda.current_device())
     return torch.device("cpu")
 
 

@@ -131,35 +131,58 @@ def test_a_rank_killed_on_node2_is_named_with_its_host_and_restarts_through_slur
     assert slurm.wait_empty(30) == []
 
 
+def _kernel_in_allocation(slurm, tmp_path, salloc: list[str], body: str) -> tuple[dict, str]:
+    """Run an IPython kernel in a one-task step of a new allocation (as batchspawner runs the notebook):
+    %load_ext nbdist, %dist_start with no arguments, then ``body`` (which sets ``result``), then %dist_stop.
+    Returns (result, what the kernel printed)."""
+    script = tmp_path / "kernel.ipy"
+    lines = ["%load_ext nbdist", "%dist_start --timeout 90", "import json, nbdist", "c = nbdist.current()"]
+    lines += [*textwrap.dedent(body).strip().splitlines(), 'print("RESULT", json.dumps(result))', "%dist_stop"]
+    script.write_text("\n".join(lines) + "\n")
+    ipython = [PY, "-m", "IPython", "--quick", "--no-banner", "--colors=nocolor", str(script)]
+    done = slurm.run("salloc", *salloc, "srun", "-N1", "-n1", *ipython, check=False, timeout=HANG_S)
+    line = next((ln for ln in done.stdout.splitlines() if ln.startswith("RESULT ")), "")
+    assert line, f"no result: {done.stdout[-2000:]} {done.stderr[-2000:]}"
+    return json.loads(line[len("RESULT ") :]), done.stdout
+
+
 def test_inside_an_allocation_dist_start_uses_it_through_srun_overlap(slurm, tmp_path):
     """The kernel runs in a step of a 2-node allocation (as batchspawner runs it), so a plain srun would
     queue behind it forever; %dist_start with no -n must use the allocation through srun --overlap."""
-    script = tmp_path / "kernel.ipy"
-    script.write_text(
-        textwrap.dedent(
-            """
-            %load_ext nbdist
-            %dist_start --timeout 90
-            import json, nbdist
-            c = nbdist.current()
-            launcher = c.engines._ipp.engines
-            args = [el.args for el in launcher.values()][0]
-            c.run("x = torch.ones(1); dist.all_reduce(x); import socket; host = socket.gethostname()").raise_for_error()
-            print("RESULT", json.dumps({"hosts": c.pull("host"), "sums": [t.item() for t in c.pull("x")],
-                                         "launcher": c.config.launcher, "args": args}))
-            %dist_stop
-            """
-        )
-    )
-    ipython = [PY, "-m", "IPython", "--quick", "--no-banner", "--colors=nocolor", str(script)]
-    done = slurm.run("salloc", "-N2", "-n2", "srun", "-N1", "-n1", *ipython, check=False, timeout=HANG_S)
-    line = next((ln for ln in done.stdout.splitlines() if ln.startswith("RESULT ")), "")
-    assert line, f"no result: {done.stdout[-2000:]} {done.stderr[-2000:]}"
-    result = json.loads(line[len("RESULT ") :])
-    assert "2 ranks = Slurm job" in done.stdout and "engines via srun --overlap" in done.stdout
+    body = """
+        args = [el.args for el in c.engines._ipp.engines.values()][0]
+        c.run("x = torch.ones(1); dist.all_reduce(x); import socket; host = socket.gethostname()").raise_for_error()
+        result = {"hosts": c.pull("host"), "sums": [t.item() for t in c.pull("x")], "launcher": c.config.launcher,
+                  "args": args}
+    """
+    result, out = _kernel_in_allocation(slurm, tmp_path, ["-N2", "-n2"], body)
+    assert "2 ranks = 2 tasks allocated on node1,node2 (Slurm job " in out
+    assert "engines via srun --overlap; backend gloo" in out
     assert result["launcher"] == "srun" and "--overlap" in result["args"]
     assert sorted(result["hosts"]) == ["node1", "node2"]
     assert result["sums"] == [2.0, 2.0]
+
+
+def test_in_a_gpu_allocation_dist_start_starts_one_rank_per_gpu_across_the_nodes(slurm, tmp_path):
+    """A job of 2 nodes x 1 task holding 2 GPUs per node (Slurm's bookkeeping GPUs: tests/slurmnodes.py):
+    %dist_start with no arguments counts the GPUs of both nodes (SLURM_GPUS_ON_NODE alone says 2),
+    puts 2 ranks on each node, each sees its node's GPUs, and the line says why. These GPUs cannot run
+    CUDA, so the ranks fall back to gloo, and the line says that too (a CPU build of torch on a GPU node)."""
+    body = f"""
+        c.run({REPORT!r} + "report['cuda'] = os.environ.get('CUDA_VISIBLE_DEVICES')").raise_for_error()
+        result = {{"reports": c.pull("report"), "chosen": c.chosen, "status": c.status()}}
+    """
+    result, out = _kernel_in_allocation(slurm, tmp_path, ["-N2", "--ntasks-per-node=1", "--gpus-per-node=2"], body)
+    assert result["chosen"].startswith("4 ranks = 4 GPUs allocated on node1,node2 (Slurm job ")
+    assert "backend gloo (the ranks see no CUDA device of their own: is torch a CPU build?" in result["chosen"]
+    assert result["chosen"] in out  # %dist_start printed it
+    reports = result["reports"]
+    assert [r["host"] for r in reports] == ["node1", "node1", "node2", "node2"]
+    assert [r["LOCAL_RANK"] for r in reports] == ["0", "1", "0", "1"]
+    assert [r["SLURM_LOCALID"] for r in reports] == ["0", "1", "0", "1"]
+    assert {r["cuda"] for r in reports} == {"0,1"}  # each rank sees its node's two GPUs
+    assert [r["total"] for r in reports] == [10.0] * 4
+    assert [row["device"] for row in result["status"]] == ["cpu"] * 4
 
 
 def test_mpi_launcher_ranks_are_mpi_ranks(ip, slurm):

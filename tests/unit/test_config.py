@@ -8,7 +8,7 @@ from nbdist.config import StartConfig, default_threads, did_you_mean, parse_rank
 from nbdist.engine.runtime import rank_env
 from nbdist.errors import ConfigError
 from nbdist.launchers import LocalLauncher
-from nbdist.rendezvous import choose_backend, plan_cpus, plan_local_ranks
+from nbdist.rendezvous import choose_backend, plan_cpus, plan_gpus, plan_local_ranks
 
 
 @pytest.mark.parametrize(
@@ -93,12 +93,22 @@ def test_plan_local_ranks_groups_by_host():
 
 
 def test_choose_backend():
-    assert choose_backend(None, [0, 0], [0, 1]) == "gloo"
-    assert choose_backend(None, [2, 2], [0, 1]) == "nccl"
-    assert choose_backend(None, [1, 1], [0, 1]) == "gloo"  # rank 1 would share GPU 0
-    assert choose_backend("gloo", [2, 2], [0, 1]) == "gloo"
-    with pytest.raises(ConfigError, match="rank 1 has none; use --backend gloo"):
-        choose_backend("nccl", [1, 1], [0, 1])
+    assert choose_backend(None, [None, None]) == "gloo"
+    assert choose_backend(None, [0, 1]) == "nccl"
+    assert choose_backend(None, [0, None]) == "gloo"
+    assert choose_backend("gloo", [0, 1]) == "gloo"
+    with pytest.raises(ConfigError, match="rank 1 has none of its own; use --backend gloo"):
+        choose_backend("nccl", [0, None])
+
+
+def test_plan_gpus_binds_local_rank_or_a_tasks_own_single_gpu():
+    two = ["GPU-a", "GPU-b"]
+    assert plan_gpus(["h", "h"], [0, 1], [two, two]) == [0, 1]  # every rank sees both: LOCAL_RANK
+    assert plan_gpus(["h", "h"], [0, 1], [[], []]) == [None, None]  # no CUDA
+    assert plan_gpus(["h", "h"], [0, 1], [["GPU-a"], ["GPU-b"]]) == [0, 0]  # srun --gpus-per-task=1
+    assert plan_gpus(["h", "h"], [0, 1], [["GPU-a"], ["GPU-a"]]) == [None, None]  # one GPU, two ranks
+    assert plan_gpus(["h", "h", "h"], [0, 1, 2], [two, two, two]) == [0, 1, None]  # more ranks than GPUs
+    assert plan_gpus(["n1", "n2"], [0, 0], [["GPU-a"], ["GPU-a"]]) == [0, 0]  # same name, other hosts
 
 
 def test_rank_env_is_what_configure_sets_and_the_local_store_stays_on_loopback():

@@ -6,10 +6,10 @@ import socket
 
 import pytest
 
-from nbdist import net, slurm
+from nbdist import defaults, gpus, net, slurm
 from nbdist.config import StartConfig
 from nbdist.errors import ConfigError
-from nbdist.hosts import batch_script, default_launch
+from nbdist.hosts import batch_script
 from nbdist.rendezvous import plan_local_ranks, plan_node_ranks
 
 
@@ -52,21 +52,82 @@ def test_an_allocation_is_read_from_slurms_environment():
     env = {"SLURM_JOB_ID": "42", "SLURM_NTASKS": "4", "SLURM_JOB_NODELIST": "gpu1"}
     alloc = slurm.allocation(env)
     assert alloc is not None and (alloc.job_id, alloc.ntasks, alloc.nodes) == ("42", 4, ("gpu1",))
-    assert alloc.ranks() == 4
+    assert alloc.ranks() == 4 and alloc.describe() == "4 tasks allocated on gpu1 (Slurm job 42)"
+    # scontrol does not know job 42 here: every node is taken to have what this one has
     gpus = slurm.allocation(dict(env, SLURM_GPUS_ON_NODE="2"))
-    assert gpus is not None and gpus.ranks() == 2 and "2 GPU(s) per node" in gpus.describe()
+    assert gpus is not None and gpus.gpus == (2,) and gpus.ranks() == 2
+    assert gpus.describe() == "2 GPUs allocated on gpu1 (Slurm job 42)"
+
+
+SCONTROL_D = """JobId=7 JobName=spawner-jupyterhub
+   NumNodes=3 NumCPUs=3 NumTasks=3 CPUs/Task=1 ReqB:S:C:T=0:0:*:*
+     Nodes=gpu[1-2] CPU_IDs=0 Mem=0 GRES=gpu:a100:4(IDX:0-3)
+     Nodes=gpu3 CPU_IDs=0 Mem=0 GRES=gpu:2(IDX:0-1),gres/shard:0
+   MinCPUsNode=1 MinMemoryNode=0 MinTmpDiskNode=0
+"""
+
+
+def test_gpus_per_node_come_from_scontrol_detail_lines():
+    expand = {"gpu[1-2]": ["gpu1", "gpu2"], "gpu3": ["gpu3"]}.__getitem__
+    assert slurm.parse_node_gpus(SCONTROL_D, expand) == {"gpu1": 4, "gpu2": 4, "gpu3": 2}
+    assert slurm.parse_node_gpus("JobId=8\n     Nodes=c1 CPU_IDs=0 Mem=0 GRES=\n", lambda s: [s]) == {"c1": 0}
+    uneven = slurm.Allocation("7", 3, ("gpu1", "gpu2", "gpu3"), (4, 4, 2))
+    assert uneven.ranks() == 10 and uneven.gpus_per_node() == 0
+    assert slurm.Allocation("7", 2, ("a", "b"), (2, 2)).gpus_per_node() == 2
+
+
+def test_visible_gpus_without_touching_cuda():
+    assert gpus.parse_visible("0,1,2") == ["0", "1", "2"]
+    assert gpus.parse_visible("1,-1,2") == ["1"]  # CUDA stops at the first invalid id
+    assert gpus.parse_visible("") == [] and gpus.parse_visible("NoDevFiles") == []
+    smi = (
+        "GPU 0: NVIDIA H100 80GB HBM3 (UUID: GPU-1a2b)\n"
+        "GPU 1: NVIDIA H100 80GB HBM3 (UUID: GPU-3c4d)\n"
+    )
+    assert gpus.parse_nvidia_smi(smi) == ["0", "1"]
+    mig = "GPU 0: NVIDIA A100 (UUID: GPU-1)\n  MIG 3g.20gb     Device  0: (UUID: MIG-aa)\n  MIG 3g.20gb     Device  1: (UUID: MIG-bb)\n"
+    assert gpus.parse_nvidia_smi(mig) == ["MIG-aa", "MIG-bb"]
+    assert gpus.visible({"CUDA_VISIBLE_DEVICES": "2,3"}) == (["2", "3"], "CUDA_VISIBLE_DEVICES")
 
 
 def test_inside_an_allocation_no_n_means_the_allocation_through_srun(monkeypatch):
-    monkeypatch.setenv("SLURM_JOB_ID", "7")
-    monkeypatch.setenv("SLURM_NTASKS", "3")
-    monkeypatch.setenv("SLURM_JOB_NODELIST", "n1")
-    monkeypatch.delenv("SLURM_STEP_NUM_TASKS", raising=False)
-    n, launcher, why = default_launch(None, None)
-    assert (n, launcher) == (3, "srun") and why.startswith("3 ranks = Slurm job 7")
-    assert default_launch(2, None) == (2, "local", "")  # -n keeps the laptop behaviour
-    monkeypatch.delenv("SLURM_JOB_ID")
-    assert default_launch(None, None) == (2, "local", "")
+    env = {"SLURM_JOB_ID": "7", "SLURM_NTASKS": "3", "SLURM_JOB_NODELIST": "n1"}
+    choice = defaults.choose(None, None, env)
+    assert (choice.n, choice.launcher, choice.gpus) == (3, "srun", 0)
+    assert choice.line("gloo") == "3 ranks = 3 tasks allocated on n1 (Slurm job 7); engines via srun --overlap; backend gloo"
+    assert defaults.choose(2, None, env) == defaults.Choice(2, "local")  # -n keeps the laptop behaviour
+    assert defaults.choose(None, None, {"CUDA_VISIBLE_DEVICES": ""}) == defaults.Choice(2, "local")
+    assert defaults.choose(None, None, {"CUDA_VISIBLE_DEVICES": "0"}) == defaults.Choice(2, "local")
+
+
+def test_with_gpus_one_rank_per_gpu_and_the_line_says_why(monkeypatch):
+    pod = defaults.choose(None, None, {"CUDA_VISIBLE_DEVICES": "0,1,2,3"})
+    assert (pod.n, pod.launcher, pod.gpus) == (4, "local", 4)
+    assert pod.line("nccl").startswith("4 ranks = 4 GPUs visible on ") and pod.line("nccl").endswith(
+        "(CUDA_VISIBLE_DEVICES); backend nccl"
+    )
+    assert "the ranks see no CUDA device of their own: is torch a CPU build?" in pod.line("gloo")
+    monkeypatch.setattr(slurm, "node_gpus", lambda job: {"g1": 2, "g2": 2})
+    env = {"SLURM_JOB_ID": "9", "SLURM_NTASKS": "2", "SLURM_JOB_NODELIST": "g1", "SLURM_GPUS_ON_NODE": "2"}
+    monkeypatch.setattr(slurm, "hostnames", lambda nodelist: ["g1", "g2"])
+    job = defaults.choose(None, None, env)
+    assert (job.n, job.launcher, job.gpus, job.ranks_per_node) == (4, "srun", 4, 2)
+    assert job.line("nccl") == (
+        "4 ranks = 4 GPUs allocated on g1,g2 (Slurm job 9); engines via srun --overlap; backend nccl"
+    )
+    monkeypatch.setattr(slurm, "node_gpus", lambda job: {"g1": 3, "g2": 1})
+    uneven = defaults.choose(None, None, env)
+    assert (uneven.n, uneven.ranks_per_node) == (4, 0) and "uneven GPUs per node: 3+1" in uneven.why
+
+
+def test_srun_places_ranks_per_node_with_overcommit():
+    from nbdist.hosts import _engine_launchers
+
+    steps = _engine_launchers()[1](n=4, mpi_cmd=["srun"], mpi_args=["--overlap"], ranks_per_node=2)
+    args = steps.find_args()
+    assert args[:6] == ["srun", "--nodes=2", "--ntasks-per-node=2", "--distribution=block", "--overcommit", "-n"]
+    with pytest.raises(ConfigError, match="--ranks-per-node 2 needs --launcher srun \\(this is .local.\\)"):
+        StartConfig(n=2, ranks_per_node=2)
 
 
 def test_the_batch_script_carries_every_option_and_runs_engines_through_srun():
