@@ -251,8 +251,10 @@ class SrunLauncher(_ManyHosts):
 
     def configure_engines(self, c: Any, config: StartConfig) -> None:
         # Without --overlap the step waits behind the notebook's own step and hangs without a word.
+        # --export=ALL: a batch job submitted with --export=LIST (batchspawner does) leaves
+        # SLURM_EXPORT_ENV=LIST to its steps, which would then start engines without PATH or NBDIST_*.
         c.mpi_cmd = ["srun"]
-        c.mpi_args = ["--overlap", "--kill-on-bad-exit=0"]
+        c.mpi_args = ["--overlap", "--export=ALL", "--kill-on-bad-exit=0"]
         c.nodes = config.nodes or 0
         c.ranks_per_node = config.ranks_per_node or 0
 

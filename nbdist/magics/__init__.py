@@ -6,6 +6,7 @@
 
 from __future__ import annotations
 
+import os
 import shlex
 from typing import Any
 
@@ -316,8 +317,10 @@ def load(ipython: Any) -> None:
     magics = DistMagics(ipython)
     _LOADED[id(ipython)] = magics
     ipython.register_magics(magics)
-    # Import torch for the likely first %dist_start (2 ranks) while the user types it.
-    pool.warm(2, default_threads(2))
+    # Import torch for the likely first %dist_start (2 ranks) while the user types it; inside a
+    # Slurm job the ranks start through srun on the allocation's nodes, so local ones would be wasted.
+    if not os.environ.get("SLURM_JOB_ID"):
+        pool.warm(2, default_threads(2))
 
 
 def unload(ipython: Any) -> None:
