@@ -19,12 +19,12 @@ demo: $(STAMP)
 	OMP_NUM_THREADS=1 $(BIN)/python -m nbdist.demo
 
 test: $(STAMP)
-	$(BIN)/ruff check nbdist tests benchmarks notebooks
+	$(BIN)/ruff check nbdist tests benchmarks notebooks deploy
 	$(BIN)/mypy
 	OMP_NUM_THREADS=1 $(BIN)/python -m pytest -q -p no:cacheprovider tests
 
 lint: $(STAMP)
-	$(BIN)/ruff check nbdist tests benchmarks notebooks
+	$(BIN)/ruff check nbdist tests benchmarks notebooks deploy
 	$(BIN)/mypy
 
 bench: $(STAMP)

@@ -10,9 +10,12 @@ a collective. Outside an engine the rows stay in ``local_rows()``.
 from __future__ import annotations
 
 import os
+import sys
 import threading
 import time
 from typing import Any
+
+from . import gpu
 
 FLUSH_S = 0.2  # at most 5 batches a second: far below IOPub's rate limits
 KEY = "nbdist.metrics."
@@ -23,8 +26,12 @@ _STATE = {"last": 0.0, "seq": 0}
 
 
 def log(step: int | None = None, **metrics: Any) -> None:
-    """Record metrics for this rank (numbers: loss=0.3, lr=1e-3, ...)."""
+    """Record metrics for this rank (numbers: loss=0.3, lr=1e-3, ...). On a rank that uses a GPU
+    the row also gets ``memory/gpu_MiB``: what its tensors hold on the GPU now (the dashboard's panel)."""
     row: dict[str, Any] = {"t": time.time(), "step": step}
+    torch = sys.modules.get("torch")
+    if torch is not None and torch.cuda.is_initialized():  # never initialises CUDA itself
+        row["memory/gpu_MiB"] = gpu.memory_mib()
     for key, value in metrics.items():
         try:
             row[key] = float(value)

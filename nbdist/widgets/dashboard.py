@@ -88,14 +88,14 @@ class MetricStore:
 
 
 # Metrics that apply_ddp logs by itself: three get a panel, the rest are in RunResult.metrics.
-AUTO_PANELS = ("throughput/samples_per_s", "comm/overhead(%)", "comm/bytes")
-AUTO_PREFIXES = ("comm/", "time/", "throughput/")
+AUTO_PANELS = ("throughput/samples_per_s", "comm/overhead(%)", "comm/bytes", "memory/gpu_MiB")
+AUTO_PREFIXES = ("comm/", "time/", "throughput/", "memory/")
 MAX_PANELS = 6
 
 
 def panel_keys(keys: list[str]) -> list[str]:
     """Which metrics get a panel: the user's own (loss first), then throughput,
-    communication overhead and bytes per step; at most MAX_PANELS."""
+    communication overhead, bytes per step and GPU memory per rank; at most MAX_PANELS."""
     auto = [k for k in AUTO_PANELS if k in keys]
     user = sorted((k for k in keys if not k.startswith(AUTO_PREFIXES)), key=lambda k: ("loss" not in k, k))
     return user[: MAX_PANELS - len(auto)] + auto

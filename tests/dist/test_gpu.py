@@ -1,18 +1,94 @@
-"""The NCCL path: one GPU per local rank. Skipped without CUDA (CI has none); run where a GPU is lent."""
+"""The GPU path: NCCL worlds, binding, the kernel's own CUDA, the compression kernels on CUDA, GPU memory.
+
+Skipped without CUDA (CI has none); run where a GPU is lent: ``pytest -m gpu tests``. A single GPU
+runs all but the tests that need one GPU per rank.
+"""
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
 import torch
 
-pytestmark = [
-    pytest.mark.gpu,
-    pytest.mark.skipif(
-        not torch.cuda.is_available() or torch.cuda.device_count() < 2, reason="needs 2 CUDA devices for NCCL"
-    ),
-]
+pytestmark = pytest.mark.gpu
+GPUS = torch.cuda.device_count() if torch.cuda.is_available() else 0
 
 
+def needs_gpus(n: int):
+    return pytest.mark.skipif(GPUS < n, reason=f"needs {n} CUDA device(s); this machine has {GPUS}")
+
+
+@needs_gpus(1)
+def test_cuda_initialised_in_the_kernel_does_not_reach_the_ranks():
+    """Notebook launchers that fork the kernel fail here ("Cannot re-initialize CUDA in forked
+    subprocess"); nbdist's ranks are fresh processes, so the kernel's CUDA is not theirs."""
+    import nbdist
+
+    torch.zeros(1, device="cuda")  # the kernel initialises CUDA first
+    assert torch.cuda.is_initialized()
+    with nbdist.start(n=1) as cluster:
+        assert cluster.backend == "nccl"  # one rank, one GPU of its own
+        cluster.run(
+            "from nbdist.parallel import device\n"
+            "t = torch.ones(4, device=device())\n"
+            "dist.all_reduce(t)\n"
+            "big = torch.empty(64 * 2**20, dtype=torch.uint8, device=device())\n"
+            "nbdist.log(step=0, loss=1.0)\n"
+            "out = (t.sum().item(), str(device()))"
+        ).raise_for_error()
+        assert cluster.pull("out") == [(4.0, "cuda:0")]
+        row = cluster.status()[0]
+        assert row["device"] == "cuda:0" and torch.cuda.get_device_name(0) in row["gpu"]
+        used = int(row["gpu"].split(", ")[1].split("/")[0])
+        assert used >= 64, row["gpu"]  # the 64 MiB tensor, as %dist_status shows it
+        rows = cluster.last.metrics[0]
+        assert rows[-1]["memory/gpu_MiB"] >= 64
+
+
+@needs_gpus(1)
+def test_two_ranks_share_one_gpu_over_gloo():
+    import nbdist
+
+    with nbdist.start(n=2) as cluster:
+        assert cluster.backend == "gloo"  # rank 1 has no GPU of its own: nccl would refuse the duplicate
+        cluster.run(
+            "t = torch.full((3,), float(dist.get_rank() + 1), device='cuda:0')\n"
+            "dist.all_reduce(t)\n"
+            "from nbdist.parallel import device\n"
+            "out = (t.tolist(), t.device.type, str(device()))"
+        ).raise_for_error()
+        assert cluster.pull("out") == [([3.0] * 3, "cuda", "cpu")] * 2
+
+
+@needs_gpus(1)
+def test_compression_kernels_on_cuda_send_what_the_cpu_kernels_send():
+    """Same payloads bit for bit where the compressor is deterministic (top-k indices, packed signs)."""
+    from nbdist.compression import kernels
+    from nbdist.compression import torch_kernels as tk
+
+    x = torch.randn(1_000_003, generator=torch.Generator().manual_seed(0))
+    values, idx = tk.topk(x.cuda(), 1000)
+    ref_values, ref_idx = kernels.topk(x.numpy(), 1000)
+    assert np.array_equal(idx.cpu().numpy(), np.sort(ref_idx)) and values.device.type == "cuda"
+    packed, scale = tk.sign_pack(x.cuda())
+    ref_packed = np.empty(-(-x.numel() // 8), np.uint8)
+    ref_scale = kernels.sign_pack(x.numpy(), ref_packed)
+    assert np.array_equal(packed.cpu().numpy(), ref_packed)
+    assert scale == pytest.approx(ref_scale, rel=1e-5)
+
+
+@needs_gpus(2)
+def test_with_no_arguments_one_rank_per_gpu_and_nccl():
+    import nbdist
+
+    with nbdist.start() as cluster:
+        assert cluster.world_size == GPUS and cluster.backend == "nccl"
+        assert cluster.chosen.startswith(f"{GPUS} ranks = {GPUS} GPUs visible on ")
+        assert cluster.chosen.endswith("; backend nccl")
+        assert [row["device"] for row in cluster.status()] == [f"cuda:{i}" for i in range(GPUS)]
+
+
+@needs_gpus(2)
 def test_nccl_world_ddp_and_fsdp_on_gpus():
     import nbdist
 

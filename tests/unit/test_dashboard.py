@@ -91,6 +91,25 @@ def test_panels_show_loss_throughput_overhead_and_bytes_with_the_compression_rat
     assert "comm/bytes (compressed 50x)" in titles and titles[0] == "loss"
 
 
+def test_gpu_memory_gets_a_panel_per_rank_and_a_cpu_rank_logs_none():
+    from nbdist.engine import metrics
+    from nbdist.widgets.dashboard import panel_keys
+
+    store = MetricStore()
+    for rank, mib in ((0, 100.0), (1, 300.0)):
+        store.add(rank, [{"step": i, "loss": 1.0, "memory/gpu_MiB": mib + i} for i in range(3)])
+    assert panel_keys(store.keys()) == ["loss", "memory/gpu_MiB"]
+    board = Dashboard()
+    board.store = store
+    traces = {t.name: list(t.y) for t in board.figure().data}
+    assert traces["memory/gpu_MiB rank 1"] == [300.0, 301.0, 302.0]
+    assert traces["memory/gpu_MiB mean"] == [200.0, 201.0, 202.0]
+    metrics.log(step=0, loss=1.0)  # this process never initialised CUDA: no GPU column
+    metrics.flush()
+    rows = metrics.local_rows()
+    assert rows and "memory/gpu_MiB" not in rows[-1]
+
+
 def test_the_live_figure_widget_can_be_built():
     """plotly's FigureWidget (the live dashboard) needs anywidget, which nbdist never imports
     itself: the dependency stays declared in pyproject.toml for this."""
