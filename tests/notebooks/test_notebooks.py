@@ -57,3 +57,8 @@ def test_notebook_runs_top_to_bottom(path, tmp_path):
         errors = [o for c in nb.cells for o in c.get("outputs", []) if o.output_type == "error"]
         assert len(errors) == 1 and errors[0]["ename"] == "RankError"
         assert "[rank 1] the world works again: 2.0" in text
+        # ranks are new interpreters, not forks of the kernel: the kernel's CUDA is never theirs
+        for rank in (0, 1):
+            assert f"[rank {rank}] started as: python -m nbdist.engine" in text
+        assert text.count("| CUDA initialised in this rank: False") == 2
+        assert "[rank 1] and the world works: 2.0" in text
