@@ -32,6 +32,7 @@ bench: $(STAMP)
 	OMP_NUM_THREADS=1 $(BIN)/python benchmarks/cell_latency.py
 	OMP_NUM_THREADS=1 $(BIN)/python benchmarks/ddp_throughput.py
 	OMP_NUM_THREADS=1 $(BIN)/python benchmarks/compression.py
+	OMP_NUM_THREADS=1 $(BIN)/python benchmarks/compression_gpu.py
 	OMP_NUM_THREADS=1 $(BIN)/python benchmarks/instrumentation.py
 	OMP_NUM_THREADS=1 $(BIN)/python benchmarks/faults.py
 	OMP_NUM_THREADS=1 $(BIN)/python benchmarks/multinode.py
