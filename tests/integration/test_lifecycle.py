@@ -18,20 +18,11 @@ import pytest
 
 import nbdist
 from nbdist.errors import ClusterError
-from tests.conftest import run_cell
+from tests.conftest import run_cell, wait_gone
 
 
 def _children() -> set[int]:
     return {p.pid for p in psutil.Process().children(recursive=True)}
-
-
-def _wait_gone(pids: list[int], within: float) -> list[int]:
-    deadline = time.monotonic() + within
-    alive = list(pids)
-    while alive and time.monotonic() < deadline:
-        alive = [p for p in alive if psutil.pid_exists(p) and psutil.Process(p).status() != psutil.STATUS_ZOMBIE]
-        time.sleep(0.1)
-    return alive
 
 
 def test_fault4_killed_rank_is_named_and_restart_brings_the_world_back(ip, tmp_path, capsys):
@@ -80,7 +71,7 @@ def test_fault4_killed_rank_is_named_and_restart_brings_the_world_back(ip, tmp_p
     finally:
         pids = cluster.pids()
         run_cell(ip, "%dist_stop")
-    assert _wait_gone(pids, 5) == []
+    assert wait_gone(pids, 5) == []
     assert _children() - before == set(), "stop must leave no process behind"
 
 
@@ -107,7 +98,7 @@ def test_fault5_engines_and_controller_end_with_the_kernel():
         assert all(psutil.pid_exists(p) for p in pids)
         kernel_pid = km.provisioner.pid
         os.kill(kernel_pid, signal.SIGKILL)
-        left = _wait_gone(pids, 60)  # ipyparallel alone leaves them running for minutes
+        left = wait_gone(pids, 60)  # ipyparallel alone leaves them running for minutes
         assert left == [], f"processes outlived the kernel: {left}"
     finally:
         kc.stop_channels()
@@ -139,7 +130,7 @@ def test_fault7_missing_rank_is_named_within_the_start_timeout(tmp_path, monkeyp
     assert "1 of 2 engine(s) did not start, so rank(s) 1 have no engine" in msg
     # reported because the engine exited, not because the start timeout ran out
     assert "1 engine process(es) exited while starting" in msg and "did not register within" not in msg
-    assert _wait_gone(list(_children() - before), 5) == []
+    assert wait_gone(list(_children() - before), 5) == []
 
 
 def test_launchers_for_many_hosts_name_what_is_missing(monkeypatch, tmp_path):
@@ -171,7 +162,7 @@ def test_context_manager_stops_everything():
         pids = cluster.pids()
         assert len(pids) == 4  # controller, its forked heart monitor, two engines
         cluster.run("x = 1").raise_for_error()
-    assert _wait_gone(pids, 5) == []
+    assert wait_gone(pids, 5) == []
     assert _children() - before == set()
     with pytest.raises(ClusterError, match="no cluster is running"):
         nbdist.current()

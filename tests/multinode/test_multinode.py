@@ -15,12 +15,11 @@ import textwrap
 import threading
 import time
 
-import psutil
 import pytest
 
 import nbdist
 from nbdist.errors import ClusterError, RankError
-from tests.conftest import run_cell
+from tests.conftest import run_cell, wait_gone
 from tests.dist.test_ddp import check_ddp_against_one_process
 from tests.slurmnodes import NODES, UNROUTED
 
@@ -36,17 +35,6 @@ REPORT = textwrap.dedent(
     report = dict(env, host=socket.gethostname(), total=x.item())
     """
 )
-
-
-def _alive(pids: list[int]) -> list[int]:
-    return [p for p in pids if psutil.pid_exists(p) and psutil.Process(p).status() != psutil.STATUS_ZOMBIE]
-
-
-def _wait_gone(pids: list[int], timeout: float) -> list[int]:
-    deadline = time.monotonic() + timeout
-    while _alive(pids) and time.monotonic() < deadline:
-        time.sleep(0.2)
-    return _alive(pids)
 
 
 def test_slurm_launcher_puts_ranks_on_two_nodes_and_trains_like_one_process(ip, slurm, capsys):
@@ -100,7 +88,7 @@ def test_slurm_launcher_puts_ranks_on_two_nodes_and_trains_like_one_process(ip, 
         run_cell(ip, "%dist_stop")
     assert f"cancelled Slurm job(s) {jobs[0]}" in capsys.readouterr().out
     assert slurm.wait_empty(30) == []
-    assert _wait_gone(engine_pids, 30) == [], "no engine may outlive %dist_stop"
+    assert wait_gone(engine_pids, 30) == [], "no engine may outlive %dist_stop"
     assert not os.path.exists("slurm_engine.sbatch"), "the batch script stays in the cluster's directory"
 
 
@@ -234,7 +222,7 @@ def _start_and_kill_kernel(code: str) -> dict:
 def test_engines_on_the_nodes_end_when_the_kernel_dies(slurm):
     """The controller watches the kernel and cancels the Slurm job (by id) when it is gone."""
     info = _start_and_kill_kernel(KERNEL)
-    assert _wait_gone(info["pids"], 30) == [], "engines on the nodes must end within 30 s of the kernel"
+    assert wait_gone(info["pids"], 30) == [], "engines on the nodes must end within 30 s of the kernel"
     assert slurm.wait_empty(30) == []
     assert not os.path.exists(info["dir"]), "the controller removes the cluster's directory"
 
@@ -245,7 +233,7 @@ def test_engines_that_lose_the_controller_end_by_themselves(slurm):
         '"jobs": c.engines.job_ids()', '"jobs": []'
     )
     info = _start_and_kill_kernel(code)
-    assert _wait_gone(info["pids"], 30) == [], "engines must end within 30 s of losing the controller"
+    assert wait_gone(info["pids"], 30) == [], "engines must end within 30 s of losing the controller"
 
 
 PENDING = textwrap.dedent(
