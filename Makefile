@@ -35,6 +35,7 @@ bench: $(STAMP)
 	OMP_NUM_THREADS=1 $(BIN)/python benchmarks/compression_gpu.py
 	OMP_NUM_THREADS=1 $(BIN)/python benchmarks/instrumentation.py
 	OMP_NUM_THREADS=1 $(BIN)/python benchmarks/faults.py
+	OMP_NUM_THREADS=1 $(BIN)/python benchmarks/recovery.py
 	OMP_NUM_THREADS=1 $(BIN)/python benchmarks/multinode.py
 
 clean:

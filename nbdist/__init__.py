@@ -20,6 +20,7 @@ __all__ = [
     "current",
     "load_ipython_extension",
     "log",
+    "on_preempt",
     "start",
     "unload_ipython_extension",
 ]
@@ -37,6 +38,10 @@ def __getattr__(name: str) -> Any:
         from .engine.metrics import log
 
         return log
+    if name == "on_preempt":
+        from .engine.preempt import on_preempt
+
+        return on_preempt
     raise AttributeError(f"module 'nbdist' has no attribute {name!r}")
 
 

@@ -23,12 +23,15 @@ from collections.abc import Callable
 from typing import Any
 
 from . import defaults
-from .config import RunConfig, StartConfig, parse_ranks
+from .config import RunConfig, StartConfig, format_cpus, parse_ranks
+from .doctor import render
 from .engine import gpu
 from .engines import EngineSet, RankInfo
 from .errors import ClusterError
+from .history import History
 from .hosts import launcher_for
 from .output import Sink
+from .recovery import Recovery, recover
 from .rendezvous import World, build_world, choose_backend, configure_ranks, leave_world
 from .results import RankState, RankStatus, RunResult
 from .run import PendingRun, execute
@@ -83,6 +86,9 @@ class Cluster:
         self.running = False
         self.last: RunResult | PendingRun | None = None  # the last run
         self.startup: dict[str, float] = {}  # seconds to each phase of start()
+        self.recovery = Recovery(budget=self.config.max_restarts)  # --max-restarts, setup cells, last checkpoint
+        self.history = History()  # the cells that ran, for %dist_export
+        self._to_recover: list[int] = []
         self._workdir = ""
         self._lock = threading.RLock()
 
@@ -127,6 +133,7 @@ class Cluster:
             master_addr=master_addr,
             timeout=min(cfg.timeout, 30.0),
             pg_timeout=cfg.pg_timeout,
+            debug=cfg.debug_collectives,
         )
 
     def restart(self, ranks: Any = None) -> float:
@@ -157,6 +164,7 @@ class Cluster:
             master_addr=self.world.master_addr,
             timeout=min(self.config.timeout, 30.0),
             pg_timeout=self.config.pg_timeout,
+            debug=self.config.debug_collectives,
         )
         return self.world.seconds
 
@@ -241,7 +249,7 @@ class Cluster:
                 "pid": r.pid,
                 "device": f"cuda:{r.gpu}" if self.backend == "nccl" else "cpu",
                 "gpu": gpus.get(r.rank, ""),
-                "cpus": _cpu_list(r.cpus),
+                "cpus": format_cpus(r.cpus),
                 "backend": self.backend,
                 "state": str(states[r.rank]),
             }
@@ -263,6 +271,13 @@ class Cluster:
             out[rank] = f"{info['name']}, {info['memory_mib']}/{info['total_mib']} MiB" if info else ""
         return out
 
+    def where(self, wait: float = 1.0) -> list[str]:
+        """Where each rank is now: its cell lines, its last collective, the odd one marked (doctor.py)."""
+        engines = self._engines()
+        live = [r.rank for r in self.ranks if r.rank not in set(engines.dead_ranks())]
+        reports = engines.where(live, wait=wait)
+        return render(reports, {r.rank: r.where() for r in self.ranks})
+
     def view(self, ranks: list[int]) -> Any:
         """An ipyparallel DirectView on these ranks' engines."""
         return self._engines().view(ranks)
@@ -277,31 +292,60 @@ class Cluster:
         block: bool = True,
         quiet: bool = False,
         sink: Sink | None = None,
+        setup: bool = False,
     ) -> RunResult | PendingRun:
         """Run code on the given ranks; return a RunResult (or a PendingRun if block=False).
 
         Output is streamed to ``sink`` (default: printed, each line tagged ``[rank N]``).
         A failure on any rank releases ranks left waiting in a collective and is
         reported in the result; call ``result.raise_for_error()`` to turn it into a
-        RankError (the magics do).
+        RankError (the magics do). ``setup``: a cell that builds state (imports, model,
+        data); with ``max_restarts`` it is replayed after an automatic restart (recovery.py).
         """
         engines = self._engines()
         cfg = RunConfig(ranks=parse_ranks(ranks, self.world_size), timeout=timeout, block=block, quiet=quiet)
-        self.last = execute(
-            engines,
+        dead = engines.dead_ranks()
+        if dead and self.recovery.left > 0:  # died between cells (a preempted rank left, say)
+            recover(self, dead, self.progress)
+        self.last = self._execute(code, cfg, sink, setup)
+        return self.last
+
+    def _execute(self, code: str, cfg: RunConfig, sink: Sink | None, setup: bool) -> RunResult | PendingRun:
+        def then(result: RunResult) -> RunResult:
+            return self._after(result, code, cfg, sink, setup)
+
+        return execute(
+            self._engines(),
             code,
             cfg,
             grace=self.config.grace,
             watchdog=self.config.watchdog,
             on_done=self._repair,
             sink=sink,
+            then=then,
         )
-        return self.last
+
+    def _after(self, result: RunResult, code: str, cfg: RunConfig, sink: Sink | None, setup: bool) -> RunResult:
+        """Remember the cell and the last checkpoint; recover from deaths while the budget lasts."""
+        self.recovery.checkpoint = result.checkpoint or self.recovery.checkpoint
+        if result.ok:  # setup cells among them are what recovery replays
+            self.history.add(code, cfg.ranks, setup)
+        dead, self._to_recover, line = self._to_recover, [], ""
+        try:
+            line = recover(self, dead, self.progress) if dead else ""
+        except ClusterError as exc:
+            result.notes.append(str(exc))
+        if not line:
+            return result
+        again = self._execute(code, RunConfig(ranks=cfg.ranks, timeout=cfg.timeout, quiet=cfg.quiet), sink, setup)
+        assert isinstance(again, RunResult)
+        again.recovered[:0] = [*result.recovered, line]
+        return again
 
     def push(self, mapping: dict[str, Any], ranks: Any = None) -> None:
         """Send variables to the ranks' namespaces."""
-        engines = self._engines()
-        engines.push(mapping, parse_ranks(ranks, self.world_size))
+        self._engines().push(mapping, parse_ranks(ranks, self.world_size))
+        self.history.pushed.update(mapping)
 
     def pull(self, name: str, ranks: Any = None) -> list[Any]:
         """Fetch a variable from each rank; a list ordered by rank."""
@@ -313,7 +357,15 @@ class Cluster:
         dead = sorted({r.rank for r in result.ranks if r.status == RankStatus.DEAD} | set(killed))
         listed = ", ".join(map(str, dead))
         tic = time.perf_counter()
-        if dead and not (killed or self.config.auto_restart):
+        self._to_recover = self.recovery.wants(result, killed)
+        if self._to_recover:
+            return  # recovery.py restarts them, replays the setup cells and runs the cell again
+        if dead and self.recovery.budget and not killed:
+            result.notes.append(
+                f"rank(s) {listed} died and the automatic restarts are spent ({self.recovery.budget} of "
+                f"{self.recovery.budget}); run %dist_restart to bring the world back with the same ranks."
+            )
+        elif dead and not (killed or self.config.auto_restart):
             result.notes.append(
                 f"rank(s) {listed} died; run %dist_restart to bring the world back with the same ranks."
             )
@@ -338,12 +390,3 @@ class Cluster:
 
 def _print_line(line: str) -> None:
     print(line, flush=True)
-
-
-def _cpu_list(cpus: list[int] | None) -> str:
-    """'0', '0-3' or 'all' for the status table."""
-    if not cpus:
-        return "all"
-    if cpus == list(range(cpus[0], cpus[-1] + 1)) and len(cpus) > 1:
-        return f"{cpus[0]}-{cpus[-1]}"
-    return ",".join(map(str, cpus))

@@ -81,6 +81,8 @@ class StartConfig:
     watchdog: float | None = 60.0  # seconds a rank may wait in a collective after others finished; None: off
     grace: float = 1.0  # seconds the other ranks get to finish after one failed, before they are released
     auto_restart: bool = False  # restart ranks that died during a cell at once (else: %dist_restart)
+    max_restarts: int = 0  # recover from this many rank deaths by itself: restart, replay setup, resume, re-run
+    debug_collectives: bool = False  # torch checks each collective across ranks (TORCH_DISTRIBUTED_DEBUG=DETAIL)
     threads: int | None = None  # threads per rank (OMP_NUM_THREADS); None: cores // n
     cores: int | None = field(default=None)  # cores to plan for; None: this machine's
     pin: bool = True  # give each rank its own cores (when there are enough)
@@ -112,6 +114,10 @@ class StartConfig:
         self._check_hosts()
         if not self.timeout or self.timeout <= 0:
             raise ConfigError(f"timeout ({self.timeout!r}) must be a positive number of seconds, such as 45.")
+        if isinstance(self.max_restarts, bool) or not isinstance(self.max_restarts, int) or self.max_restarts < 0:
+            raise ConfigError(
+                f"max_restarts ({self.max_restarts!r}) must be a whole number, 0 or more, such as --max-restarts 1."
+            )
         if self.heartbeat_ms < 10:
             raise ConfigError(f"heartbeat_ms ({self.heartbeat_ms}) is too small; use 100 or more.")
         if self.watchdog is not None and self.watchdog <= 0:
@@ -173,3 +179,12 @@ class RunConfig:
     def __post_init__(self) -> None:
         if self.timeout is not None and self.timeout <= 0:
             raise ConfigError(f"timeout ({self.timeout!r}) must be a positive number of seconds, such as --timeout 30.")
+
+
+def format_cpus(cpus: list[int] | None) -> str:
+    """'0', '0-3' or 'all' for the status table."""
+    if not cpus:
+        return "all"
+    if cpus == list(range(cpus[0], cpus[-1] + 1)) and len(cpus) > 1:
+        return f"{cpus[0]}-{cpus[-1]}"
+    return ",".join(map(str, cpus))

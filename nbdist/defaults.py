@@ -34,8 +34,7 @@ class Choice:
         text = f"{self.why}; backend {backend}"
         if self.gpus and backend != "nccl":
             text += (
-                " (the ranks see no CUDA device of their own: is torch a CPU build? "
-                "torch.version.cuda is None there)"
+                " (the ranks see no CUDA device of their own: is torch a CPU build? torch.version.cuda is None there)"
             )
         return text
 
@@ -57,5 +56,7 @@ def choose(n: int | None, launcher: str | None, env: Mapping[str, str] | None = 
         ids, source = gpus.visible(env)
         if len(ids) > 1:  # one GPU: 2 ranks (sharing it over gloo) teach more than a world of one
             host = socket.gethostname().split(".")[0]
-            return Choice(len(ids), launcher, len(ids), 0, f"{len(ids)} ranks = {len(ids)} GPUs visible on {host} ({source})")
+            return Choice(
+                len(ids), launcher, len(ids), 0, f"{len(ids)} ranks = {len(ids)} GPUs visible on {host} ({source})"
+            )
     return Choice(2, launcher)

@@ -13,7 +13,7 @@ import socket
 import time
 from dataclasses import dataclass
 
-from .engine import runtime
+from .engine import runtime, world
 from .engines import EngineSet, RankInfo
 from .errors import ClusterError, ConfigError
 
@@ -135,7 +135,9 @@ def configure_ranks(engines: EngineSet, ranks: list[RankInfo], *, pin: bool, tim
     return master_addr
 
 
-def build_world(engines: EngineSet, *, backend: str, master_addr: str, timeout: float, pg_timeout: float) -> World:
+def build_world(
+    engines: EngineSet, *, backend: str, master_addr: str, timeout: float, pg_timeout: float, debug: bool = False
+) -> World:
     """Create the process group on every rank.
 
     Rank 0 opens the store first, so a port that is taken cannot leave the other
@@ -144,19 +146,20 @@ def build_world(engines: EngineSet, *, backend: str, master_addr: str, timeout: 
     tic = time.perf_counter()
     ranks = engines.ranks
     try:
-        port = int(engines.apply(0, runtime.open_store, master_addr, timeout).get(timeout=timeout + 5))
+        port = int(engines.apply(0, world.open_store, master_addr, timeout).get(timeout=timeout + 5))
     except Exception as exc:
         raise ClusterError(f"rank 0 (engine {ranks[0].engine_id}) could not open the rendezvous store: {exc}") from exc
     futures = [
         engines.apply(
             r.rank,
-            runtime.join_world,
+            world.join_world,
             master_addr=master_addr,
             port=port,
             backend=backend,
             timeout=timeout,
             pg_timeout=pg_timeout,
             gpu_index=r.gpu,
+            debug=debug,
         )
         for r in ranks
     ]
@@ -183,7 +186,7 @@ def build_world(engines: EngineSet, *, backend: str, master_addr: str, timeout: 
 def leave_world(engines: EngineSet) -> None:
     """Destroy the process group on every rank, whatever state it is in."""
     try:
-        engines.client[engines.engine_ids(list(range(len(engines.ranks))))].apply_sync(runtime.leave_world)
+        engines.client[engines.engine_ids(list(range(len(engines.ranks))))].apply_sync(world.leave_world)
     except Exception:
         pass
 

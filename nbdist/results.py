@@ -12,12 +12,22 @@ from dataclasses import dataclass, field
 from enum import Enum
 from typing import Any
 
+from .doctor import collective_text, odd_ranks
 from .errors import Failure, RankError, RunTimeout
 
 ANSI = re.compile(r"\x1b\[[0-9;]*[A-Za-z]")
 _CELL_LINE = re.compile(r"(?:Cell In\[\d+\]|<cell[^>]*>|ipykernel_\d+/\d+\.py)\D+line (\d+)")
+_SCRIPT_RUNNER = re.compile(r"engine/hosted\.py:\d+, in run_script")  # %dist_run's frame (engine/hosted.py)
+_FILE_LINE = re.compile(r"^File (\S+?):(\d+)")
 # An error raised by a broken process group (the release of a rank waiting in a collective).
-_DIST_ERROR = re.compile(r"gloo|nccl|Connection closed by peer|DistBackendError|c10d|ProcessGroup", re.I)
+_DIST_ERROR = re.compile(
+    r"gloo|nccl|Connection closed by peer|DistBackendError|c10d|ProcessGroup|mismatch between collectives", re.I
+)
+# torch's collective check (TORCH_DISTRIBUTED_DEBUG=DETAIL): both ranks' fingerprints in one message.
+_MISMATCH = re.compile(
+    r"Rank (\d+) is running collective: CollectiveFingerPrint\(SequenceNumber=(\d+), OpType=(\w+)"
+    r"(?:, TensorShape=\[([^\]]*)\])?(?:, TensorDtypes=(\w+))?"
+)
 
 
 class _Text(str, Enum):
@@ -95,13 +105,13 @@ class RankResult:
         err = self.error or {}
         ename, evalue = err.get("ename", str(self.status)), err.get("evalue", "")
         line = err.get("line")
-        where = f" in cell line {line}" if line else ""
+        where = f" in {err['where']}" if err.get("where") else (f" in cell line {line}" if line else "")
         who = f"rank {self.rank} (engine {self.engine_id}{' on ' + self.host if self.host else ''})"
         summary = {
             RankStatus.DEAD: f"{who} died while running the cell: {evalue}",
             RankStatus.INTERRUPTED: f"{who} was interrupted{where}",
             RankStatus.TIMEOUT: f"{who} did not finish in time{where}",
-        }.get(self.status, f"{who} raised {ename}{where}: {evalue}")
+        }.get(self.status, f"{who} raised {ename}{where}: {mismatch(evalue) or evalue}")
         return Failure(
             rank=self.rank,
             engine_id=self.engine_id,
@@ -128,6 +138,8 @@ class RunResult:
     released: Release | None = None  # why ranks were interrupted, if they were
     reports: dict[int, dict[str, Any]] = field(default_factory=dict)  # where each released rank waited
     metrics: dict[int, list[dict[str, Any]]] = field(default_factory=dict)  # nbdist.log rows by rank
+    checkpoint: dict[str, Any] | None = None  # the cell's last save_checkpoint: path, variable names
+    recovered: list[str] = field(default_factory=list)  # what automatic recovery did, a line each time
 
     def __post_init__(self) -> None:
         if self.released is not None:
@@ -167,14 +179,33 @@ class RunResult:
             )
         if self.released is None:
             return
+        odd = odd_ranks(self.reports)
         for rank, rep in sorted(self.reports.items()):
             if rep.get("busy"):
                 where = f"cell line {rep['cell_line']}" if rep.get("cell_line") else "library code"
                 waiting = " (inside torch.distributed)" if rep.get("in_collective") else ""
+                last = collective_text(rep)
                 self.notes.append(
                     f"rank {rank} was at {where}, in {rep.get('function')}{waiting}, "
                     f"when released because {self.released.because}."
+                    + (f" Last collective: {last}." if last else "")
+                    + (f" <-- {odd[rank]}" if rank in odd else "")
                 )
+
+
+def mismatch(evalue: str) -> str:
+    """torch's 'Detected mismatch between collectives' in one line naming both ranks and both calls; '' otherwise."""
+    calls = _MISMATCH.findall(evalue or "")
+    if "mismatch between collectives" not in (evalue or "") or len(calls) < 2:
+        return ""
+    text = [
+        f"rank {r} called {op.lower()}({f'[{shape}]' if shape else ''}{' ' + dt.lower() if dt else ''}) as its collective #{int(seq) + 1}"
+        for r, seq, op, shape, dt in calls[:2]
+    ]
+    return (
+        f"ranks called different collectives: {text[0]}, but {text[1]}. Every rank must call the same "
+        "collectives, with the same shapes, in the same order (--debug-collectives caught it)."
+    )
 
 
 def remote_error(exc: BaseException) -> dict[str, Any]:
@@ -190,7 +221,24 @@ def remote_error(exc: BaseException) -> dict[str, Any]:
         m = _CELL_LINE.search(ANSI.sub("", text))
         if m:
             line = int(m.group(1))
-    return {"ename": ename, "evalue": str(evalue), "traceback": lines, "line": line}
+    out = {"ename": ename, "evalue": str(evalue), "traceback": lines, "line": line}
+    return _script_frames(out)
+
+
+def _script_frames(error: dict[str, Any]) -> dict[str, Any]:
+    """A %dist_run script's error: its own frames from the script's first on, and where in the script."""
+    lines = error["traceback"]
+    plain = [ANSI.sub("", text) for text in lines]
+    runner = next((i for i, text in enumerate(plain) if _SCRIPT_RUNNER.search(text)), None)
+    if runner is None:
+        return error
+    start = next((j for j in range(runner + 1, len(plain)) if _FILE_LINE.match(plain[j])), None)
+    if start is None:  # raised by the runner itself (the script's sys.exit status)
+        return {**error, "traceback": lines[:2] + lines[runner:], "line": None}
+    script = _FILE_LINE.match(plain[start]).group(1)  # type: ignore[union-attr]
+    deepest = [m.group(2) for text in plain[start:] if (m := _FILE_LINE.match(text)) and m.group(1) == script]
+    name = script.rsplit("/", 1)[-1]
+    return {**error, "traceback": lines[:2] + lines[start:], "line": None, "where": f"{name} line {deepest[-1]}"}
 
 
 def classify(error: dict[str, Any], released: Release | None) -> RankStatus:

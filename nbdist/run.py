@@ -33,14 +33,17 @@ from .release import Action, ReleasePolicy
 from .results import RankResult, RankState, RankStatus, Release, RunResult, classify, remote_error
 
 OnDone = Callable[[RunResult, list[int]], None]  # (result, ranks killed) -> None
+Then = Callable[[RunResult], RunResult]  # what to make of a finished result (the Cluster's recovery)
+CHECKPOINT_KEY = "nbdist.checkpoint"  # parallel/checkpoint.py publishes the last save under it
 _SHOWN_TYPES = ("stream", "display_data", "execute_result", "error", "data_message")
 
 
 class PendingRun:
     """A cell started with block=False; ``wait()`` returns its RunResult."""
 
-    def __init__(self, watch: Watch) -> None:
+    def __init__(self, watch: Watch, then: Then | None = None) -> None:
         self._watch = watch
+        self._then = then
         self._result: RunResult | None = None
 
     def done(self) -> bool:
@@ -49,7 +52,8 @@ class PendingRun:
     def wait(self, timeout: float | None = None, show: bool = True) -> RunResult:
         """Follow the cell to its end (releasing ranks after ``timeout`` seconds from its start)."""
         if self._result is None:
-            self._result = self._watch.follow(timeout=timeout, stream=show)
+            result = self._watch.follow(timeout=timeout, stream=show)
+            self._result = self._then(result) if self._then else result
         return self._result
 
     def result(self, timeout: float | None = None) -> RunResult:
@@ -69,11 +73,13 @@ def execute(
     watchdog: float | None,
     on_done: OnDone,
     sink: Sink | None = None,
+    then: Then | None = None,
 ) -> RunResult | PendingRun:
     """Run ``code`` on ``cfg.ranks``. Blocking: follow it and return the RunResult; else a PendingRun.
 
     ``grace`` and ``watchdog`` are the release policy's (see release.py); ``on_done`` is
-    called with every finished result, before it is returned.
+    called with every finished result, before it is returned; ``then`` last, and what it
+    returns is the result.
     """
     dead = [r for r in engines.dead_ranks() if r in cfg.ranks]
     if dead:
@@ -86,8 +92,9 @@ def execute(
     ar = engines.view(cfg.ranks).execute(code, silent=False, block=False)
     watch = Watch(engines, cfg.ranks, ar, sink, grace=grace, watchdog=watchdog, on_done=on_done)
     if not cfg.block:
-        return PendingRun(watch)
-    return watch.follow(timeout=cfg.timeout, stream=True)
+        return PendingRun(watch, then)
+    result = watch.follow(timeout=cfg.timeout, stream=True)
+    return then(result) if then else result
 
 
 class Watch:
@@ -113,6 +120,7 @@ class Watch:
         self.metrics: dict[int, list[dict[str, Any]]] = {r: [] for r in ranks}
         self.states: dict[int, RankState] = {}
         self.reports: dict[int, dict[str, Any]] = {}  # where released ranks were
+        self.checkpoint: dict[str, Any] | None = None  # the last save_checkpoint of the cell, if any
         for child in self.children:
             child.iopub_callbacks.append(self._poke)
             child.add_done_callback(lambda f: self.wake.put(1))
@@ -251,6 +259,7 @@ class Watch:
             rr.outputs = list(md.get("outputs") or [])
             rr.result = md.get("execute_result")
             rr.wall_s = _seconds_between(md.get("started"), md.get("completed"))
+            self.checkpoint = (md.get("data") or {}).get(CHECKPOINT_KEY, self.checkpoint)
             exc = _error_of(child)
             if rank in killed or not child.done():
                 rr.status = RankStatus.DEAD
@@ -271,6 +280,7 @@ class Watch:
             released=released,
             reports=self.reports if released else {},
             metrics=self.metrics,
+            checkpoint=self.checkpoint,
         )
         result.explain()
         return result

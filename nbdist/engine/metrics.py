@@ -64,6 +64,13 @@ def flush() -> int:
     return len(rows)
 
 
+def publish(key: str, value: Any) -> None:
+    """Send one value to the notebook beside the metrics (run.py reads it), when inside an engine."""
+    data_pub = _engine_data_pub()
+    if data_pub is not None:
+        data_pub.publish_data({key: value})
+
+
 def _engine_data_pub() -> Any:
     """The engine's datapub publisher, or None outside an ipyparallel engine.
 

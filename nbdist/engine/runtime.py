@@ -13,7 +13,6 @@ every peer, and the cell ends; the client rebuilds the group afterwards.
 
 from __future__ import annotations
 
-import datetime
 import json
 import os
 import signal
@@ -25,23 +24,8 @@ import traceback
 from typing import Any
 
 from .. import compat, net
-from . import gpu
-
-# One dict of state per engine process; plain values so it is easy to inspect.
-STATE: dict[str, Any] = {
-    "rank": None,
-    "world_size": None,
-    "backend": None,
-    "store": None,
-    "pg_fds": [],
-    "aborted": False,
-    "busy_since": None,
-    "cell": 0,
-    "main_ident": None,
-    "report_dir": None,
-    "watcher": None,
-    "abort_after": 0.3,  # seconds an interrupted cell may take to stop before its process group is broken
-}
+from . import collectives, gpu, hosted, preempt, world
+from .state import STATE
 
 
 def configure(
@@ -79,6 +63,8 @@ def configure(
     STATE["main_ident"] = threading.main_thread().ident
     _install_watcher()
     _install_cell_hooks()
+    collectives.install()
+    hosted.install()  # torchrun-style init/destroy calls keep the world (%dist_run, pasted code)
     _preload_namespace()
     return {
         "rank": rank,
@@ -122,6 +108,13 @@ def _address() -> str:
         return net.LOOPBACK
 
 
+def restore_checkpoint(path: str, names: dict[str, str]) -> int | None:
+    """Automatic recovery: load the latest checkpoint under ``path`` into the variables ``names``."""
+    from ..parallel.checkpoint import restore_latest
+
+    return restore_latest(path, names)
+
+
 def local_info() -> dict[str, Any]:
     """pid, host, address and GPU count of this engine (before it has a rank)."""
     return {
@@ -141,123 +134,6 @@ def pin(cpus: list[int] | None) -> None:
     if "all_cpus" not in STATE:
         STATE["all_cpus"] = sorted(os.sched_getaffinity(0))
     os.sched_setaffinity(0, cpus or STATE["all_cpus"])
-
-
-# --------------------------------------------------------------------------- world
-
-
-def open_store(host: str, timeout: float) -> int:
-    """On rank 0: start the rendezvous store on a port the OS picks; return it.
-
-    Binding port 0 here, in the process that keeps the socket, leaves no window in
-    which another program can take the port (docs/faults.md, row 6).
-    """
-    from torch.distributed import TCPStore
-
-    store = TCPStore(
-        host,
-        0,
-        STATE["world_size"],
-        is_master=True,
-        wait_for_workers=False,
-        timeout=datetime.timedelta(seconds=timeout),
-    )
-    STATE["store"] = store
-    return int(store.port)
-
-
-def join_world(
-    *, master_addr: str, port: int, backend: str, timeout: float, pg_timeout: float, gpu_index: int | None = None
-) -> float:
-    """Join the process group and prove it with one all_reduce; return its sum.
-
-    Under nccl the rank first binds ``cuda:gpu_index`` (engine/gpu.py holds the rule)."""
-    import torch
-    import torch.distributed as dist
-    from torch.distributed import TCPStore
-
-    rank, world_size = STATE["rank"], STATE["world_size"]
-    os.environ["MASTER_PORT"] = str(port)
-    os.environ["MASTER_ADDR"] = master_addr
-    if rank != 0 and not master_addr.startswith("127."):
-        reason = net.connect_error(master_addr, port, timeout=min(timeout, 10.0))
-        if reason:
-            raise ConnectionError(
-                f"{socket.gethostname()} cannot reach MASTER_ADDR {master_addr}:{port} ({reason}): "
-                f"{net.likely_fix(reason)}; open the port range between the nodes, or start with --ip on "
-                "the interface the nodes share."
-            )
-    if rank != 0 or STATE["store"] is None:
-        STATE["store"] = TCPStore(
-            master_addr,
-            port,
-            world_size,
-            is_master=False,
-            timeout=datetime.timedelta(seconds=timeout),
-        )
-    before = _tcp_fds()
-    kwargs: dict[str, Any] = {}
-    device = torch.device("cpu")
-    if backend == "nccl":
-        device = gpu.bind(int(os.environ.get("LOCAL_RANK", "0")) if gpu_index is None else gpu_index)
-        kwargs["device_id"] = device
-    dist.init_process_group(
-        backend,
-        store=STATE["store"],
-        rank=rank,
-        world_size=world_size,
-        timeout=datetime.timedelta(seconds=pg_timeout),
-        **kwargs,
-    )
-    STATE.update(backend=backend, aborted=False)
-    probe = torch.tensor([float(rank + 1)], device=device)
-    dist.all_reduce(probe)
-    STATE["pg_fds"] = sorted(_tcp_fds() - before)
-    return float(probe.item())
-
-
-def leave_world() -> None:
-    """Destroy this rank's process group and store, whatever state they are in."""
-    import torch.distributed as dist
-
-    try:
-        if dist.is_initialized():
-            dist.destroy_process_group()
-    except Exception:  # a broken group may refuse a clean destroy; drop it anyway
-        pass
-    STATE.update(store=None, pg_fds=[], backend=None)
-
-
-def abort_world() -> str:
-    """Break this rank's process group so a collective blocked on it returns now."""
-    STATE["aborted"] = True
-    if STATE["backend"] == "nccl":
-        try:
-            compat.abort_process_group()
-            return "nccl abort"
-        except Exception as exc:  # pragma: no cover - GPU only
-            return f"nccl abort failed: {exc}"
-    closed = 0
-    for fd in STATE["pg_fds"]:
-        try:
-            sock = socket.socket(fileno=fd)
-        except OSError:
-            continue
-        try:
-            if sock.type == socket.SOCK_STREAM:
-                sock.shutdown(socket.SHUT_RDWR)
-                closed += 1
-        except OSError:
-            pass
-        finally:
-            sock.detach()
-    return f"closed {closed} gloo connections"
-
-
-def _tcp_fds() -> set[int]:
-    import psutil
-
-    return {c.fd for c in psutil.Process().net_connections("tcp") if c.status == psutil.CONN_ESTABLISHED and c.fd >= 0}
 
 
 # --------------------------------------------------------------------------- cells
@@ -281,6 +157,8 @@ def _install_cell_hooks() -> None:
         from .metrics import flush
 
         flush()  # what the cell logged since the last batch
+        if preempt.asked():  # this rank was sent SIGTERM; the cell is over, so it goes now
+            preempt.leave()
 
     shell.events.register("pre_run_cell", pre)
     shell.events.register("post_run_cell", post)
@@ -316,28 +194,30 @@ def _cell_label(filename: str) -> str | None:
 
 
 def where(frame: Any) -> dict[str, Any]:
-    """Summarise a stack: innermost cell line and innermost function, plus the stack."""
+    """Summarise a stack: innermost cell line and function, the cell's frames with their source
+    lines, the last collective this rank entered (engine/collectives.py), and the stack's end."""
     stack = traceback.extract_stack(frame)
-    cell_line = None
-    for entry in reversed(stack):
-        if _cell_label(entry.filename):
-            cell_line = entry.lineno
-            break
+    cells = [e for e in stack if _cell_label(e.filename)]
     inner = stack[-1] if stack else None
     in_collective = any("torch/distributed" in e.filename.replace("\\", "/") for e in stack[-6:])
     return {
-        "cell_line": cell_line,
+        "cell_line": cells[-1].lineno if cells else None,
         "function": inner.name if inner else None,
         "in_collective": in_collective,
+        "cell_stack": [{"line": e.lineno, "function": e.name, "code": (e.line or "").strip()} for e in cells[-8:]],
+        "collective": collectives.describe(),
         "stack": [f"{e.filename}:{e.lineno} in {e.name}" for e in stack[-12:]],
     }
 
 
 def _write_report(reason: str) -> None:
     frame = sys._current_frames().get(STATE["main_ident"])
-    report = {"rank": STATE["rank"], "reason": reason, "time": time.time(), "busy": STATE["busy_since"] is not None}
-    if frame is not None:
+    busy = STATE["busy_since"] is not None
+    report = {"rank": STATE["rank"], "reason": reason, "time": time.time(), "busy": busy}
+    if frame is not None and busy:
         report.update(where(frame))
+    else:
+        report["collective"] = collectives.describe()
     directory = STATE["report_dir"]
     if not directory:
         return
@@ -392,6 +272,6 @@ def _watch(rsock: socket.socket, wsock: socket.socket, previous: int) -> None:
                 else:
                     _write_report("interrupt")
                     if STATE["pg_fds"] or STATE["backend"] == "nccl":
-                        abort_world()
+                        world.abort_world()
         except Exception:  # the watcher must survive anything
             traceback.print_exc(file=sys.__stderr__)

@@ -1,48 +1,22 @@
 """IPython magics: parse the line, build a config, call the API. Nothing else.
 
-%dist_start, %dist_status, %dist_restart, %dist_stop, %%distributed, %%rank,
-%dist_mode, %dist_push, %dist_pull.
+%dist_start, %dist_status, %dist_where, %dist_restart, %dist_stop, %%distributed, %%rank,
+%dist_mode, %dist_push, %dist_pull; %dist_run and %dist_export live in scripts.py.
 """
 
 from __future__ import annotations
 
 import os
-import shlex
 from typing import Any
 
 from IPython.core.error import UsageError
 from IPython.core.magic import Magics, cell_magic, line_magic, magics_class, needs_local_scope
-from IPython.core.magic_arguments import argument, magic_arguments, parse_argstring
+from IPython.core.magic_arguments import argument, magic_arguments
 
 from .. import cluster as api
-from ..config import BACKENDS, LAUNCHER_NAMES, did_you_mean
-from ..errors import ClusterError, ConfigError, NbdistError, RankError
-
-USAGE = {
-    "dist_start": (
-        "%dist_start [-n N] [--backend gloo|nccl] [--launcher local|slurm|srun|mpi] [--timeout S] [--nodes K] [--ranks-per-node R] "
-        "[--partition P] [--time T] [--account A] [--gpus-per-node G] [--sbatch-arg ARG] [--mpi-arg ARG] [--ip ADDR]"
-    ),
-    "distributed": "%%distributed [--ranks SPEC] [--timeout S] [--noblock] [--quiet]",
-    "rank": "%%rank SPEC [--timeout S] [--noblock] [--quiet]   (SPEC: 0, 0,2 or 1-3)",
-    "dist_restart": "%dist_restart [--ranks SPEC]",
-    "dist_mode": "%dist_mode on|off",
-    "dist_push": "%dist_push NAME [NAME ...] [--ranks SPEC]",
-    "dist_pull": "%dist_pull NAME [--ranks SPEC]",
-}
-
-
-def _parse(func: Any, line: str, name: str) -> Any:
-    try:
-        return parse_argstring(func, line)
-    except UsageError as exc:
-        text = str(exc).replace("\n", " ").strip()
-        raise UsageError(f"{text}; type {USAGE[name]}") from None
-
-
-def _check_choice(value: str | None, choices: tuple[str, ...], what: str) -> None:
-    if value is not None and value not in choices:
-        raise UsageError(f"{what} {value!r} is not known; {did_you_mean(value, choices)}")
+from ..config import BACKENDS, LAUNCHER_NAMES
+from ..errors import ClusterError, ConfigError
+from .common import USAGE, call, check_choice, names_and_ranks, parse, show
 
 
 @magics_class
@@ -80,12 +54,23 @@ class DistMagics(Magics):
     @argument("--sbatch-arg", action="append", default=[], help="one more sbatch option, e.g. --sbatch-arg=--mem=8G")
     @argument("--mpi-arg", action="append", default=[], help="one more mpiexec option (mpi)")
     @argument("--ip", default=None, help="address the controller listens on (default: the one that reaches the nodes)")
+    @argument(
+        "--max-restarts",
+        type=int,
+        default=0,
+        help="recover from this many rank deaths by itself: restart, replay --setup cells, load the checkpoint, re-run",
+    )
+    @argument(
+        "--debug-collectives",
+        action="store_true",
+        help="check every collective across ranks (TORCH_DISTRIBUTED_DEBUG=DETAIL): a mismatch fails instead of hanging",
+    )
     @line_magic
     def dist_start(self, line: str = "") -> None:
         """Start n ranked engines with an initialised torch.distributed world."""
-        args = _parse(self.dist_start, line, "dist_start")
-        _check_choice(args.backend, BACKENDS, "backend")
-        _check_choice(args.launcher, LAUNCHER_NAMES, "launcher")
+        args = parse(self.dist_start, line, "dist_start")
+        check_choice(args.backend, BACKENDS, "backend")
+        check_choice(args.launcher, LAUNCHER_NAMES, "launcher")
         try:
             old = api.current()
         except ClusterError:
@@ -110,6 +95,8 @@ class DistMagics(Magics):
                 sbatch_args=args.sbatch_arg,
                 mpi_args=args.mpi_arg,
                 ip=args.ip,
+                max_restarts=args.max_restarts,
+                debug_collectives=args.debug_collectives,
             )
         except ConfigError as exc:
             raise UsageError(str(exc)) from None
@@ -128,7 +115,7 @@ class DistMagics(Magics):
     @line_magic
     def dist_status(self, line: str = "") -> None:
         """Show rank, engine id, host, pid, device (and GPU: name, memory held), backend and state of each rank."""
-        rows = _call(lambda: api.current().status())
+        rows = call(lambda: api.current().status())
         cols = ["rank", "engine_id", "host", "pid", "device", "backend", "state"]
         if any(r["gpu"] for r in rows):
             cols.insert(5, "gpu")
@@ -137,13 +124,20 @@ class DistMagics(Magics):
         for r in rows:
             print("  ".join(str(r[c]).ljust(w) for c, w in zip(cols, widths, strict=True)))
 
+    @line_magic
+    def dist_where(self, line: str = "") -> None:
+        """Where each rank is now (also while a --noblock cell runs): its cell lines, its last collective,
+        and the rank whose position differs from the others."""
+        for text in call(lambda: api.current().where()):
+            print(text)
+
     @magic_arguments()
     @argument("--ranks", default=None, help="restart only these ranks (default: all)")
     @line_magic
     def dist_restart(self, line: str = "") -> None:
         """Replace the engines (all, or --ranks) and rebuild the world with the same ranks."""
-        args = _parse(self.dist_restart, line, "dist_restart")
-        seconds = _call(lambda: api.current().restart(args.ranks))
+        args = parse(self.dist_restart, line, "dist_restart")
+        seconds = call(lambda: api.current().restart(args.ranks))
         print(f"world rebuilt in {seconds:.1f} s; restarted ranks start with empty namespaces.")
 
     @line_magic
@@ -151,7 +145,7 @@ class DistMagics(Magics):
         """Plot what the last %%distributed cell logged with nbdist.log."""
         from ..widgets.dashboard import Dashboard
 
-        last = _call(api.current).last
+        last = call(api.current).last
         metrics = getattr(last, "metrics", None)
         if last is not None and not metrics and hasattr(last, "wait"):
             metrics = last.wait(show=False).metrics
@@ -169,7 +163,7 @@ class DistMagics(Magics):
         """All-reduce bandwidth sweep (4 KiB to 64 MiB) beside memcpy, and the scaling report."""
         from ..bench import bench, figure
 
-        report = _call(bench)
+        report = call(bench)
         for r in report["allreduce"]:
             print(
                 f"{r['bytes']:>10,d} B  {r['seconds'] * 1e6:9.1f} us  algbw {r['algbw_GBps']:6.3f} GB/s  busbw {r['busbw_GBps']:6.3f} GB/s"
@@ -204,11 +198,12 @@ class DistMagics(Magics):
     @argument("--timeout", type=float, default=None, help="seconds before ranks are released")
     @argument("--noblock", action="store_true", help="return at once; collect with .wait()")
     @argument("--quiet", action="store_true", help="show output of the first rank only")
+    @argument("--setup", action="store_true", help="a cell that builds state: replayed after an automatic restart")
     @cell_magic
     def distributed(self, line: str, cell: str) -> Any:
         """Run the cell on every rank (or --ranks), output tagged by rank."""
-        args = _parse(self.distributed, line, "distributed")
-        return self._run(cell, args.ranks, args.timeout, not args.noblock, args.quiet)
+        args = parse(self.distributed, line, "distributed")
+        return self._run(cell, args.ranks, args.timeout, not args.noblock, args.quiet, args.setup)
 
     @magic_arguments()
     @argument("spec", help="ranks to run on: 0, 0,2 or 1-3")
@@ -218,19 +213,13 @@ class DistMagics(Magics):
     @cell_magic
     def rank(self, line: str, cell: str) -> Any:
         """%%rank SPEC: shorthand for %%distributed --ranks SPEC."""
-        args = _parse(self.rank, line, "rank")
+        args = parse(self.rank, line, "rank")
         return self._run(cell, args.spec, args.timeout, not args.noblock, args.quiet)
 
-    def _run(self, cell: str, ranks: Any, timeout: float | None, block: bool, quiet: bool) -> Any:
-        cluster = _call(api.current)
-        result = _call(lambda: cluster.run(cell, ranks=ranks, timeout=timeout, block=block, quiet=quiet))
-        if not block:
-            print("running in the background; collect with nbdist.current().last.wait()")
-            return result
-        result.raise_for_error()
-        for note in result.notes:
-            print(note)
-        return None
+    def _run(self, cell: str, ranks: Any, timeout: float | None, block: bool, quiet: bool, setup: bool = False) -> Any:
+        cluster = call(api.current)
+        result = call(lambda: cluster.run(cell, ranks=ranks, timeout=timeout, block=block, quiet=quiet, setup=setup))
+        return show(result, block)
 
     @line_magic
     def dist_mode(self, line: str = "") -> None:
@@ -261,7 +250,7 @@ class DistMagics(Magics):
     @line_magic
     def dist_push(self, line: str = "", local_ns: Any = None) -> None:
         """%dist_push a b: send notebook variables to every rank."""
-        names, ranks = _names_and_ranks(line, "dist_push")
+        names, ranks = names_and_ranks(line, "dist_push")
         assert self.shell is not None
         ns = {**self.shell.user_ns, **(local_ns or {})}
         missing = [n for n in names if n not in ns]
@@ -269,42 +258,15 @@ class DistMagics(Magics):
             raise UsageError(
                 f"{missing[0]!r} is not defined in this notebook; define it first, then {USAGE['dist_push']}"
             )
-        _call(lambda: api.current().push({n: ns[n] for n in names}, ranks=ranks))
+        call(lambda: api.current().push({n: ns[n] for n in names}, ranks=ranks))
 
     @line_magic
     def dist_pull(self, line: str = "") -> list[Any]:
         """%dist_pull name: a list with the variable's value on each rank, by rank."""
-        names, ranks = _names_and_ranks(line, "dist_pull")
+        names, ranks = names_and_ranks(line, "dist_pull")
         if len(names) != 1:
             raise UsageError(f"%dist_pull takes one name, got {len(names)}; type {USAGE['dist_pull']}")
-        return list(_call(lambda: api.current().pull(names[0], ranks=ranks)))
-
-
-def _names_and_ranks(line: str, magic: str) -> tuple[list[str], str | None]:
-    words = shlex.split(line)
-    ranks = None
-    if "--ranks" in words:
-        i = words.index("--ranks")
-        if i + 1 >= len(words):
-            raise UsageError(f"--ranks needs a value; type {USAGE[magic]}")
-        ranks = words[i + 1]
-        del words[i : i + 2]
-    bad = [w for w in words if not w.isidentifier()]
-    if bad or not words:
-        raise UsageError(f"{(bad or [''])[0]!r} is not a variable name; type {USAGE[magic]}")
-    return words, ranks
-
-
-def _call(fn: Any) -> Any:
-    """Run an API call; turn configuration and cluster errors into one-line UsageErrors."""
-    try:
-        return fn()
-    except RankError:
-        raise
-    except (ConfigError, ClusterError) as exc:
-        raise UsageError(str(exc)) from None
-    except NbdistError as exc:  # pragma: no cover - any other nbdist error
-        raise UsageError(str(exc)) from None
+        return list(call(lambda: api.current().pull(names[0], ranks=ranks)))
 
 
 _LOADED: dict[int, DistMagics] = {}
@@ -313,10 +275,12 @@ _LOADED: dict[int, DistMagics] = {}
 def load(ipython: Any) -> None:
     from .. import pool
     from ..config import default_threads
+    from .scripts import ScriptMagics
 
     magics = DistMagics(ipython)
     _LOADED[id(ipython)] = magics
     ipython.register_magics(magics)
+    ipython.register_magics(ScriptMagics(ipython))
     # Import torch for the likely first %dist_start (2 ranks) while the user types it; inside a
     # Slurm job the ranks start through srun on the allocation's nodes, so local ones would be wasted.
     if not os.environ.get("SLURM_JOB_ID"):

@@ -6,6 +6,8 @@ so the notebooks teach real torch code.
 
 from __future__ import annotations
 
+from ..engine.preempt import Preempted
+from ..engine.preempt import point as preemption_point
 from .checkpoint import latest_step, load_checkpoint, save_checkpoint
 from .data import ShardedLoader, shard
 from .ddp import accumulate, apply_ddp, autocast, device, grad_scaler, scale_lr
@@ -17,6 +19,8 @@ from .tensor import ColumnParallelLinear, RowParallelLinear
 
 __all__ = [
     "ColumnParallelLinear",
+    "Preempted",
+    "preemption_point",
     "RowParallelLinear",
     "apply_fsdp",
     "bubble_fraction",

@@ -1,14 +1,27 @@
-"""Sharded data: each rank sees its own disjoint part, reshuffled every epoch."""
+"""Sharded data: each rank sees its own disjoint part, reshuffled every epoch, resumable mid-epoch."""
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Iterator
 from typing import Any
 
+import torch
 import torch.distributed as dist
 from torch.utils.data import DataLoader, Dataset, DistributedSampler
 
+from ..engine import preempt
 from ..errors import ConfigError
+
+
+class _Sampler(DistributedSampler):
+    """A DistributedSampler whose next pass can start ``skip`` samples in (a resumed epoch)."""
+
+    skip = 0
+
+    def __iter__(self) -> Iterator[int]:
+        skip, self.skip = self.skip, 0
+        return itertools.islice(super().__iter__(), skip, None)
 
 
 class ShardedLoader:
@@ -16,22 +29,74 @@ class ShardedLoader:
 
     Forgetting ``sampler.set_epoch(epoch)`` is the classic DDP mistake: every epoch
     then sees the same order. Here each full pass over the loader advances the epoch,
-    so the order changes on its own; ``set_epoch`` still works to jump to an epoch
-    (after loading a checkpoint, say).
+    so the order changes on its own; ``set_epoch`` still works to jump to an epoch.
+
+    It also knows its position (``epoch``, ``batch`` read in this epoch, ``step`` in
+    all), which ``save_checkpoint(..., loader=)`` stores and ``load_checkpoint`` restores:
+    the next pass then continues mid-epoch with the batches an uninterrupted run would
+    have read. ``steps(total)`` is the loop that survives a restart.
     """
 
     def __init__(self, loader: DataLoader, sampler: DistributedSampler) -> None:
         self.loader = loader
         self.sampler = sampler
         self.epoch = 0
+        self.batch = 0  # batches handed out in the current epoch
+        self.step = 0  # batches handed out in all
+        self._epoch_rng: torch.Tensor | None = None  # the RNG when this epoch's pass began
 
     def set_epoch(self, epoch: int) -> None:
-        self.epoch = epoch
+        self.epoch, self.batch = epoch, 0
 
     def __iter__(self) -> Iterator[Any]:
         self.sampler.set_epoch(self.epoch)
-        yield from self.loader
+        if self.batch and self._epoch_rng is not None:
+            # Mid-epoch: skip what was read, and let the DataLoader draw its seed from the RNG
+            # state the interrupted pass drew it from, so workers and the RNG match that run.
+            now = torch.get_rng_state()
+            torch.set_rng_state(self._epoch_rng)
+            self.sampler.skip = self.batch * self.loader.batch_size  # type: ignore[attr-defined,operator]
+            it = iter(self.loader)
+            torch.set_rng_state(now)
+        else:
+            self.batch = 0
+            self._epoch_rng = torch.get_rng_state()
+            it = iter(self.loader)
+        for item in it:
+            self.batch += 1
+            self.step += 1
+            yield item
         self.epoch += 1
+        self.batch = 0
+
+    def steps(self, total: int, preemptible: bool = True) -> Iterator[tuple[int, Any]]:
+        """``(step, batch)`` until ``total`` steps in all, across epochs, from where the loader is.
+
+        After ``load_checkpoint(..., loader=)`` (or nbdist's automatic recovery) the loop
+        continues at the checkpointed step with the data an uninterrupted run would have
+        seen. Each step is a preemption point (engine/preempt.py): one tiny all_reduce; a
+        SIGTERM to any rank then saves on every rank and ends the loop with Preempted.
+        """
+        it, fresh = iter(self), False
+        while self.step < total:
+            if preemptible:
+                preempt.point(self.step)  # before the next batch is read: the step count is what is done
+            try:
+                batch = next(it)
+            except StopIteration:
+                if fresh:
+                    raise ConfigError(f"the loader yields no batch; it cannot give {total} steps.") from None
+                it, fresh = iter(self), True
+                continue
+            fresh = False
+            yield self.step - 1, batch
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"epoch": self.epoch, "batch": self.batch, "step": self.step, "epoch_rng": self._epoch_rng}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.epoch, self.batch, self.step = int(state["epoch"]), int(state["batch"]), int(state["step"])
+        self._epoch_rng = state.get("epoch_rng")
 
     def __len__(self) -> int:
         return len(self.loader)
@@ -69,7 +134,7 @@ def shard(
             f"the dataset has {len(dataset)} samples, fewer than one batch of {batch_size} "  # type: ignore[arg-type]
             f"for each of {num_replicas} ranks; use a smaller batch_size or drop_last=False."
         )
-    sampler: DistributedSampler = DistributedSampler(
+    sampler: DistributedSampler = _Sampler(
         dataset, num_replicas=num_replicas, rank=rank, shuffle=shuffle, seed=seed, drop_last=drop_last
     )
     loader = DataLoader(dataset, batch_size=batch_size, sampler=sampler, drop_last=drop_last, **loader_kwargs)

@@ -53,6 +53,12 @@ def apply_ddp(
         comm_hook, hook_state = make_hook(compression)
     if not dist.is_initialized():
         raise ConfigError("apply_ddp needs a process group; run it in a %%distributed cell after %dist_start.")
+    if dist.get_debug_level() == dist.DebugLevel.DETAIL and dist.get_backend() == "gloo":
+        raise ConfigError(
+            "DDP crashes the rank (a segfault in DDP's logger, torch 2.13) when the gloo world checks collectives "
+            "(--debug-collectives, TORCH_DISTRIBUTED_DEBUG=DETAIL); debug the collectives without DDP, or "
+            "%dist_start again without --debug-collectives."
+        )
     dev = device()
     model = model.to(dev)
     ids = [dev.index] if dev.type == "cuda" else None

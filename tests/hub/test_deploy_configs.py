@@ -32,7 +32,9 @@ def _batch_script(config, profile: dict) -> str:
     from batchspawner import SlurmSpawner
     from batchspawner.batchspawner import format_template
 
-    subvars = {name[4:]: trait.default_value for name, trait in SlurmSpawner.class_traits().items() if name.startswith("req_")}
+    subvars = {
+        name[4:]: trait.default_value for name, trait in SlurmSpawner.class_traits().items() if name.startswith("req_")
+    }
     subvars.update(prologue=config.BatchSpawnerBase.req_prologue, homedir="/home/ada", keepvars="PATH", username="ada")
     subvars.update({k[4:]: v for k, v in profile.items() if k.startswith("req_")})
     subvars["cmd"] = "batchspawner-singleuser jupyterhub-singleuser"
@@ -73,7 +75,9 @@ def test_the_kubernetes_gpu_profile_gives_the_pod_gpus_and_a_real_dev_shm(monkey
         monkeypatch.setattr(gpus, "_nvidia_smi", lambda smi=smi: smi)
         choice = defaults.choose(None, None, env={})  # no Slurm, no CUDA_VISIBLE_DEVICES: as in the pod
         assert (choice.n, choice.launcher) == (count, "local")
-        assert choice.line("nccl").endswith(f"GPUs visible on {socket.gethostname().split('.')[0]} (nvidia-smi -L); backend nccl")
+        assert choice.line("nccl").endswith(
+            f"GPUs visible on {socket.gethostname().split('.')[0]} (nvidia-smi -L); backend nccl"
+        )
     shm = [v for v in single["storage"]["extraVolumes"] if v["name"] == "shm"]
     assert shm and shm[0]["emptyDir"]["medium"] == "Memory" and shm[0]["emptyDir"]["sizeLimit"]
     mounts = {m["name"]: m["mountPath"] for m in single["storage"]["extraVolumeMounts"]}

@@ -57,7 +57,9 @@ def test_a_hub_spawns_the_notebook_on_two_nodes_and_dist_start_uses_both(two_nod
             proxy_pid = hub.proxy_pid()
             assert proxy_pid, "the hub started no configurable-http-proxy"
             with pytest.raises(hubsetup.HubError, match="403"):
-                hub.request("POST", f"/hub/api/users/{user}/tokens", body={"auth": {"username": user, "password": "no"}})
+                hub.request(
+                    "POST", f"/hub/api/users/{user}/tokens", body={"auth": {"username": user, "password": "no"}}
+                )
             login = {"auth": {"username": user, "password": hubsetup.PASSWORD}, "note": "nbdist test"}
             token = hub.request("POST", f"/hub/api/users/{user}/tokens", body=login)["token"]
 
@@ -86,7 +88,9 @@ def test_a_hub_spawns_the_notebook_on_two_nodes_and_dist_start_uses_both(two_nod
             transcript = "\n".join(f"[{i}] {r['out']}" for i, r in enumerate(results))
             assert len(results) == len(cells) and not any(r["error"] for r in results), transcript
             started = results[1]["out"]
-            assert f"2 ranks = 2 tasks allocated on node1,node2 (Slurm job {job}); engines via srun --overlap" in started
+            assert (
+                f"2 ranks = 2 tasks allocated on node1,node2 (Slurm job {job}); engines via srun --overlap" in started
+            )
             assert "2 ranks ready on 2 hosts (node1, node2), backend gloo" in started
             assert "node1" in results[2]["out"] and "node2" in results[2]["out"]
             assert "HOSTS ['node1', 'node2'] gloo DDP equal to one process" in results[3]["out"]

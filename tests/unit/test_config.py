@@ -125,3 +125,11 @@ def test_rank_env_is_what_configure_sets_and_the_local_store_stays_on_loopback()
         "NUMBA_NUM_THREADS": "1",
     }
     assert LocalLauncher().master_address("node7") == "127.0.0.1"
+
+
+@pytest.mark.parametrize("bad", [-1, 1.5, True, "2"])
+def test_max_restarts_must_be_a_whole_number_and_the_error_says_how(bad):
+    with pytest.raises(
+        ConfigError, match=r"max_restarts .* must be a whole number, 0 or more, such as --max-restarts 1"
+    ):
+        StartConfig(n=2, max_restarts=bad)

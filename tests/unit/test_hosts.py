@@ -80,10 +80,7 @@ def test_visible_gpus_without_touching_cuda():
     assert gpus.parse_visible("0,1,2") == ["0", "1", "2"]
     assert gpus.parse_visible("1,-1,2") == ["1"]  # CUDA stops at the first invalid id
     assert gpus.parse_visible("") == [] and gpus.parse_visible("NoDevFiles") == []
-    smi = (
-        "GPU 0: NVIDIA H100 80GB HBM3 (UUID: GPU-1a2b)\n"
-        "GPU 1: NVIDIA H100 80GB HBM3 (UUID: GPU-3c4d)\n"
-    )
+    smi = "GPU 0: NVIDIA H100 80GB HBM3 (UUID: GPU-1a2b)\nGPU 1: NVIDIA H100 80GB HBM3 (UUID: GPU-3c4d)\n"
     assert gpus.parse_nvidia_smi(smi) == ["0", "1"]
     mig = "GPU 0: NVIDIA A100 (UUID: GPU-1)\n  MIG 3g.20gb     Device  0: (UUID: MIG-aa)\n  MIG 3g.20gb     Device  1: (UUID: MIG-bb)\n"
     assert gpus.parse_nvidia_smi(mig) == ["MIG-aa", "MIG-bb"]
@@ -94,7 +91,10 @@ def test_inside_an_allocation_no_n_means_the_allocation_through_srun(monkeypatch
     env = {"SLURM_JOB_ID": "7", "SLURM_NTASKS": "3", "SLURM_JOB_NODELIST": "n1"}
     choice = defaults.choose(None, None, env)
     assert (choice.n, choice.launcher, choice.gpus) == (3, "srun", 0)
-    assert choice.line("gloo") == "3 ranks = 3 tasks allocated on n1 (Slurm job 7); engines via srun --overlap; backend gloo"
+    assert (
+        choice.line("gloo")
+        == "3 ranks = 3 tasks allocated on n1 (Slurm job 7); engines via srun --overlap; backend gloo"
+    )
     assert defaults.choose(2, None, env) == defaults.Choice(2, "local")  # -n keeps the laptop behaviour
     assert defaults.choose(None, None, {"CUDA_VISIBLE_DEVICES": ""}) == defaults.Choice(2, "local")
     assert defaults.choose(None, None, {"CUDA_VISIBLE_DEVICES": "0"}) == defaults.Choice(2, "local")
@@ -173,7 +173,7 @@ def test_addresses_on_this_host():
 
 
 def test_a_rank_that_cannot_reach_master_addr_says_so_in_one_line():
-    from nbdist.engine import runtime
+    from nbdist.engine import runtime, world
 
     addr = next((ip for ip in net.interfaces().values() if not ip.startswith("127.")), None)
     if addr is None:
@@ -185,7 +185,7 @@ def test_a_rank_that_cannot_reach_master_addr_says_so_in_one_line():
         runtime.STATE.update(rank=1, world_size=2, store=None)
         try:
             with pytest.raises(ConnectionError) as info:
-                runtime.join_world(master_addr=addr, port=port, backend="gloo", timeout=2, pg_timeout=10)
+                world.join_world(master_addr=addr, port=port, backend="gloo", timeout=2, pg_timeout=10)
         finally:
             runtime.STATE.clear()
             runtime.STATE.update(old)

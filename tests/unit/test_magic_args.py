@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 from IPython.core.error import UsageError
 
-from nbdist.magics import _names_and_ranks
+from nbdist.magics.common import names_and_ranks
 
 
 def _usage(ip, line):
@@ -50,11 +50,11 @@ def test_no_cluster_says_how_to_start(ip):
 
 
 def test_names_and_ranks_parsing():
-    assert _names_and_ranks("a b --ranks 1", "dist_push") == (["a", "b"], "1")
+    assert names_and_ranks("a b --ranks 1", "dist_push") == (["a", "b"], "1")
     with pytest.raises(UsageError, match="not a variable name"):
-        _names_and_ranks("1x", "dist_push")
+        names_and_ranks("1x", "dist_push")
     with pytest.raises(UsageError, match="--ranks needs a value"):
-        _names_and_ranks("a --ranks", "dist_pull")
+        names_and_ranks("a --ranks", "dist_pull")
 
 
 def test_dist_mode_transformer(ip):
@@ -69,3 +69,16 @@ def test_dist_mode_transformer(ip):
     finally:
         ip.run_line_magic("dist_mode", "off")
     assert magics._transform not in ip.input_transformers_cleanup
+
+
+def test_negative_max_restarts_is_refused_in_one_line(ip):
+    msg = _usage(ip, "dist_start -n 2 --max-restarts -1")
+    assert "max_restarts (-1) must be a whole number, 0 or more" in msg
+
+
+def test_dist_where_without_a_cluster_says_how_to_start(ip):
+    import nbdist.cluster as api
+
+    if api._CURRENT is not None:
+        pytest.skip("a cluster is running in this process")
+    assert "%dist_start -n 2" in _usage(ip, "dist_where ")

@@ -128,3 +128,71 @@ def test_a_release_is_not_replaced_by_a_later_reason(clock):
     clock.advance(1.0)  # past the timeout too
     assert p.observe(failed=True, finished=True) is Action.WAIT
     assert p.released is Release.FAILURE
+
+
+# ---------------------------------------------------------------- the hang doctor's view (doctor.py)
+
+from nbdist.doctor import odd_ranks, render  # noqa: E402
+from nbdist.results import mismatch  # noqa: E402
+
+
+def _rep(busy=True, line=None, count=0, inside=False, op="all_reduce"):
+    return {
+        "busy": busy,
+        "cell_line": line,
+        "function": "all_reduce" if inside else "<module>",
+        "in_collective": inside,
+        "collective": {
+            "op": op,
+            "shapes": ["[3] float32"],
+            "count": count,
+            "done": not inside,
+            "seconds": 2.0,
+            "group_seq": count,
+        },
+    }
+
+
+def test_the_odd_rank_is_the_one_behind_the_one_outside_or_the_one_still_busy():
+    behind = odd_ranks({0: _rep(line=5, count=3, inside=True), 1: _rep(line=4, count=2)})
+    assert list(behind) == [1] and "rank(s) 0 entered all_reduce #3" in behind[1]
+    outside = odd_ranks(
+        {0: _rep(line=5, count=2, inside=True), 1: _rep(line=4, count=2), 2: _rep(line=5, count=2, inside=True)}
+    )
+    assert list(outside) == [1] and "rank(s) 0, 2 wait in one" in outside[1]
+    alone = odd_ranks({0: _rep(busy=False), 1: _rep(line=7, count=4, inside=True)})
+    assert list(alone) == [1] and "rank(s) 0 finished it" in alone[1]
+    minority = odd_ranks({0: _rep(line=3, count=1), 1: _rep(line=3, count=1), 2: _rep(line=9, count=1)})
+    assert list(minority) == [2]
+    assert odd_ranks({0: _rep(line=3, count=1), 1: _rep(line=3, count=1)}) == {}
+    assert odd_ranks({0: _rep(line=3)}) == {}
+
+
+def test_render_names_each_rank_its_cell_lines_and_the_ranks_that_did_not_answer():
+    reps = {
+        0: {
+            **_rep(line=5, count=3, inside=True),
+            "cell_stack": [{"line": 5, "function": "<module>", "code": "dist.all_reduce(t)"}],
+        }
+    }
+    lines = render(reps, {0: "engine 0", 1: "engine 1"})
+    assert lines[0] == "rank 0 (engine 0): at cell line 5, in all_reduce (inside torch.distributed)"
+    assert "    cell line   5 in <module>: dist.all_reduce(t)" in lines
+    assert any(ln.startswith("    last collective: all_reduce [3] float32, this rank's collective #3") for ln in lines)
+    assert lines[-1].startswith("rank(s) 1 did not answer")
+
+
+def test_torchs_collective_mismatch_becomes_one_line_naming_both_ranks_and_calls():
+    fp = "CollectiveFingerPrint(SequenceNumber={s}, OpType={op}, TensorShape=[{sh}], TensorDtypes=Float, TensorDeviceTypes=x)"
+    evalue = (
+        "Detected mismatch between collectives on ranks. Rank 1 is running collective: "
+        + fp.format(s=4, op="ALLREDUCE", sh=4)
+        + ", but Rank 0 is running collective: "
+        + fp.format(s=4, op="BROADCAST", sh=3)
+    )
+    text = mismatch(evalue)
+    assert text.startswith(
+        "ranks called different collectives: rank 1 called allreduce([4] float) as its collective #5"
+    )
+    assert "but rank 0 called broadcast([3] float)" in text
+    assert mismatch("some other RuntimeError") == ""

@@ -1,0 +1,90 @@
+"""The hang doctor's view: where each rank is, which collective it entered last, who is odd.
+
+Pure functions over the reports engines write when asked where they are
+(engine/runtime.py ``where``): ``%dist_where`` prints ``render``; the release notes
+(results.py) use ``collective_text`` and ``odd_ranks`` so the watchdog says the same.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from typing import Any
+
+
+def collective_text(rep: dict[str, Any]) -> str:
+    """'all_reduce [3] float32, this rank's collective #5 (group seq 9), waiting 12.0 s' or ''."""
+    c = rep.get("collective") or {}
+    if not c:
+        return ""
+    if not c.get("op"):
+        return f"no collective called from Python yet (group seq {c.get('group_seq')})"
+    shapes = ", ".join(c.get("shapes") or []) or "no tensors"
+    state = "returned" if c.get("done") else f"waiting {c.get('seconds') or 0:.1f} s"
+    seq = f" (group seq {c['group_seq']})" if c.get("group_seq") is not None else ""
+    return f"{c['op']} {shapes}, this rank's collective #{c.get('count')}{seq}, {state}"
+
+
+def odd_ranks(reports: dict[int, dict[str, Any]]) -> dict[int, str]:
+    """The ranks whose position differs from the others, each with why (empty when none stands out).
+
+    Ranks still in the cell while others finished it; else ranks behind on collectives
+    (the others wait for them); else ranks outside a collective while the others wait in
+    one; else ranks at a cell line the majority is not at.
+    """
+    if len(reports) < 2:
+        return {}
+    busy = {r for r, rep in reports.items() if rep.get("busy")}
+    if busy and len(busy) < len(reports):
+        idle = ", ".join(map(str, sorted(set(reports) - busy)))
+        return {r: f"still in the cell; rank(s) {idle} finished it" for r in sorted(busy)}
+    counts = {r: (rep.get("collective") or {}).get("count") or 0 for r, rep in reports.items()}
+    if len(set(counts.values())) > 1:
+        low, high = min(counts.values()), max(counts.values())
+        ahead = [r for r, c in counts.items() if c == high]
+        op = (reports[ahead[0]].get("collective") or {}).get("op")
+        return {
+            r: f"behind: rank(s) {', '.join(map(str, ahead))} entered {op} #{high}; this rank is at #{low}"
+            for r, c in sorted(counts.items())
+            if c == low
+        }
+    inside = {r for r, rep in reports.items() if rep.get("in_collective")}
+    if inside and len(inside) < len(reports):
+        waiting = ", ".join(map(str, sorted(inside)))
+        return {r: f"not in a collective while rank(s) {waiting} wait in one" for r in sorted(set(reports) - inside)}
+    lines = Counter(rep.get("cell_line") for rep in reports.values())
+    (common, n), *rest = lines.most_common()
+    if rest and n > rest[0][1]:
+        return {
+            r: f"at cell line {rep.get('cell_line')}; the others are at line {common}"
+            for r, rep in reports.items()
+            if rep.get("cell_line") != common
+        }
+    return {}
+
+
+def render(reports: dict[int, dict[str, Any]], who: dict[int, str] | None = None) -> list[str]:
+    """Lines for %dist_where: per rank its state, its cell lines (innermost last), its last collective."""
+    who = who or {}
+    odd = odd_ranks(reports)
+    lines = []
+    for rank, rep in sorted(reports.items()):
+        name = f"rank {rank}" + (f" ({who[rank]})" if rank in who else "")
+        mark = f"   <-- {odd[rank]}" if rank in odd else ""
+        if not rep.get("busy"):
+            lines.append(f"{name}: idle (no cell running){mark}")
+        else:
+            where = f"cell line {rep['cell_line']}" if rep.get("cell_line") else "library code"
+            inside = " (inside torch.distributed)" if rep.get("in_collective") else ""
+            lines.append(f"{name}: at {where}, in {rep.get('function')}{inside}{mark}")
+            for frame in rep.get("cell_stack") or []:
+                lines.append(f"    cell line {frame['line']:>3} in {frame['function']}: {frame.get('code') or ''}")
+            inner = [s for s in rep.get("stack") or [] if "site-packages" in s or "/lib/python" in s][-2:]
+            for entry in inner:
+                lines.append(f"    {entry}")
+        text = collective_text(rep)
+        if text:
+            lines.append(f"    last collective: {text}")
+    missing = sorted(set(who) - set(reports))
+    if missing:
+        lines.append(f"rank(s) {', '.join(map(str, missing))} did not answer (dead, or stuck outside Python)")
+    return lines

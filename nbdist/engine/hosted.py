@@ -1,0 +1,171 @@
+"""torchrun-style code inside the world nbdist built: one process group per engine, kept up.
+
+A script written for torchrun, or tutorial code pasted into a ``%%distributed`` cell, calls
+``dist.init_process_group(...)`` first and ``dist.destroy_process_group()`` last. In a
+rank whose world is already up, torch would refuse the first ("trying to initialize the
+default process group twice!") and the second would leave the next cell without a world.
+``install()`` replaces both in ``torch.distributed`` (and ``distributed_c10d``):
+
+- ``init_process_group`` with a compatible request (no backend or the world's own, the
+  world's rank and size or none) keeps the world and says so in one line on rank 0; an
+  incompatible one (nccl asked on CPU ranks, another world size) raises ``ValueError``
+  naming the values and the fix. With no world up it is torch's own call;
+- ``destroy_process_group()`` of the default group leaves it up for the next cell (one line
+  on rank 0); a subgroup's is torch's own call.
+
+nbdist's own joining and leaving (world.py) go through ``init_world`` / ``destroy_world``,
+torch's originals. ``run_script`` runs a script's source as ``__main__`` with ``sys.argv``
+and torchrun's environment (``%dist_run``).
+"""
+
+from __future__ import annotations
+
+import builtins
+import linecache
+import os
+import sys
+from typing import Any
+
+ORIGINAL: dict[str, Any] = {}
+
+
+def install() -> None:
+    """Replace init_process_group and destroy_process_group (once per process)."""
+    import torch.distributed as dist
+    from torch.distributed import distributed_c10d as c10d
+
+    if ORIGINAL:
+        return
+    ORIGINAL.update(init=c10d.init_process_group, destroy=c10d.destroy_process_group)
+    for module in (dist, c10d):
+        setattr(module, "init_process_group", init_process_group)  # noqa: B010 - the module's own name
+        setattr(module, "destroy_process_group", destroy_process_group)  # noqa: B010
+
+
+def init_world(*args: Any, **kwargs: Any) -> None:
+    """torch's own init_process_group (nbdist forming the world)."""
+    import torch.distributed as dist
+
+    ORIGINAL.get("init", dist.init_process_group)(*args, **kwargs)
+
+
+def destroy_world() -> None:
+    """torch's own destroy_process_group of the default group (nbdist leaving the world)."""
+    import torch.distributed as dist
+
+    ORIGINAL.get("destroy", dist.destroy_process_group)()
+
+
+def init_process_group(backend: Any = None, init_method: str | None = None, *args: Any, **kwargs: Any) -> None:
+    """Keep the world nbdist built when the request fits it; otherwise say what does not fit."""
+    import torch.distributed as dist
+
+    if not dist.is_initialized():
+        return ORIGINAL["init"](backend, init_method, *args, **kwargs)
+    names = ("timeout", "world_size", "rank", "store", "group_name", "pg_options", "device_id")
+    given = {**dict(zip(names, args, strict=False)), **kwargs}
+    rank, size, current = dist.get_rank(), dist.get_world_size(), str(dist.get_backend())
+    have = _backends(current)
+    want = _backends(backend)
+    call = _call_text(backend, init_method, given)
+    if want - have:
+        hint = (
+            "CPU ranks: start GPU ranks with %dist_start --backend nccl"
+            if "nccl" in want and "nccl" not in have
+            else "restart with %dist_start --backend " + "/".join(sorted(want))
+        )
+        raise ValueError(
+            f"{call} asks for {'/'.join(sorted(want))}, but this world runs {current} (rank {rank} of {size}, "
+            f"built by %dist_start). Drop the backend argument (or pass {current!r}) to use it, or for "
+            f"{'/'.join(sorted(want))} on {hint}."
+        )
+    for key, value in (("world_size", size), ("rank", rank)):
+        asked = given.get(key, -1)
+        if asked not in (-1, None) and int(asked) != value:
+            raise ValueError(
+                f"{call} asks for {key}={asked}, but this rank is rank {rank} of a world of {size}. Read them "
+                f"from the environment (RANK, WORLD_SIZE are set on every rank, as torchrun sets them), or start "
+                f"the world you want with %dist_start -n {given.get('world_size', size)}."
+            )
+    if rank == 0:
+        ignored = [k for k in ("timeout", "store", "pg_options", "group_name") if given.get(k) not in (None, "")]
+        extra = f"; its {', '.join(ignored)} not applied" if ignored else ""
+        print(f"nbdist: {call} kept the world nbdist built ({size} ranks, {current}){extra}", flush=True)
+    return None
+
+
+def destroy_process_group(group: Any = None) -> None:
+    """Leave the default group up for the next cell; destroy a subgroup as torch does."""
+    import torch.distributed as dist
+
+    if group is not None and group is not dist.GroupMember.WORLD:
+        return ORIGINAL["destroy"](group)
+    if dist.is_initialized() and dist.get_rank() == 0:
+        print("nbdist: destroy_process_group() left the world up for the next cell (%dist_stop ends it)", flush=True)
+    return None
+
+
+def _backends(backend: Any) -> set[str]:
+    """'gloo' -> {'gloo'}; 'cpu:gloo,cuda:nccl' -> {'gloo', 'nccl'}; None -> set()."""
+    if backend is None:
+        return set()
+    out = set()
+    for part in str(backend).lower().split(","):
+        name = part.split(":")[-1].strip()
+        if name and name != "undefined":
+            out.add(name)
+    return out
+
+
+def _call_text(backend: Any, init_method: str | None, given: dict[str, Any]) -> str:
+    shown = [repr(str(backend))] if backend is not None else []
+    if init_method:
+        shown.append(f"init_method={init_method!r}")
+    shown += [f"{k}={v!r}" for k, v in given.items() if k in ("world_size", "rank") and v not in (-1, None)]
+    return f"init_process_group({', '.join(shown)})"
+
+
+def torchrun_env(restarts: int = 0) -> dict[str, str]:
+    """The variables torchrun sets that configure() does not: role, group size, elastic ids."""
+    world = os.environ.get("WORLD_SIZE", "1")
+    local = os.environ.get("LOCAL_WORLD_SIZE", world)
+    return {
+        "ROLE_RANK": os.environ.get("RANK", "0"),
+        "ROLE_WORLD_SIZE": world,
+        "ROLE_NAME": "default",
+        "GROUP_WORLD_SIZE": str(max(1, int(world) // max(1, int(local)))),
+        "TORCHELASTIC_RUN_ID": "nbdist",
+        "TORCHELASTIC_RESTART_COUNT": str(restarts),
+        "TORCHELASTIC_MAX_RESTARTS": "0",
+    }
+
+
+def run_script(source: str, path: str, argv: list[str]) -> None:
+    """Run a script on this rank as torchrun would: ``__name__ == "__main__"``, ``sys.argv``, its
+    folder first on ``sys.path``, torchrun's env vars. Its globals join the rank's namespace
+    afterwards (as IPython's %run does); ``sys.exit(0)`` is success, another status an error."""
+    os.environ.update({k: v for k, v in torchrun_env().items() if k not in os.environ})
+    code = compile(source, path, "exec")
+    linecache.cache[path] = (len(source), None, source.splitlines(True), path)  # tracebacks show its lines
+    ns: dict[str, Any] = {"__name__": "__main__", "__file__": path, "__builtins__": builtins}
+    saved = sys.argv, list(sys.path)
+    sys.argv = [path, *argv]
+    sys.path.insert(0, os.path.dirname(path))
+    try:
+        exec(code, ns)
+    except SystemExit as exc:
+        if exc.code not in (None, 0):
+            raise RuntimeError(f"{os.path.basename(path)} exited with status {exc.code!r}") from None
+    finally:
+        sys.argv, sys.path[:] = saved[0], saved[1]
+        _share(ns)
+
+
+def _share(ns: dict[str, Any]) -> None:
+    try:
+        from IPython import get_ipython
+    except ImportError:  # pragma: no cover
+        return
+    shell = get_ipython()
+    if shell is not None:
+        shell.user_ns.update({k: v for k, v in ns.items() if not k.startswith("__")})

@@ -1,0 +1,21 @@
+"""The one dict of state each engine process keeps (plain values, easy to inspect)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+# One dict of state per engine process; plain values so it is easy to inspect.
+STATE: dict[str, Any] = {
+    "rank": None,
+    "world_size": None,
+    "backend": None,
+    "store": None,
+    "pg_fds": [],
+    "aborted": False,
+    "busy_since": None,
+    "cell": 0,
+    "main_ident": None,
+    "report_dir": None,
+    "watcher": None,
+    "abort_after": 0.3,  # seconds an interrupted cell may take to stop before its process group is broken
+}

@@ -1,0 +1,139 @@
+"""The process group on one rank: the rendezvous store, joining, leaving and breaking it.
+
+The client calls these through ipyparallel's apply (rendezvous.py); the watcher
+(runtime.py) calls ``abort_world`` to free a rank blocked in a gloo collective.
+"""
+
+from __future__ import annotations
+
+import datetime
+import os
+import socket
+from typing import Any
+
+from .. import compat, net
+from . import collectives, gpu, hosted
+from .state import STATE
+
+
+def open_store(host: str, timeout: float) -> int:
+    """On rank 0: start the rendezvous store on a port the OS picks; return it.
+
+    Binding port 0 here, in the process that keeps the socket, leaves no window in
+    which another program can take the port (docs/faults.md, row 6).
+    """
+    from torch.distributed import TCPStore
+
+    store = TCPStore(
+        host,
+        0,
+        STATE["world_size"],
+        is_master=True,
+        wait_for_workers=False,
+        timeout=datetime.timedelta(seconds=timeout),
+    )
+    STATE["store"] = store
+    return int(store.port)
+
+
+def join_world(
+    *,
+    master_addr: str,
+    port: int,
+    backend: str,
+    timeout: float,
+    pg_timeout: float,
+    gpu_index: int | None = None,
+    debug: bool = False,
+) -> float:
+    """Join the process group and prove it with one all_reduce; return its sum.
+
+    Under nccl the rank first binds ``cuda:gpu_index`` (engine/gpu.py holds the rule).
+    ``debug``: torch checks every collective across ranks first (engine/collectives.py)."""
+    import torch
+    import torch.distributed as dist
+    from torch.distributed import TCPStore
+
+    rank, world_size = STATE["rank"], STATE["world_size"]
+    os.environ["MASTER_PORT"] = str(port)
+    os.environ["MASTER_ADDR"] = master_addr
+    if rank != 0 and not master_addr.startswith("127."):
+        reason = net.connect_error(master_addr, port, timeout=min(timeout, 10.0))
+        if reason:
+            raise ConnectionError(
+                f"{socket.gethostname()} cannot reach MASTER_ADDR {master_addr}:{port} ({reason}): "
+                f"{net.likely_fix(reason)}; open the port range between the nodes, or start with --ip on "
+                "the interface the nodes share."
+            )
+    if rank != 0 or STATE["store"] is None:
+        STATE["store"] = TCPStore(
+            master_addr,
+            port,
+            world_size,
+            is_master=False,
+            timeout=datetime.timedelta(seconds=timeout),
+        )
+    before = _tcp_fds()
+    kwargs: dict[str, Any] = {}
+    device = torch.device("cpu")
+    if backend == "nccl":
+        device = gpu.bind(int(os.environ.get("LOCAL_RANK", "0")) if gpu_index is None else gpu_index)
+        kwargs["device_id"] = device
+    collectives.set_debug(debug)
+    hosted.init_world(
+        backend,
+        store=STATE["store"],
+        rank=rank,
+        world_size=world_size,
+        timeout=datetime.timedelta(seconds=pg_timeout),
+        **kwargs,
+    )
+    STATE.update(backend=backend, aborted=False)
+    probe = torch.tensor([float(rank + 1)], device=device)
+    dist.all_reduce(probe)
+    STATE["pg_fds"] = sorted(_tcp_fds() - before)
+    return float(probe.item())
+
+
+def leave_world() -> None:
+    """Destroy this rank's process group and store, whatever state they are in."""
+    import torch.distributed as dist
+
+    try:
+        if dist.is_initialized():
+            hosted.destroy_world()
+    except Exception:  # a broken group may refuse a clean destroy; drop it anyway
+        pass
+    STATE.update(store=None, pg_fds=[], backend=None)
+
+
+def abort_world() -> str:
+    """Break this rank's process group so a collective blocked on it returns now."""
+    STATE["aborted"] = True
+    if STATE["backend"] == "nccl":
+        try:
+            compat.abort_process_group()
+            return "nccl abort"
+        except Exception as exc:  # pragma: no cover - GPU only
+            return f"nccl abort failed: {exc}"
+    closed = 0
+    for fd in STATE["pg_fds"]:
+        try:
+            sock = socket.socket(fileno=fd)
+        except OSError:
+            continue
+        try:
+            if sock.type == socket.SOCK_STREAM:
+                sock.shutdown(socket.SHUT_RDWR)
+                closed += 1
+        except OSError:
+            pass
+        finally:
+            sock.detach()
+    return f"closed {closed} gloo connections"
+
+
+def _tcp_fds() -> set[int]:
+    import psutil
+
+    return {c.fd for c in psutil.Process().net_connections("tcp") if c.status == psutil.CONN_ESTABLISHED and c.fd >= 0}

@@ -1,0 +1,45 @@
+"""What a session ran on its ranks, in order: the cells ``%dist_export`` turns into a script, and the
+setup cells automatic recovery replays.
+
+``Cluster`` adds every cell that succeeded (a failed one is the user's to fix and run
+again; a cell re-run after an automatic restart is added once, when it succeeds) and the
+names ``push`` sent from the notebook, which a script would not have.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+SCRIPT = "# %dist_run "  # the first line of the code a %dist_run cell sends (scripts.py)
+
+
+@dataclass(slots=True)
+class Cell:
+    """One successful run on the ranks: its code, the ranks it ran on, how it was marked."""
+
+    code: str
+    ranks: list[int]
+    setup: bool = False
+    script: str = ""  # "train.py --epochs 1" for a %dist_run of a script
+
+    def title(self) -> str:
+        """Its first line that says something, for listings."""
+        if self.script:
+            return f"%dist_run {self.script}"
+        lines = [ln.strip() for ln in self.code.splitlines() if ln.strip() and not ln.strip().startswith("#")]
+        return (lines[0] if lines else "(empty)")[:70]
+
+
+@dataclass(slots=True)
+class History:
+    cells: list[Cell] = field(default_factory=list)
+    pushed: set[str] = field(default_factory=set)
+
+    def setup_cells(self) -> list[Cell]:
+        """The cells marked ``--setup``, each once, in the order of its last run (what recovery replays)."""
+        last = {c.code: i for i, c in enumerate(self.cells) if c.setup}
+        return [self.cells[i] for i in sorted(last.values())]
+
+    def add(self, code: str, ranks: list[int], setup: bool) -> None:
+        script = code.splitlines()[0][len(SCRIPT) :] if code.startswith(SCRIPT) else ""
+        self.cells.append(Cell(code, list(ranks), setup, script))
