@@ -17,7 +17,9 @@ does) and ``Watch.follow`` watches it from the calling thread:
 from __future__ import annotations
 
 import queue
+import signal
 import sys
+import threading
 import time
 from collections.abc import Callable
 from datetime import datetime
@@ -97,6 +99,37 @@ def execute(
     return then(result) if then else result
 
 
+class _CtrlC:
+    """Ctrl-C while a cell is followed, counted by a handler of our own (main thread only).
+
+    Python's default handler raises KeyboardInterrupt wherever the main thread happens to
+    be, and a few places (a finalizer, a C call that clears errors) swallow it: the press
+    would be lost and the ranks left blocked. This handler only counts and wakes the loop,
+    which then acts on it; the previous handler comes back when the cell is over.
+    """
+
+    def __init__(self, wake: queue.SimpleQueue[int]) -> None:
+        self.wake, self.pressed, self.previous = wake, 0, None
+        if threading.current_thread() is threading.main_thread():
+            try:
+                self.previous = signal.signal(signal.SIGINT, self._on_sigint)
+            except ValueError:  # not the main interpreter
+                self.previous = None
+
+    def _on_sigint(self, signum: int, frame: Any) -> None:
+        self.pressed += 1
+        self.wake.put(1)  # SimpleQueue.put is reentrant: safe in a signal handler
+
+    def take(self) -> bool:
+        pressed, self.pressed = self.pressed, 0
+        return pressed > 0
+
+    def restore(self) -> None:
+        if self.previous is not None:
+            signal.signal(signal.SIGINT, self.previous)
+            self.previous = None
+
+
 class Watch:
     """Follows one AsyncResult to the end: streams its output, applies the release policy."""
 
@@ -134,6 +167,22 @@ class Watch:
         after ``on_done`` has seen it.
         """
         policy = ReleasePolicy(grace=self.grace, watchdog=self.watchdog, timeout=timeout, started=self.tic)
+        ctrl_c = _CtrlC(self.wake)
+        try:
+            killed, interrupted = self._loop(policy, ctrl_c, stream)
+        finally:
+            ctrl_c.restore()
+        self._finish_output(stream)
+        result = self._collect(policy.released, killed)
+        self.on_done(result, killed)
+        if interrupted:
+            for note in result.notes:
+                print(note, file=sys.stderr)
+            raise KeyboardInterrupt
+        return result
+
+    def _loop(self, policy: ReleasePolicy, ctrl_c: _CtrlC, stream: bool) -> tuple[list[int], bool]:
+        """Until no rank runs: (the ranks killed, whether Ctrl-C was pressed)."""
         killed: list[int] = []
         interrupted = False
         while True:
@@ -142,12 +191,14 @@ class Watch:
                     self.wake.get(timeout=0.05)
                 except queue.Empty:
                     pass
+                if ctrl_c.take():
+                    raise KeyboardInterrupt
                 if stream:
                     self._emit()
                     self._report_states()
                 running = self._running()
                 if not running:
-                    break
+                    return killed, interrupted
                 failed = any(_error_of(c) is not None for c in self.children)
                 action = policy.observe(failed=failed, finished=len(running) < len(self.children))
                 if action is Action.PROBE:
@@ -160,19 +211,11 @@ class Watch:
                 elif action is Action.KILL:
                     killed = running
                     self.engines.kill(running)
-                    break
+                    return killed, interrupted
             except KeyboardInterrupt:
                 interrupted = True
                 if policy.interrupt() is Action.RELEASE:
                     self._release(self._running())
-        self._finish_output(stream)
-        result = self._collect(policy.released, killed)
-        self.on_done(result, killed)
-        if interrupted:
-            for note in result.notes:
-                print(note, file=sys.stderr)
-            raise KeyboardInterrupt
-        return result
 
     def _running(self) -> list[int]:
         return [self.ranks[i] for i, c in enumerate(self.children) if not c.done()]

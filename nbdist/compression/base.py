@@ -128,6 +128,8 @@ class Compressor:
     collective's result into the mean gradient, into ``out`` when given. With
     ``error_feedback``, the hook keeps ``x - sent`` (``keep_residual``) and adds it to the
     next step's gradient. ``shared_seed``: every rank must draw the same random numbers.
+    ``stateful``: it keeps something per bucket between steps (a residual, a velocity), so
+    the hook sends plain all-reduces while DDP may still rebuild its buckets.
     """
 
     name = "base"
@@ -135,6 +137,10 @@ class Compressor:
     error_feedback = False
     shared_seed = False  # True: the same random draw on every rank
     momentum = 0.0  # > 0: the hook applies momentum before compressing (DGC's momentum correction)
+
+    @property
+    def stateful(self) -> bool:
+        return bool(self.error_feedback or self.momentum)
 
     def compress(self, x: torch.Tensor, *, seed: int, world: int, scratch: dict | None = None) -> Payload:
         raise NotImplementedError

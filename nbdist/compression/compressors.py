@@ -257,9 +257,9 @@ class Cast(Compressor):
         self.name = "fp16" if dtype == torch.float16 else "bf16"
 
     def compress(self, x: torch.Tensor, *, seed: int, world: int, scratch: dict | None = None) -> Payload:
-        small = x.to(self.dtype)
-        sent = small.float()
-        return Payload(small.div_(world), sent)  # divide first, as torch's fp16 hook does
+        # torch's fp16_compress_hook / bf16_compress_hook exactly: cast, divide, all-reduce, copy back
+        wire = x.to(self.dtype).div_(world)
+        return Payload(wire, lambda: wire.float().mul_(world))  # this rank's part, as the sum receives it
 
     def decompress(
         self,

@@ -21,16 +21,53 @@ from .compressors import powersgd_bytes
 KEEP_RECORDS = 20_000  # per hook state; older records are dropped in halves (``dropped`` counts them)
 
 
-def add_record(state: Any, record: dict[str, Any]) -> None:
-    """Append one bucket's record, keeping memory bounded on long runs."""
-    state.records.append(record)
-    if len(state.records) > KEEP_RECORDS:
-        half = len(state.records) // 2
-        del state.records[:half]
-        state.dropped += half
+class Records:
+    """What every compression hook's state shares: one record per bucket and step (``step``,
+    ``bucket``, ``bytes_before``, ``bytes_after``, and the seconds it timed), bounded on long
+    runs, and ``step_totals()``, which the notebooks and benchmarks read."""
+
+    __slots__ = ("records", "dropped")
+    TIMES = ("compress_s", "collective_s", "decompress_s", "hook_s")
+
+    def __init__(self) -> None:
+        self.records: list[dict[str, Any]] = []
+        self.dropped = 0  # records dropped from the front of ``records``
+
+    def add(self, record: dict[str, Any]) -> dict[str, Any]:
+        """Append one bucket's record (and return it, for the hook to complete)."""
+        self.records.append(record)
+        if len(self.records) > KEEP_RECORDS:
+            half = len(self.records) // 2
+            del self.records[:half]
+            self.dropped += half
+        return record
+
+    def step_totals(self) -> list[dict[str, Any]]:
+        """Records summed per step: bytes before and after, and each time the hook measured
+        (compress, collective and decompress for nbdist's hooks; ``hook_s``, the hook's whole
+        span, for torch's PowerSGD, whose phases interleave)."""
+        steps: dict[int, dict[str, Any]] = {}
+        for r in self.records:
+            s = steps.setdefault(r["step"], {"step": r["step"], "bytes_before": 0, "bytes_after": 0})
+            s["bytes_before"] += r["bytes_before"]
+            s["bytes_after"] += r["bytes_after"]
+            for key in self.TIMES:
+                if key in r:
+                    s[key] = s.get(key, 0.0) + r[key]
+        return [steps[k] for k in sorted(steps)]
+
+    def _fields(self) -> tuple[str, ...]:
+        return tuple(name for cls in type(self).__mro__ for name in getattr(cls, "__slots__", ()))
+
+    def __getstate__(self) -> dict[str, Any]:
+        return {k: getattr(self, k) for k in self._fields()}
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        for k, v in state.items():
+            setattr(self, k, v)
 
 
-class HookState:
+class HookState(Records):
     """What a compression hook keeps between calls; readable from the notebook."""
 
     __slots__ = (
@@ -41,14 +78,13 @@ class HookState:
         "iteration",
         "residuals",
         "velocities",
-        "records",
-        "dropped",
         "scratch",
     )
 
     def __init__(
         self, compressor: Compressor | None = None, start_iter: int = 2, seed: int = 0, process_group: Any = None
     ) -> None:
+        super().__init__()
         self.compressor = compressor or Identity()
         self.start_iter = start_iter
         self.seed = seed
@@ -56,39 +92,17 @@ class HookState:
         self.iteration = 0
         self.residuals: dict[int, torch.Tensor] = {}
         self.velocities: dict[int, torch.Tensor] = {}  # per bucket, for compressors with momentum (DGC)
-        self.records: list[dict[str, Any]] = []
-        self.dropped = 0  # records dropped from the front of ``records``
         self.scratch: dict[int, dict] = {}  # reusable buffers per bucket
 
     def __getstate__(self) -> dict[str, Any]:
-        state = {k: getattr(self, k) for k in self.__slots__}
+        state = super().__getstate__()
         state["process_group"] = None  # a process group does not pickle
         state["scratch"] = {}
         return state
 
     def __setstate__(self, state: dict[str, Any]) -> None:
         self.velocities = {}  # absent from states pickled before DGC existed
-        for k, v in state.items():
-            setattr(self, k, v)
-
-    def step_totals(self) -> list[dict[str, Any]]:
-        """Records summed per step: bytes before/after and the three phase times."""
-        steps: dict[int, dict[str, Any]] = {}
-        for r in self.records:
-            s = steps.setdefault(
-                r["step"],
-                {
-                    "step": r["step"],
-                    "bytes_before": 0,
-                    "bytes_after": 0,
-                    "compress_s": 0.0,
-                    "collective_s": 0.0,
-                    "decompress_s": 0.0,
-                },
-            )
-            for key in ("bytes_before", "bytes_after", "compress_s", "collective_s", "decompress_s"):
-                s[key] += r.get(key, 0)
-        return [steps[k] for k in sorted(steps)]
+        super().__setstate__(state)
 
 
 def _per_bucket(store: dict[int, torch.Tensor], index: int, buf: torch.Tensor) -> torch.Tensor:
@@ -106,7 +120,7 @@ def compression_hook(state: HookState, bucket: dist.GradBucket) -> torch.futures
     buf = bucket.buffer()
     d, index = buf.numel(), bucket.index()
     comp = state.compressor
-    warming_up = state.iteration < state.start_iter and not isinstance(comp, Identity)
+    warming_up = state.iteration < state.start_iter and comp.stateful
     step = state.iteration
     if bucket.is_last():
         state.iteration += 1
@@ -121,7 +135,7 @@ def compression_hook(state: HookState, bucket: dist.GradBucket) -> torch.futures
             "compress_s": 0.0,
             "warmup": True,
         }
-        add_record(state, record)
+        state.add(record)
         launch = record["launch"] = time.perf_counter()
         fut = dist.all_reduce(wire, group=group, async_op=True).get_future()
 
@@ -165,7 +179,7 @@ def compression_hook(state: HookState, bucket: dist.GradBucket) -> torch.futures
         "bytes_after": wire.numel() * wire.element_size(),
         "compress_s": time.perf_counter() - tic,
     }
-    add_record(state, record)
+    state.add(record)
     t_coll = record["launch"] = time.perf_counter()
     if comp.collective == ALL_REDUCE:
         fut = dist.all_reduce(wire, group=group, async_op=True).get_future()
@@ -187,34 +201,26 @@ def compression_hook(state: HookState, bucket: dist.GradBucket) -> torch.futures
     return fut.then(decompress)
 
 
-class PowerSGDHookState:
-    """torch's PowerSGDState plus nbdist's byte records."""
+class PowerSGDHookState(Records):
+    """torch's PowerSGDState plus nbdist's records (bytes, and the hook's whole span)."""
 
-    __slots__ = ("psgd", "rank", "records", "dropped")
+    __slots__ = ("psgd", "rank")
 
     def __init__(self, rank: int = 2, start_iter: int = 2, process_group: Any = None, **kwargs: Any) -> None:
         from torch.distributed.algorithms.ddp_comm_hooks.powerSGD_hook import PowerSGDState
 
+        super().__init__()
         self.rank = rank
         self.psgd = PowerSGDState(
             process_group=process_group, matrix_approximation_rank=rank, start_powerSGD_iter=start_iter, **kwargs
-        )
-        self.records: list[dict[str, Any]] = []
-        self.dropped = 0
-
-    def __getstate__(self) -> dict[str, Any]:
-        # PowerSGDState drops its group when pickled
-        return {"psgd": self.psgd, "rank": self.rank, "records": self.records, "dropped": self.dropped}
-
-    def __setstate__(self, state: dict[str, Any]) -> None:
-        for k, v in state.items():
-            setattr(self, k, v)
+        )  # PowerSGDState drops its group when pickled
 
 
 def powersgd_hook(state: PowerSGDHookState, bucket: dist.GradBucket) -> torch.futures.Future[torch.Tensor]:
-    """torch's own powerSGD_hook, the low-rank reference, with bytes recorded."""
+    """torch's own powerSGD_hook, the low-rank reference, with bytes and its span recorded."""
     from torch.distributed.algorithms.ddp_comm_hooks.powerSGD_hook import powerSGD_hook
 
+    tic = time.perf_counter()
     buf = bucket.buffer()
     before = buf.numel() * buf.element_size()
     if state.psgd.iter < state.psgd.start_powerSGD_iter:
@@ -222,5 +228,10 @@ def powersgd_hook(state: PowerSGDHookState, bucket: dist.GradBucket) -> torch.fu
     else:
         shapes = [tuple(g.shape) for g in bucket.gradients()]
         _, after = powersgd_bytes(shapes, state.rank, state.psgd.min_compression_rate)
-    add_record(state, {"step": state.psgd.iter, "bucket": bucket.index(), "bytes_before": before, "bytes_after": after})
-    return powerSGD_hook(state.psgd, bucket)
+    record = state.add({"step": state.psgd.iter, "bucket": bucket.index(), "bytes_before": before, "bytes_after": after})
+
+    def done(f: torch.futures.Future) -> torch.Tensor:
+        record["hook_s"] = time.perf_counter() - tic
+        return f.value()
+
+    return powerSGD_hook(state.psgd, bucket).then(done)

@@ -35,6 +35,52 @@ def test_identity_compressor_matches_allreduce_hook_bit_for_bit(cluster):
             assert torch.equal(a, b)
 
 
+def test_fp16_and_bf16_match_torchs_own_hooks_bit_for_bit_from_the_first_step(cluster):
+    # Stateless casts need no warm-up: from step 0 they are torch's fp16/bf16_compress_hook.
+    cluster.run(SETUP + LOOP).raise_for_error()
+    # torch's bf16_compress_hook refuses gloo, so bf16's reference is its body written out
+    cluster.run(
+        textwrap.dedent(
+            """
+            from torch.distributed.algorithms.ddp_comm_hooks.default_hooks import fp16_compress_hook
+
+            def bf16_reference(state, bucket: dist.GradBucket) -> torch.futures.Future[torch.Tensor]:
+                buf = bucket.buffer()
+                wire = buf.to(torch.bfloat16).div_(dist.get_world_size())
+                fut = dist.all_reduce(wire, async_op=True).get_future()
+                return fut.then(lambda f: buf.copy_(f.value()[0]))
+
+            ref = {n: run(comm_hook=h, hook_state=None)[0] for n, h in (("fp16", fp16_compress_hook), ("bf16", bf16_reference))}
+            mine = {n: run(compression=n)[0] for n in ("fp16", "bf16")}
+            plain = run(compression="none")[0]
+            """
+        )
+    ).raise_for_error()
+    for ref, mine, plain in zip(cluster.pull("ref"), cluster.pull("mine"), cluster.pull("plain"), strict=True):
+        for name in ("fp16", "bf16"):
+            for a, b in zip(ref[name], mine[name], strict=True):
+                assert torch.equal(a, b), name
+        # and the casts are really on the wire: fp32 all-reduces end elsewhere
+        for name in ("fp16", "bf16"):
+            assert not all(torch.equal(a, b) for a, b in zip(ref[name], plain, strict=True)), name
+
+
+def test_every_hook_state_sums_its_records_per_step(cluster):
+    # One record interface for every compressor, PowerSGD (torch's own hook) included.
+    cluster.run(SETUP + LOOP).raise_for_error()
+    cluster.push({"SPECS": SPECS})
+    cluster.run("totals = {s: run(compression=s)[1].step_totals() for s in SPECS}").raise_for_error()
+    for totals in cluster.pull("totals"):
+        for spec, per_step in totals.items():
+            assert [t["step"] for t in per_step] == list(range(6)), spec
+            assert all(t["bytes_after"] <= t["bytes_before"] for t in per_step), spec
+            if spec.startswith("powersgd"):
+                assert all(t["hook_s"] > 0 for t in per_step)
+                assert per_step[-1]["bytes_after"] < per_step[-1]["bytes_before"]  # after its 2 warm-up steps
+            else:
+                assert all(t["collective_s"] > 0 and "compress_s" in t for t in per_step), spec
+
+
 def test_every_compressor_keeps_replicas_identical_and_reports_the_bytes_it_sends(cluster):
     cluster.run(SETUP + LOOP).raise_for_error()
     cluster.push({"SPECS": SPECS})
