@@ -228,7 +228,9 @@ def powersgd_hook(state: PowerSGDHookState, bucket: dist.GradBucket) -> torch.fu
     else:
         shapes = [tuple(g.shape) for g in bucket.gradients()]
         _, after = powersgd_bytes(shapes, state.rank, state.psgd.min_compression_rate)
-    record = state.add({"step": state.psgd.iter, "bucket": bucket.index(), "bytes_before": before, "bytes_after": after})
+    record = state.add(
+        {"step": state.psgd.iter, "bucket": bucket.index(), "bytes_before": before, "bytes_after": after}
+    )
 
     def done(f: torch.futures.Future) -> torch.Tensor:
         record["hook_s"] = time.perf_counter() - tic
