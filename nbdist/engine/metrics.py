@@ -2,7 +2,8 @@
 
 Rows are buffered and sent to the notebook at most every FLUSH_S seconds, in one
 ipyparallel ``data_message`` (the engine's datapub, over IOPub) tagged with the
-running cell, and once more when the cell ends. A call costs a dict, a lock and a
+running cell, and once more when the cell ends; the last row of each batch carries the
+rank's resident memory (``memory/rss_MiB``). A call costs a dict, a lock and a
 clock read; sending happens on the main thread, between training steps, never inside
 a collective. Outside an engine the rows stay in ``local_rows()``.
 """
@@ -53,6 +54,7 @@ def flush() -> int:
     _STATE["last"] = time.monotonic()
     if not rows:
         return 0
+    rows[-1].setdefault("memory/rss_MiB", rss_mib())  # once a batch: the memory panel needs no more
     rank = int(os.environ.get("RANK", "0"))
     _STATE["seq"] += 1
     data_pub = _engine_data_pub()
@@ -62,6 +64,20 @@ def flush() -> int:
     else:
         data_pub.publish_data({f"{KEY}{_STATE['seq']:09d}": {"rank": rank, "rows": rows}})
     return len(rows)
+
+
+_PAGE = os.sysconf("SC_PAGE_SIZE") if hasattr(os, "sysconf") else 4096
+
+
+def rss_mib() -> float:
+    """This process's resident memory now (MiB): /proc on Linux, psutil elsewhere."""
+    try:
+        with open("/proc/self/statm", "rb") as fh:
+            return int(fh.read().split()[1]) * _PAGE / 2**20
+    except OSError:
+        import psutil
+
+        return float(psutil.Process().memory_info().rss / 2**20)
 
 
 def publish(key: str, value: Any) -> None:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import itertools
+import time
 from collections.abc import Iterator
 from typing import Any
 
@@ -12,6 +13,7 @@ from torch.utils.data import DataLoader, Dataset, DistributedSampler
 
 from ..engine import preempt
 from ..errors import ConfigError
+from . import instrument
 
 
 class _Sampler(DistributedSampler):
@@ -62,7 +64,14 @@ class ShardedLoader:
             self.batch = 0
             self._epoch_rng = torch.get_rng_state()
             it = iter(self.loader)
-        for item in it:
+        clock = time.perf_counter
+        while True:
+            tic = clock()
+            try:
+                item = next(it)
+            except StopIteration:
+                break
+            instrument.data_waited(clock() - tic)  # the dashboard's "data wait" part of the step
             self.batch += 1
             self.step += 1
             yield item

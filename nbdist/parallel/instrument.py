@@ -14,7 +14,10 @@ step and logs it with ``nbdist.log``:
   sums slow the overlapped backward about as much;
 - ``comm/overhead(%)`` = comm/time_s / time/step_s (the dashboard's number);
 - ``comm/bytes``: bytes handed to the collectives in the step;
-- ``throughput/samples_per_s``: this rank's batch / step time.
+- ``throughput/samples_per_s``: this rank's batch / step time;
+- ``time/data_s``: the part of the step spent waiting for the next batch, when it comes
+  from ``shard()``'s loader (which times its ``next``); absent for other loaders. The
+  dashboard splits each step into compute, exposed communication and this.
 
 Where the times come from: on CPU, DDP's own C++ timers (the reducer records when the
 first bucket became ready, when backward's computation ended and when the last bucket's
@@ -43,6 +46,20 @@ import torch
 import torch.distributed as dist
 
 from .. import compat
+
+_DATA: dict[str, float | None] = {"wait_s": None}  # seconds shard()'s loader waited since the last step closed
+
+
+def data_waited(seconds: float) -> None:
+    """shard()'s loader spent ``seconds`` fetching a batch (closed into the step's ``time/data_s``)."""
+    _DATA["wait_s"] = (_DATA["wait_s"] or 0.0) + seconds
+
+
+def _take_data_wait() -> float | None:
+    waited = _DATA["wait_s"]
+    if waited is not None:
+        _DATA["wait_s"] = 0.0
+    return waited
 
 
 class StepMeter:
@@ -163,6 +180,9 @@ class StepMeter:
                 row["comm/time_s"] = self.comm_s
                 del row["comm/exposed_s"]
             row["comm/overhead(%)"] = 100.0 * row["comm/time_s"] / step_s if step_s > 0 else 0.0
+            waited = _take_data_wait()
+            if waited is not None:
+                row["time/data_s"] = waited
             from ..engine.metrics import log
 
             log(step=self.step, **row)
@@ -179,6 +199,7 @@ class StepMeter:
         self.last_launch = 0.0
         self.done = 0.0
         self.comm_s = 0.0
+        _take_data_wait()  # what was fetched before this step belongs to no step
 
 
 def timing_hook(state: StepMeter, bucket: dist.GradBucket) -> torch.futures.Future[torch.Tensor]:

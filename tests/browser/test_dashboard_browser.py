@@ -1,6 +1,7 @@
 """The dashboard in a real browser: JupyterLab on 127.0.0.1 with a token, Debian's Chromium
-driven by Playwright. A notebook trains for a few seconds; the dashboard's plot must be on
-the page and its number of points must grow while the cell runs. A screenshot is kept in
+driven by Playwright. A notebook trains for a few seconds; what a person sees is checked: the
+plot grows while the cell runs, the headline's step advances, the legend has one entry per
+rank, the panel titles say what they show and in which unit. Screenshots are kept in
 test-artifacts/."""
 
 from __future__ import annotations
@@ -23,15 +24,16 @@ CHROMIUM = "/usr/bin/chromium"
 
 CELLS = [
     "%load_ext nbdist\n%dist_start -n 2",
-    # a small DDP model trains for about 10 s: apply_ddp logs throughput, overhead and bytes by itself
+    # a small DDP model trains for about 15 s: apply_ddp logs throughput, overhead and bytes by itself,
+    # shard()'s loader the time waited for data
     "%%distributed\n"
     "import time, nbdist\n"
-    "from nbdist.parallel import apply_ddp\n"
+    "from nbdist.parallel import apply_ddp, shard\n"
     "torch.manual_seed(0)\n"
     "model = apply_ddp(torch.nn.Sequential(torch.nn.Linear(256, 512), torch.nn.ReLU(), torch.nn.Linear(512, 10)))\n"
     "opt = torch.optim.SGD(model.parameters(), lr=0.05)\n"
-    "x, y = torch.randn(64, 256), torch.randint(0, 10, (64,))\n"
-    "for step in range(200):\n"
+    "data = torch.utils.data.TensorDataset(torch.randn(1024, 256), torch.randint(0, 10, (1024,)))\n"
+    "for step, (x, y) in shard(data, batch_size=64).steps(300):\n"
     "    opt.zero_grad()\n"
     "    loss = torch.nn.functional.cross_entropy(model(x), y)\n"
     "    loss.backward()\n"
@@ -151,6 +153,26 @@ def _titles(page) -> list[str]:
     )
 
 
+def _legend(page) -> list[str]:
+    """The legend entries a person sees, over every plot on the page."""
+    return page.evaluate(
+        """() => Array.from(document.querySelectorAll('.js-plotly-plot')).map(
+            gd => Array.from(gd.querySelectorAll('.legendtext')).map(e => e.textContent))"""
+    )
+
+
+def _headline(page) -> dict[str, str]:
+    return page.evaluate(
+        """() => {
+        const out = {};
+        for (const card of document.querySelectorAll('.nbdist-stat')) {
+            out[card.dataset.name] = card.querySelector('.nbdist-value').textContent;
+        }
+        return out;
+    }"""
+    )
+
+
 def test_dashboard_plot_grows_in_jupyterlab(lab):
     from playwright.sync_api import sync_playwright
 
@@ -186,19 +208,41 @@ def test_dashboard_plot_grows_in_jupyterlab(lab):
                 page.wait_for_selector(".js-plotly-plot", timeout=120_000)
             finally:
                 page.screenshot(path=str(ARTIFACTS / "dashboard-wait.png"), full_page=True)
-            samples = []
-            for _ in range(4):  # the cell trains for ~10 s; sample the plot while it runs
+            page.wait_for_selector(".nbdist-stat[data-name='samples_per_s']", timeout=60_000)
+            samples, heads = [], []
+            for _ in range(4):  # the cell trains for ~10 s; sample the plot and the headline while it runs
                 samples.append(_points(page))
+                heads.append(_headline(page))
+                if len(heads) == 2:
+                    page.screenshot(path=str(ARTIFACTS / "dashboard-live.png"), full_page=True)
                 time.sleep(1.0)
             page.screenshot(path=str(ARTIFACTS / "dashboard.png"), full_page=True)
             assert samples[0] > 0 and max(samples) > samples[0], f"the plot should grow while the cell runs: {samples}"
             second = max(samples)
+            # the headline: what a person reads first, and it moves while the cell runs
+            live = [h for h in heads if h]  # (the last look may come after the cell ended)
+            assert len(live) >= 2, heads
+            for name in ("step", "loss", "samples_per_s", "comm_pct", "slowest"):
+                assert name in live[-1], (name, live[-1])
+            assert len({h["step"] for h in live}) > 1, f"the step in the headline should advance: {heads}"
+            assert live[-1]["comm_pct"].endswith("%"), live[-1]
+            # one legend entry per rank, however many panels
+            live_legend = max(_legend(page), key=len)
+            assert live_legend == ["rank 0", "rank 1"], live_legend
             # the run finishes, the static figure stays, and the last cell stops the cluster
             page.wait_for_function("() => document.body.innerText.includes('cluster stopped')", timeout=120_000)
-            assert _longest_trace(page) == 200, "the final figure should hold every logged step"
+            assert _longest_trace(page) == 300, "the final figure should hold every logged step"
             titles = set(_titles(page))
-            for panel in ("loss", "throughput/samples_per_s", "comm/overhead(%)", "comm/bytes"):
-                assert panel in titles, f"the dashboard should plot {panel}: {titles}"
+            for panel in (
+                "Loss",
+                "Samples/s per rank · total dotted",
+                "Communication, % of each step",
+                "Sent per step, MB",
+                "Memory per rank, MiB",
+            ):
+                assert panel in titles, f"the dashboard should have a panel titled {panel!r}: {titles}"
+            assert "Step time, ms: compute · comm ▨ · data ⋯" in titles, titles  # the split, data from shard()
+            assert max(_legend(page), key=len) == ["rank 0", "rank 1"]
             assert second > 0
             page.screenshot(path=str(ARTIFACTS / "dashboard-final.png"), full_page=True)
         finally:

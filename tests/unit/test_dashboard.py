@@ -1,46 +1,167 @@
-"""Dashboard arithmetic without a kernel: aggregation, decimation, overhead."""
+"""The dashboard without a kernel: decimation that keeps extremes, the headline numbers, the
+step split, and a figure a person can read (one colour and one legend entry per rank, titles
+with units, live updates that restyle instead of rebuilding)."""
 
 from __future__ import annotations
 
+import math
+import random
+
 import pytest
 
-from nbdist.widgets.dashboard import Dashboard, MetricStore, Series
+from nbdist.widgets.dashboard import Dashboard, panels, traces
+from nbdist.widgets.store import MetricStore, Series
 
 
-def test_series_decimates_to_a_bounded_size_and_keeps_the_whole_span():
-    s = Series(max_points=100)
-    for i in range(100_000):
-        s.add(i, float(i))
-    assert 50 <= len(s) <= 100
-    assert s.xs[0] == 0 and s.xs[-1] > 99_000  # still spans the run
-    gaps = {b - a for a, b in zip(s.xs, s.xs[1:], strict=False)}
-    assert len(gaps) == 1  # evenly thinned
+def test_series_keeps_every_spike_and_dip_of_a_long_run_in_bounded_points():
+    rng = random.Random(0)
+    s = Series(max_points=500)
+    values = [1.0 + 0.01 * rng.random() for _ in range(100_000)]
+    values[90_123] = 50.0  # one loss spike late in the run
+    values[4_567] = -3.0  # one dip early
+    for i, v in enumerate(values):
+        s.add(i, v)
+    xs, ys = s.points()
+    assert len(xs) <= 502  # 250 buckets of two points, and the run's first and latest
+    assert xs == sorted(xs) and xs[0] == 0 and xs[-1] >= 99_000  # the whole run, in order
+    assert 50.0 in ys and xs[ys.index(50.0)] == 90_123  # the spike, at its own step
+    assert -3.0 in ys and xs[ys.index(-3.0)] == 4_567
+    # every drawn point is a real (step, value) pair of the run
+    assert all(values[int(x)] == y for x, y in zip(xs, ys, strict=True))
+    # each bucket's max is the max of the values it covers: nothing higher hides between points
+    assert max(ys) == max(values) and min(ys) == min(values)
 
 
-def test_store_keeps_series_per_rank_and_means_across_ranks():
+def test_a_short_series_is_drawn_point_for_point():
+    s = Series(max_points=1000)
+    for i in range(200):
+        s.add(i, float(i % 7))
+    xs, ys = s.points()
+    assert xs == [float(i) for i in range(200)] and ys == [float(i % 7) for i in range(200)]
+
+
+def _rows(step_s, rank, steps=30, data_s=None, **extra):
+    rows = []
+    for i in range(steps):
+        row = {
+            "step": i,
+            "loss": 1.0 / (i + 1) + rank,
+            "time/step_s": step_s,
+            "comm/time_s": step_s / 4,
+            "comm/exposed_s": step_s / 10,
+            "comm/overhead(%)": 25.0,
+            "comm/bytes": 2_000_000.0,
+            "throughput/samples_per_s": 32 / step_s,
+            **extra,
+        }
+        if data_s is not None:
+            row["time/data_s"] = data_s
+        rows.append(row)
+    rows[-1]["memory/rss_MiB"] = 300.0 + rank
+    return rows
+
+
+def test_headline_answers_how_it_is_going():
     store = MetricStore()
-    store.add(0, [{"t": 0, "step": i, "loss": 1.0 * i} for i in range(5)])
-    store.add(1, [{"t": 0, "step": i, "loss": 3.0 * i, "lr": 0.1} for i in range(4)])
-    assert store.keys() == ["loss", "lr"] and store.ranks() == [0, 1]
-    xs, ys = store.mean("loss")
-    assert xs == [0, 1, 2, 3] and ys == [0.0, 2.0, 4.0, 6.0]  # only steps both ranks logged
-    assert store.last[("loss", 0)] == 4.0
+    store.add(0, _rows(0.020, 0))
+    store.add(1, _rows(0.025, 1))  # rank 1 is 25% slower
+    h = store.headline()
+    assert h["step"] == 29
+    assert h["loss"] == ("loss", pytest.approx((1 / 30 + 1 / 30 + 1) / 2))
+    assert h["samples_per_s"] == pytest.approx(32 / 0.020 + 32 / 0.025)
+    assert h["comm_pct"] == pytest.approx(25.0)
+    assert h["slowest"] == (1, pytest.approx(25.0))
+    assert "ratio" not in h
 
 
-def test_rows_without_a_step_are_numbered():
+def test_the_step_splits_into_compute_exposed_comm_and_data_wait():
     store = MetricStore()
-    store.add(0, [{"t": 0, "step": None, "x": 5.0}, {"t": 0, "step": None, "x": 6.0}])
-    assert store.series[("x", 0)].xs == [0.0, 1.0]
+    store.add(0, _rows(0.020, 0, data_s=0.005))
+    store.add(1, _rows(0.020, 1))  # a loader that is not shard()'s: no data figure
+    split = store.split()
+    assert split[0] == pytest.approx({"compute": 13.0, "comm": 2.0, "data": 5.0})
+    assert split[1] == pytest.approx({"compute": 18.0, "comm": 2.0, "data": 0.0})
+    # FSDP logs only its time in collectives: that is the comm part then
+    fsdp = MetricStore()
+    fsdp.add(0, [{"step": 0, "time/step_s": 0.010, "comm/time_s": 0.004}])
+    assert fsdp.split()[0] == pytest.approx({"compute": 6.0, "comm": 4.0, "data": 0.0})
 
 
-def test_static_figure_has_a_trace_per_rank_and_the_mean():
+def test_one_colour_and_one_legend_entry_per_rank_and_titles_with_units():
     board = Dashboard()
-    board.update(0, [{"t": 0, "step": i, "loss": 1.0} for i in range(3)])
-    board.update(1, [{"t": 0, "step": i, "loss": 2.0} for i in range(3)])
+    board.update(0, _rows(0.02, 0, data_s=0.001, **{"acc": 0.5}))
+    board.update(1, _rows(0.03, 1, data_s=0.001, **{"acc": 0.6}))
     fig = board.figure()
-    names = [t.name for t in fig.data]
-    assert names == ["loss rank 0", "loss rank 1", "loss mean"]
-    assert list(fig.data[2].y) == [1.5, 1.5, 1.5]
+    titles = [a.text for a in fig.layout.annotations]
+    assert titles[0] == "Loss" and titles[1] == "acc"
+    assert "Samples/s per rank · total dotted" in titles
+    assert "Communication, % of each step" in titles
+    assert "Sent per step, MB" in titles
+    assert "Memory per rank, MiB" in titles
+    assert "Step time, ms: compute · comm ▨ · data ⋯" in titles
+    legend = [t.name for t in fig.data if t.showlegend]
+    assert legend == ["rank 0", "rank 1"]  # one short legend, whatever the number of panels
+    colours = {}
+    for t in fig.data:
+        if t.name.startswith("rank "):
+            colour = t.line.color if t.type == "scatter" else t.marker.color
+            colours.setdefault(t.name, set()).add(colour)
+    assert all(len(c) == 1 for c in colours.values()) and colours["rank 0"] != colours["rank 1"]
+    total = [t for t in fig.data if t.name == "total"]
+    assert len(total) == 1 and list(total[0].y)[-1] == pytest.approx(32 / 0.02 + 32 / 0.03)
+    bytes_trace = next(t for t in fig.data if t.name == "rank 0" and t.y is not None and max(t.y) == 2.0)
+    assert bytes_trace is not None  # 2,000,000 bytes drawn as 2 MB
+    assert "step 29" in fig.layout.title.text and "samples/s, all ranks" in fig.layout.title.text
+
+
+def test_compression_ratio_in_the_bytes_title_and_the_headline():
+    store = MetricStore()
+    for rank in (0, 1):
+        store.add(rank, _rows(0.02, rank, **{"comm/ratio": 48.0}))
+    assert "Sent per step, MB · compressed 48x" in [p.title for p in panels(store)]
+    assert store.headline()["ratio"] == 48.0
+
+
+def test_live_updates_restyle_the_traces_and_rebuild_only_when_a_rank_appears():
+    board = Dashboard(refresh_s=0)
+    board._handle = object()  # as if displayed: render() works on the widget without a frontend
+    import ipywidgets
+
+    board._head = ipywidgets.HTML()
+    board.store.add(0, _rows(0.02, 0, steps=10))
+    board.render()
+    widget = board._widget
+    assert board.rebuilds == 1
+    for start in range(10, 50, 10):
+        board.store.add(0, [dict(r, step=r["step"] + start) for r in _rows(0.02, 0, steps=10)])
+        board.render()
+    assert board._widget is widget and board.rebuilds == 1 and board.renders == 5
+    loss = next(t for t in widget.data if t.name == "rank 0")
+    assert len(loss.x) == 50 and loss.x[-1] == 49  # the new points arrived in the same trace
+    assert 'data-name="step"' in board._head.value and ">49<" in board._head.value
+    board.store.add(1, _rows(0.02, 1, steps=5))
+    board.render()
+    assert board.rebuilds == 2 and board._widget is not widget
+
+
+def test_gpu_memory_is_dashed_beside_cpu_memory_and_a_cpu_rank_logs_none():
+    from nbdist.engine import metrics
+
+    store = MetricStore()
+    for rank, mib in ((0, 100.0), (1, 300.0)):
+        store.add(
+            rank, [{"step": i, "loss": 1.0, "memory/gpu_MiB": mib + i, "memory/rss_MiB": 900.0} for i in range(3)]
+        )
+    layout = panels(store)
+    assert [p.title for p in layout] == ["Loss", "Memory per rank, MiB · GPU dashed"]
+    gpu = [t for t in traces(store, layout) if t.ident.startswith("1:memory/gpu_MiB")]
+    assert [list(t.y) for t in gpu] == [[100.0, 101.0, 102.0], [300.0, 301.0, 302.0]]
+    assert all(t.style["line"]["dash"] == "dash" for t in gpu)
+    metrics.log(step=0, loss=1.0)  # this process never initialised CUDA: no GPU column
+    metrics.flush()
+    rows = metrics.local_rows()
+    assert rows and "memory/gpu_MiB" not in rows[-1]
+    assert 10 < rows[-1]["memory/rss_MiB"] < 100_000  # this process's resident memory, in MiB
 
 
 def test_log_outside_an_engine_keeps_rows_locally():
@@ -62,52 +183,11 @@ def test_state_strip_shows_each_rank():
     assert "#c62828" in html  # failed is red
 
 
-def test_panels_show_loss_throughput_overhead_and_bytes_with_the_compression_ratio():
-    from nbdist.widgets.dashboard import panel_keys
-
-    row = {
-        "time/step_s": 0.02,
-        "comm/time_s": 0.01,
-        "comm/exposed_s": 0.01,
-        "comm/overhead(%)": 50.0,
-        "comm/bytes": 100.0,
-        "comm/bytes_raw": 5000.0,
-        "comm/ratio": 50.0,
-        "throughput/samples_per_s": 3200.0,
-    }
+def test_rows_without_a_step_are_numbered_and_nan_free():
     store = MetricStore()
-    for rank in (0, 1):
-        store.add(rank, [{"step": i, "acc": 0.5, "loss": 1.0 / (i + 1), **row} for i in range(3)])
-    keys = panel_keys(store.keys())
-    assert keys == ["loss", "acc", "throughput/samples_per_s", "comm/overhead(%)", "comm/bytes"]
-    # many user metrics: the automatic panels keep their places, the user's loss stays first
-    many = panel_keys([f"m{i}" for i in range(9)] + ["val_loss", *row])
-    assert many[0] == "val_loss" and many[-3:] == ["throughput/samples_per_s", "comm/overhead(%)", "comm/bytes"]
-    assert len(many) == 6
-    fig = Dashboard()
-    fig.update(0, [])  # no rows yet: nothing breaks
-    fig.store = store
-    titles = [a.text for a in fig.figure().layout.annotations]
-    assert "comm/bytes (compressed 50x)" in titles and titles[0] == "loss"
-
-
-def test_gpu_memory_gets_a_panel_per_rank_and_a_cpu_rank_logs_none():
-    from nbdist.engine import metrics
-    from nbdist.widgets.dashboard import panel_keys
-
-    store = MetricStore()
-    for rank, mib in ((0, 100.0), (1, 300.0)):
-        store.add(rank, [{"step": i, "loss": 1.0, "memory/gpu_MiB": mib + i} for i in range(3)])
-    assert panel_keys(store.keys()) == ["loss", "memory/gpu_MiB"]
-    board = Dashboard()
-    board.store = store
-    traces = {t.name: list(t.y) for t in board.figure().data}
-    assert traces["memory/gpu_MiB rank 1"] == [300.0, 301.0, 302.0]
-    assert traces["memory/gpu_MiB mean"] == [200.0, 201.0, 202.0]
-    metrics.log(step=0, loss=1.0)  # this process never initialised CUDA: no GPU column
-    metrics.flush()
-    rows = metrics.local_rows()
-    assert rows and "memory/gpu_MiB" not in rows[-1]
+    store.add(0, [{"t": 0, "step": None, "x": 5.0}, {"t": 0, "step": None, "x": 6.0}])
+    assert store.series[("x", 0)].points() == ([0.0, 1.0], [5.0, 6.0])
+    assert not any(math.isnan(v) for v in store.series[("x", 0)].ys)
 
 
 def test_the_live_figure_widget_can_be_built():

@@ -1,0 +1,217 @@
+"""What the ranks logged, kept small enough to redraw live: per-rank series and the numbers that
+answer "how is it going". Plain Python (no plotly, no torch): the dashboard draws it, the
+tests check it.
+
+``Series`` keeps a bounded number of points over a run of any length by min/max decimation:
+past ``max_points`` it keeps, for each bucket of consecutive steps, the lowest and the highest
+value (in step order), so a loss spike or a slow step at 90k stays visible at 100k steps.
+``MetricStore`` holds a Series per (metric, rank), the last few raw values of each, and
+``headline()``: the current step, loss, samples/s in total, communication share, the slowest
+rank and by how much.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from collections.abc import Iterable
+from statistics import fmean
+from typing import Any
+
+SKIP = {"t", "step"}
+RECENT = 20  # steps the headline and the step split average over
+
+
+class Series:
+    """(x, y) points, at most ``max_points`` of them however many were added.
+
+    Points go into buckets of ``stride`` consecutive adds; a bucket shows as its minimum and
+    its maximum (one point when they coincide), and the first and latest points are drawn too. When there are more than ``max_points // 2``
+    buckets, neighbours merge pairwise and the stride doubles: memory and drawing stay
+    bounded and every extreme of the run survives.
+    """
+
+    __slots__ = ("max_points", "stride", "buckets", "_open", "_filled", "recent", "version", "first", "latest")
+
+    def __init__(self, max_points: int = 1000) -> None:
+        self.max_points = max(4, max_points)
+        self.stride = 1
+        self.buckets: list[tuple[float, float, float, float]] = []  # (x_lo, lo, x_hi, hi), closed buckets
+        self._open: list[float] | None = None  # the bucket being filled: [x_lo, lo, x_hi, hi]
+        self._filled = 0  # points in the open bucket
+        self.recent: deque[float] = deque(maxlen=RECENT)
+        self.version = 0  # grows with every add: a drawing knows whether it is stale
+        self.first: tuple[float, float] | None = None  # drawn too, so the line spans the whole run
+        self.latest: tuple[float, float] | None = None
+
+    def add(self, x: float, y: float) -> None:
+        self.version += 1
+        self.recent.append(y)
+        if self.first is None:
+            self.first = (x, y)
+        self.latest = (x, y)
+        b = self._open
+        if b is None:
+            self._open = [x, y, x, y]
+        else:
+            if y < b[1]:
+                b[0], b[1] = x, y
+            if y > b[3]:
+                b[2], b[3] = x, y
+        self._filled += 1
+        if self._filled >= self.stride:
+            self.buckets.append(tuple(self._open))  # type: ignore[arg-type]
+            self._open, self._filled = None, 0
+            if len(self.buckets) > self.max_points // 2:
+                self._merge()
+
+    def _merge(self) -> None:
+        merged = []
+        for i in range(0, len(self.buckets) - 1, 2):
+            (xa, la, xA, ha), (xb, lb, xB, hb) = self.buckets[i], self.buckets[i + 1]
+            lo = (xa, la) if la <= lb else (xb, lb)
+            hi = (xA, ha) if ha >= hb else (xB, hb)
+            merged.append((lo[0], lo[1], hi[0], hi[1]))
+        if len(self.buckets) % 2:
+            merged.append(self.buckets[-1])
+        self.buckets = merged
+        self.stride *= 2
+
+    def points(self) -> tuple[list[float], list[float]]:
+        """The points to draw, in x order."""
+        xs: list[float] = []
+        ys: list[float] = []
+        for x_lo, lo, x_hi, hi in self._all():
+            if x_lo == x_hi:
+                xs.append(x_lo)
+                ys.append(lo)
+            elif x_lo < x_hi:
+                xs += (x_lo, x_hi)
+                ys += (lo, hi)
+            else:
+                xs += (x_hi, x_lo)
+                ys += (hi, lo)
+        if self.first is not None and self.latest is not None and xs:
+            if self.first[0] < xs[0]:
+                xs.insert(0, self.first[0])
+                ys.insert(0, self.first[1])
+            if self.latest[0] > xs[-1]:
+                xs.append(self.latest[0])
+                ys.append(self.latest[1])
+        return xs, ys
+
+    def _all(self) -> Iterable[tuple[float, float, float, float]]:
+        yield from self.buckets
+        if self._open is not None:
+            yield tuple(self._open)  # type: ignore[misc]
+
+    @property
+    def xs(self) -> list[float]:
+        return self.points()[0]
+
+    @property
+    def ys(self) -> list[float]:
+        return self.points()[1]
+
+    def __len__(self) -> int:
+        return len(self.points()[0])
+
+
+class MetricStore:
+    """Every metric logged by every rank, as series keyed by (metric, rank)."""
+
+    def __init__(self, max_points: int = 1000) -> None:
+        self.max_points = max_points
+        self.series: dict[tuple[str, int], Series] = {}
+        self.last: dict[tuple[str, int], float] = {}
+        self.counts: dict[int, int] = {}
+        self.steps: dict[int, float] = {}  # the last step each rank logged
+
+    def add(self, rank: int, rows: Iterable[dict[str, Any]]) -> None:
+        for row in rows:
+            n = self.counts.get(rank, 0)
+            self.counts[rank] = n + 1
+            x = float(row["step"]) if row.get("step") is not None else float(n)
+            self.steps[rank] = max(x, self.steps.get(rank, x))
+            for key, value in row.items():
+                if key in SKIP:
+                    continue
+                s = self.series.get((key, rank))
+                if s is None:
+                    s = self.series[(key, rank)] = Series(self.max_points)
+                s.add(x, float(value))
+                self.last[(key, rank)] = float(value)
+
+    def keys(self) -> list[str]:
+        return sorted({k for k, _ in self.series})
+
+    def ranks(self) -> list[int]:
+        return sorted({r for _, r in self.series})
+
+    def recent(self, key: str, rank: int) -> float | None:
+        """The mean of this rank's last RECENT values of ``key`` (None if it logged none)."""
+        s = self.series.get((key, rank))
+        return fmean(s.recent) if s is not None and s.recent else None
+
+    def per_rank(self, key: str) -> dict[int, float]:
+        out = {}
+        for rank in self.ranks():
+            value = self.recent(key, rank)
+            if value is not None:
+                out[rank] = value
+        return out
+
+    def total(self, key: str) -> tuple[list[float], list[float]]:
+        """The sum over ranks at every x that all ranks have drawn (samples/s in total)."""
+        per = [self.series[(key, r)].points() for r in self.ranks() if (key, r) in self.series]
+        if len(per) < 2:
+            return [], []
+        common = set(per[0][0]).intersection(*(set(xs) for xs, _ in per[1:]))
+        maps = [dict(zip(xs, ys, strict=True)) for xs, ys in per]
+        xs = sorted(common)
+        return xs, [sum(m[x] for m in maps) for x in xs]
+
+    def loss_key(self) -> str | None:
+        """The metric that is the loss: 'loss' itself, else the first whose name holds 'loss'."""
+        keys = self.keys()
+        if "loss" in keys:
+            return "loss"
+        return next((k for k in keys if "loss" in k and "/" not in k), None)
+
+    def headline(self) -> dict[str, Any]:
+        """The numbers someone watching the run wants now (absent where nothing was logged)."""
+        out: dict[str, Any] = {}
+        if self.steps:
+            out["step"] = int(max(self.steps.values()))
+        loss = self.loss_key()
+        if loss:
+            last = [v for (k, _), v in self.last.items() if k == loss]
+            out["loss"] = (loss, fmean(last))
+        speed = self.per_rank("throughput/samples_per_s")
+        if speed:
+            out["samples_per_s"] = sum(speed.values())
+        share = self.per_rank("comm/overhead(%)")
+        if share:
+            out["comm_pct"] = fmean(share.values())
+        ratio = self.per_rank("comm/ratio")
+        if ratio:
+            out["ratio"] = fmean(ratio.values())
+        step = self.per_rank("time/step_s")
+        if len(step) > 1:
+            slow = max(step, key=step.__getitem__)
+            fast = min(step.values())
+            out["slowest"] = (slow, 100.0 * (step[slow] - fast) / fast if fast > 0 else 0.0)
+        return out
+
+    def split(self) -> dict[int, dict[str, float]]:
+        """Each rank's recent step in milliseconds: compute, exposed communication, data wait."""
+        out = {}
+        for rank, step in self.per_rank("time/step_s").items():
+            exposed = self.recent("comm/exposed_s", rank)  # FSDP logs only its whole time in collectives
+            comm = exposed if exposed is not None else (self.recent("comm/time_s", rank) or 0.0)
+            data = self.recent("time/data_s", rank) or 0.0
+            out[rank] = {
+                "compute": 1000 * max(0.0, step - comm - data),
+                "comm": 1000 * comm,
+                "data": 1000 * data,
+            }
+        return out
