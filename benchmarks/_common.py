@@ -65,6 +65,7 @@ def interrupted_cell(ip: Any, code: str, after: float = 0.5) -> float:
     import signal
     import threading
 
+    signal.signal(signal.SIGINT, signal.default_int_handler)  # a background shell may have started us ignoring it
     threading.Timer(after, os.kill, (os.getpid(), signal.SIGINT)).start()
     tic = time.perf_counter()
     ip.run_cell(code, silent=True)

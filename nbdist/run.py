@@ -110,7 +110,11 @@ class _CtrlC:
 
     def __init__(self, wake: queue.SimpleQueue[int]) -> None:
         self.wake, self.pressed, self.previous = wake, 0, None
-        if threading.current_thread() is threading.main_thread():
+        # only where Ctrl-C means KeyboardInterrupt now: a process that ignores SIGINT keeps ignoring it
+        if (
+            threading.current_thread() is threading.main_thread()
+            and signal.getsignal(signal.SIGINT) is signal.default_int_handler
+        ):
             try:
                 self.previous = signal.signal(signal.SIGINT, self._on_sigint)
             except ValueError:  # not the main interpreter

@@ -3,12 +3,17 @@
 from __future__ import annotations
 
 import os
+import signal
 
 import pytest
 
 from tests.slurmnodes import TwoNodeSlurm, unavailable
 
 os.environ.setdefault("OMP_NUM_THREADS", "1")
+# Ctrl-C is KeyboardInterrupt here, as in a notebook or a terminal, however the suite was started: a
+# shell without job control starts background jobs with SIGINT ignored, which Python and every
+# process started from it would inherit (the fault drills that press Ctrl-C would then hang).
+signal.signal(signal.SIGINT, signal.default_int_handler)
 
 
 def _nbdist_processes() -> set[int]:

@@ -265,6 +265,16 @@ def run_in_kernel(ws_url: str, token: str, cells: list[str], timeout: float) -> 
     return asyncio.run(_run_cells(ws_url, token, cells, timeout))
 
 
+def _decode(raw: str | bytes) -> dict:
+    """A websocket message: JSON text, or (a message with buffers: widget updates) the binary frame
+    the server sends, decoded as JupyterLab decodes it."""
+    if isinstance(raw, bytes):
+        from jupyter_server.services.kernels.connection.base import deserialize_binary_message
+
+        return deserialize_binary_message(raw)
+    return json.loads(raw)
+
+
 async def _run_cells(ws_url: str, token: str, cells: list[str], timeout: float) -> list[dict]:
     from tornado.httpclient import HTTPRequest
     from tornado.websocket import websocket_connect
@@ -290,7 +300,7 @@ async def _run_cells(ws_url: str, token: str, cells: list[str], timeout: float) 
                 raw = await asyncio.wait_for(conn.read_message(), left)
                 if raw is None:
                     raise ConnectionError(f"the kernel's websocket closed; output so far: {''.join(out)}")
-                reply = json.loads(raw)
+                reply = _decode(raw)
                 if reply.get("parent_header", {}).get("msg_id") != msg_id:
                     continue
                 kind, body = reply["msg_type"], reply["content"]

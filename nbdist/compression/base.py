@@ -128,8 +128,10 @@ class Compressor:
     collective's result into the mean gradient, into ``out`` when given. With
     ``error_feedback``, the hook keeps ``x - sent`` (``keep_residual``) and adds it to the
     next step's gradient. ``shared_seed``: every rank must draw the same random numbers.
-    ``stateful``: it keeps something per bucket between steps (a residual, a velocity), so
-    the hook sends plain all-reduces while DDP may still rebuild its buckets.
+    ``warm_up``: the hook sends plain all-reduces for the first ``start_iter`` steps, while DDP
+    may still rebuild its buckets (a residual or velocity kept per bucket would then belong
+    to another bucket) and while early training is most sensitive to lossy gradients, as
+    torch's PowerSGD does; casts (fp16, bf16) and no compression start at once.
     """
 
     name = "base"
@@ -137,10 +139,7 @@ class Compressor:
     error_feedback = False
     shared_seed = False  # True: the same random draw on every rank
     momentum = 0.0  # > 0: the hook applies momentum before compressing (DGC's momentum correction)
-
-    @property
-    def stateful(self) -> bool:
-        return bool(self.error_feedback or self.momentum)
+    warm_up = True  # plain all-reduces for the first start_iter steps
 
     def compress(self, x: torch.Tensor, *, seed: int, world: int, scratch: dict | None = None) -> Payload:
         raise NotImplementedError
@@ -169,7 +168,7 @@ class Compressor:
 class Identity(Compressor):
     """No compression; divides before the all-reduce exactly as torch's allreduce_hook does."""
 
-    name, collective = "none", ALL_REDUCE
+    name, collective, warm_up = "none", ALL_REDUCE, False
 
     def compress(self, x: torch.Tensor, *, seed: int, world: int, scratch: dict | None = None) -> Payload:
         return Payload(x.div_(world), x)

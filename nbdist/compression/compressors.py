@@ -251,6 +251,7 @@ class Cast(Compressor):
     """fp16 or bf16 on the wire, all-reduced (works on gloo)."""
 
     collective = ALL_REDUCE
+    warm_up = False  # nearly lossless and stateless: torch's fp16/bf16 hooks start at once too
 
     def __init__(self, dtype: torch.dtype) -> None:
         self.dtype = dtype

@@ -120,7 +120,7 @@ def compression_hook(state: HookState, bucket: dist.GradBucket) -> torch.futures
     buf = bucket.buffer()
     d, index = buf.numel(), bucket.index()
     comp = state.compressor
-    warming_up = state.iteration < state.start_iter and comp.stateful
+    warming_up = state.iteration < state.start_iter and comp.warm_up
     step = state.iteration
     if bucket.is_last():
         state.iteration += 1
