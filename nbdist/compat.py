@@ -43,6 +43,11 @@ PRIVATE_APIS = (
         "procs.exited: whether an engine process ended (launcher.state lags); pool hands a warm process over",
     ),
     PrivateAPI(
+        "ipyparallel.controller.app's time.sleep(0.25) in IPController.init_hub",
+        "ipyparallel",
+        "engine.controller: skip an unconditional quarter second before the controller writes its connection files",
+    ),
+    PrivateAPI(
         "IPython CachingCompiler._filename_map",
         "ipython",
         "engine.runtime: which code objects are notebook cells, to report the cell line a rank waits at",
@@ -81,6 +86,24 @@ def launcher_popen(launcher: Any) -> Any:
 def set_launcher_popen(launcher: Any, popen: Any) -> None:
     """Hand a process nbdist started itself (a warm engine) to a local launcher, as its own."""
     launcher._popen_process = popen
+
+
+def skip_controller_settle_sleep() -> None:
+    """ipyparallel 9's controller sleeps 0.25 s in ``init_hub`` after opening its database and
+    before it builds the hub and writes the connection files every engine waits for: a
+    quarter of a warm ``%dist_start``. Nothing waits on that pause (ZMQ binds synchronously and
+    engines retry until the files exist), so the controller nbdist starts skips exactly it."""
+    import time as _time
+    import types
+
+    from ipyparallel.controller import app
+
+    def sleep(seconds: float) -> None:
+        if seconds != 0.25:
+            _time.sleep(seconds)
+
+    app.time = types.SimpleNamespace(**{k: getattr(_time, k) for k in dir(_time) if not k.startswith("__")})
+    app.time.sleep = sleep
 
 
 # ----------------------------------------------------------------------------- IPython

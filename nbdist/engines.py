@@ -240,6 +240,11 @@ class EngineSet:
             except Exception:
                 pass
             self.client = None
+        if not self.launcher.multi_host:
+            # Engines this process started here end at once: nothing in them needs a graceful stop (their
+            # results were sent, their files go with the cluster's directory), and ipyparallel's SIGTERM
+            # would also run preemption hooks (engine/preempt.py) on the way out. ~0.3 s per engine saved.
+            procs.kill([r.pid for r in self.ranks if r.local and r.pid in pids])
         if self._ipp is not None:
             try:
                 self._ipp.stop_cluster_sync()
@@ -247,6 +252,7 @@ class EngineSet:
                 log.warning("ipyparallel stop failed (%s); ending processes by pid", exc)
             self._ipp = None
         self.launcher.cancel(jobs)
+        self.launcher.stopped()
         procs.reap(pids)
         return jobs
 

@@ -14,6 +14,7 @@ import os
 import sys
 from typing import Any
 
+from . import pool
 from .config import StartConfig
 from .net import LOOPBACK
 from .pool import ENGINE_CMD, WarmEngineSetLauncher
@@ -63,14 +64,25 @@ class Launcher:
     def cancel(self, job_ids: list[str]) -> None:
         """Cancel these batch jobs (after ipyparallel's own stop: nothing of them may outlive the cluster)."""
 
+    def stopped(self) -> None:
+        """The cluster stopped: end what this launcher started for it beyond its engines."""
+
 
 class LocalLauncher(Launcher):
     """Controller and engines on this machine, all on 127.0.0.1; engines served warm when they can be."""
 
     name = "local"
 
+    def __init__(self) -> None:
+        self._server: int | None = None  # a fork server this start began itself (pool.py)
+
     def cluster(self, config: StartConfig, profile_dir: str) -> Any:
         import ipyparallel as ipp
+
+        # No warm process for these engines yet (a script, a first start with other settings): begin
+        # one now, beside the controller, so torch is imported once, not once per rank. It serves
+        # %dist_restart too, and ends with this cluster (one that %load_ext began stays for the next).
+        self._server = pool.warm(config.n, config.threads or 1)
 
         cluster = ipp.Cluster(
             profile_dir=profile_dir,
@@ -96,6 +108,11 @@ class LocalLauncher(Launcher):
             c[klass].environment = dict(env)
         c.LocalControllerLauncher.environment["NBDIST_CLUSTER_DIR"] = os.path.dirname(profile_dir)
         return cluster
+
+    def stopped(self) -> None:
+        if self._server is not None:
+            pool.close(self._server)
+            self._server = None
 
 
 def process_env(config: StartConfig) -> dict[str, str]:

@@ -1,16 +1,19 @@
-"""Warm engines: processes that imported torch before anyone asked for a cluster.
+"""Warm engines: a process that imported torch before anyone asked for a cluster, and forks engines.
 
-Importing torch takes about 2 s per process and is most of a cold ``%dist_start``.
-``warm(n)`` starts n processes (``python -m nbdist.engine.warm``) that import torch
-and ipyparallel's engine and then wait; ``%load_ext nbdist`` calls it, so the
-import happens while the user reads and types. When a cluster starts engines, its
-launcher (``WarmEngineSetLauncher``) hands each engine's arguments to a warm
-process instead of starting a new one; without a matching warm process it starts
-one cold, exactly as ipyparallel would.
+Importing torch takes about 1 s of a core per process and is most of a cold
+``%dist_start``; on a 2-core laptop two engines importing it at once, beside the
+controller's own start, take twice as long. ``warm()`` starts one fork server
+(``python -m nbdist.engine.warm``) that imports torch and ipyparallel's engine once;
+``%load_ext nbdist`` calls it, so the import happens while the user reads and types. When a
+cluster starts local engines, its launcher (``WarmEngineSetLauncher``) asks the server to
+fork one per engine (milliseconds each) instead of starting a new interpreter; without a
+matching server it starts the engine cold, exactly as ipyparallel would. The server stays
+for the next ``%dist_start`` or ``%dist_restart``.
 
-Warm processes are children of this process: the launcher tracks them by pid like
-any engine, they end with the kernel (parentwatch), and ``shutdown()`` closes
-their pipes so they exit. Set ``NBDIST_WARM=0`` to never start any.
+The server is a child of this process and ends when its pipe closes: ``shutdown()``,
+``%unload_ext nbdist``, or the kernel's death. Forked engines are its children, tracked by
+pid like any engine, and watch the kernel themselves (engine/parentwatch.py), so a server
+that ends does not take running engines with it. ``NBDIST_WARM=0`` turns warming off.
 """
 
 from __future__ import annotations
@@ -18,23 +21,26 @@ from __future__ import annotations
 import atexit
 import json
 import os
+import select
 import subprocess
 import sys
 import threading
+import time
 from typing import Any
 
 from ipyparallel.cluster.launcher import LocalEngineLauncher, LocalEngineSetLauncher
 
-from . import compat
+from . import compat, procs
 
 ENGINE_CMD = [sys.executable, "-m", "nbdist.engine"]
 _WARM_CMD = [sys.executable, "-m", "nbdist.engine.warm"]
-# Environment that a process reads when it imports torch: a warm process only
-# serves an engine that asks for the same values.
-_IMPORT_ENV = ("OMP_NUM_THREADS", "MKL_NUM_THREADS")
+# Environment that a process reads when it imports torch and numba: a server only forks
+# engines that ask for the same values.
+_IMPORT_ENV = ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "NUMBA_NUM_THREADS")
+FORK_TIMEOUT = 60.0  # seconds to wait for a server still importing torch to fork
 
 _lock = threading.Lock()
-_warm: list[tuple[tuple, subprocess.Popen]] = []
+_servers: list[Server] = []
 _atexit = False
 
 
@@ -46,86 +52,160 @@ def _key(env: dict[str, str]) -> tuple:
     return tuple(env.get(name, "") for name in _IMPORT_ENV)
 
 
-def warm(n: int, threads: int) -> int:
-    """Have n warm processes ready for engines with ``threads`` threads each; return how many were started."""
-    global _atexit
-    if not enabled():
+class Forked:
+    """A forked engine, as a launcher's Popen: ``poll``, ``wait``. It is the server's child, not
+    ours, so its exit status is not ours to read: ``returncode`` is 0 once it is gone."""
+
+    def __init__(self, pid: int) -> None:
+        self.pid = pid
+        self.returncode: int | None = None
+
+    def poll(self) -> int | None:
+        if self.returncode is None and not procs.alive(self.pid):
+            self.returncode = 0
+        return self.returncode
+
+    def wait(self, timeout: float | None = None) -> int:
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while self.poll() is None:
+            if deadline is not None and time.monotonic() >= deadline:
+                raise subprocess.TimeoutExpired(str(self.pid), timeout or 0)
+            time.sleep(0.02)
         return 0
+
+
+class Server:
+    """One fork server: its process, the import settings it serves, one job at a time."""
+
+    def __init__(self, key: tuple, env: dict[str, str]) -> None:
+        self.key = key
+        self.lock = threading.Lock()
+        self.proc = subprocess.Popen(
+            _WARM_CMD,
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.DEVNULL,
+            env=env,
+            start_new_session=True,  # like ipyparallel's engines: no terminal Ctrl-C
+        )
+
+    @property
+    def pid(self) -> int:
+        return self.proc.pid
+
+    def alive(self) -> bool:
+        return self.proc.poll() is None
+
+    def fork(self, job: dict[str, Any], timeout: float = FORK_TIMEOUT) -> int | None:
+        """Fork an engine for this job; its pid, or None if the server cannot (then start cold)."""
+        with self.lock:
+            try:
+                self.proc.stdin.write(json.dumps(job).encode() + b"\n")  # type: ignore[union-attr]
+                self.proc.stdin.flush()  # type: ignore[union-attr]
+                out = self.proc.stdout.fileno()  # type: ignore[union-attr]
+                line = b""
+                deadline = time.monotonic() + timeout
+                while not line.endswith(b"\n"):
+                    left = deadline - time.monotonic()
+                    if left <= 0 or not select.select([out], [], [], left)[0]:
+                        raise TimeoutError
+                    chunk = os.read(out, 64)
+                    if not chunk:
+                        raise EOFError
+                    line += chunk
+            except (OSError, TimeoutError, EOFError):
+                self.close(kill=True)
+                return None
+        pid = int(line.strip() or -1)
+        return pid if pid > 0 else None
+
+    def close(self, kill: bool = False, timeout: float = 3.0) -> None:
+        """End the server (its forked engines keep running): close its pipe, kill it if it lingers."""
+        try:
+            self.proc.stdin.close()  # type: ignore[union-attr]
+        except OSError:
+            pass
+        if kill:
+            self.proc.kill()
+        try:
+            self.proc.wait(timeout)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait()
+        if self.proc.stdout is not None:
+            self.proc.stdout.close()
+
+
+def warm(n: int, threads: int) -> int | None:
+    """Have a fork server ready for engines with ``threads`` threads each (``n``: how many engines
+    are expected; one server forks any number). Returns the pid of the server it started, or
+    None when one was there already (or warming is off)."""
+    global _atexit
+    if not enabled() or n < 1:
+        return None
     env = os.environ.copy()
     env.update(
         NBDIST_PARENT_PID=str(os.getpid()),
         OMP_NUM_THREADS=str(threads),
+        NUMBA_NUM_THREADS=str(threads),
         PYTHONUNBUFFERED="1",
     )
     key = _key(env)
-    started = 0
     with _lock:
         _drop_dead()
-        have = sum(1 for k, _ in _warm if k == key)
-        for _ in range(n - have):
-            proc = subprocess.Popen(
-                _WARM_CMD,
-                stdin=subprocess.PIPE,
-                stdout=subprocess.DEVNULL,
-                stderr=subprocess.DEVNULL,
-                env=env,
-                start_new_session=True,  # like ipyparallel's engines: no terminal Ctrl-C
-            )
-            _warm.append((key, proc))
-            started += 1
-        if started and not _atexit:
+        if any(s.key == key for s in _servers):
+            return None
+        server = Server(key, env)
+        _servers.append(server)
+        if not _atexit:
             atexit.register(shutdown)
             _atexit = True
-    return started
+    return server.pid
 
 
-def take(env: dict[str, str]) -> subprocess.Popen | None:
-    """A warm process for an engine with this environment, or None."""
+def close(pid: int) -> None:
+    """End the server with this pid (one this process started), if it is still there."""
+    with _lock:
+        found = [s for s in _servers if s.pid == pid]
+        _servers[:] = [s for s in _servers if s.pid != pid]
+    for server in found:
+        server.close()
+
+
+def server_for(env: dict[str, str]) -> Server | None:
+    """The server for engines with this environment, or None."""
     key = _key(env)
     with _lock:
         _drop_dead()
-        for i, (k, proc) in enumerate(_warm):
-            if k == key:
-                del _warm[i]
-                return proc
-    return None
+        return next((s for s in _servers if s.key == key), None)
 
 
 def count() -> int:
     with _lock:
         _drop_dead()
-        return len(_warm)
+        return len(_servers)
 
 
 def pids() -> list[int]:
     with _lock:
-        return [proc.pid for _, proc in _warm]
+        return [s.pid for s in _servers]
 
 
 def shutdown(timeout: float = 3.0) -> None:
-    """End every warm process: close its pipe (it exits), kill it if it does not."""
+    """End every server (engines forked from them keep running until their cluster stops)."""
     with _lock:
-        procs = [proc for _, proc in _warm]
-        _warm.clear()
-    for proc in procs:
-        try:
-            proc.stdin.close()  # type: ignore[union-attr]
-        except OSError:
-            pass
-    for proc in procs:
-        try:
-            proc.wait(timeout)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
+        servers = list(_servers)
+        _servers.clear()
+    for server in servers:
+        server.close(timeout=timeout)
 
 
 def _drop_dead() -> None:
-    _warm[:] = [(k, p) for k, p in _warm if p.poll() is None]
+    _servers[:] = [s for s in _servers if s.alive()]
 
 
 class WarmEngineLauncher(LocalEngineLauncher):
-    """ipyparallel's local engine launcher, served from the warm pool when it can be."""
+    """ipyparallel's local engine launcher, forked from the warm process when it can be."""
 
     def start(self) -> None:
         args = list(self.args)
@@ -133,27 +213,22 @@ class WarmEngineLauncher(LocalEngineLauncher):
             return super().start()
         env = os.environ.copy()
         env.update(self.get_env())
-        proc = take(env)
-        if proc is None:
-            return super().start()
+        server = server_for(env)
         job = {
             "args": args[len(ENGINE_CMD) :],
             "env": env,
             "cwd": os.path.abspath(self.work_dir),
             "output": self.output_file,
         }
-        try:
-            proc.stdin.write(json.dumps(job).encode() + b"\n")  # type: ignore[union-attr]
-            proc.stdin.close()  # type: ignore[union-attr]
-        except OSError:  # it died after take(): start cold
-            proc.kill()
+        pid = server.fork(job) if server is not None else None
+        if pid is None:
             return super().start()
         import psutil
 
-        compat.set_launcher_popen(self, proc)
-        self.pid = proc.pid
-        self.process = psutil.Process(proc.pid)
-        self.notify_start(proc.pid)
+        compat.set_launcher_popen(self, Forked(pid))
+        self.pid = pid
+        self.process = psutil.Process(pid)
+        self.notify_start(pid)
         self._start_waiting()
         return None
 

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import os
 import sys
+from typing import Any
 
 
 def _fault_exit_one() -> None:
@@ -33,11 +34,60 @@ def preload() -> None:
 
 
 def run_engine() -> None:
-    """Run ipyparallel's engine with this process's arguments (after the fault drill)."""
+    """Run ipyparallel's engine with this process's arguments (after the fault drill); never returns.
+
+    When the engine stops (SIGTERM from ``%dist_stop``), the process ends at once: an
+    interpreter's own shutdown would garbage-collect torch's whole heap first, which takes
+    seconds and does nothing an engine needs (its results were sent; its files belong to the
+    cluster's directory, which the kernel removes)."""
     from ipyparallel.engine.app import main as engine_main
 
     _fault_exit_one()
-    engine_main()
+    await_connection_file(30)
+    code: Any = 0
+    try:
+        engine_main()
+    except SystemExit as exc:
+        code = exc.code
+    finally:
+        for stream in (sys.stdout, sys.stderr):
+            try:
+                stream.flush()
+            except Exception:
+                pass
+    os._exit(code if isinstance(code, int) else (0 if code is None else 1))
+
+
+def connection_file() -> str:
+    """The controller's connection file for engines ('' when the environment does not say)."""
+    profile, cluster_id = os.environ.get("IPP_PROFILE_DIR", ""), os.environ.get("IPP_CLUSTER_ID", "")
+    if not profile:
+        return ""
+    name = f"ipcontroller-{cluster_id}-engine.json" if cluster_id else "ipcontroller-engine.json"
+    return os.path.join(profile, "security", name)
+
+
+def await_connection_file(timeout: float) -> bool:
+    """Wait until the controller has written the connection file; True once it is whole.
+
+    An engine started beside its controller is ready before the file is; ipengine itself
+    looks for it every 0.1 s, this every 5 ms. The controller creates the file, then writes
+    it: it counts once it parses."""
+    import json
+    import time
+
+    path = connection_file()
+    deadline = time.monotonic() + timeout
+    while path:
+        try:
+            with open(path) as fh:
+                json.load(fh)
+            return True
+        except (OSError, ValueError):
+            if time.monotonic() > deadline:
+                return False
+            time.sleep(0.005)
+    return False
 
 
 def preflight() -> None:
@@ -45,21 +95,12 @@ def preflight() -> None:
     (NBDIST_CLUSTER_DIR/preflight-HOST-RANK.txt, a shared directory) and exit, instead of timing out silently."""
     import json
     import socket
-    import time
 
     from nbdist import net
 
-    workdir, profile = os.environ.get("NBDIST_CLUSTER_DIR", ""), os.environ.get("IPP_PROFILE_DIR", "")
-    cluster_id = os.environ.get("IPP_CLUSTER_ID", "")
-    name = f"ipcontroller-{cluster_id}-engine.json" if cluster_id else "ipcontroller-engine.json"
-    path = os.path.join(profile, "security", name)
-    if not workdir or not profile:
+    workdir, path = os.environ.get("NBDIST_CLUSTER_DIR", ""), connection_file()
+    if not workdir or not path or not await_connection_file(30):  # (ipengine reports a missing file itself)
         return
-    deadline = time.monotonic() + 30  # the controller may still be writing it (ipengine waits too)
-    while not os.path.exists(path):
-        if time.monotonic() > deadline:
-            return  # ipengine reports the missing file itself
-        time.sleep(0.05)
     with open(path) as fh:
         info = json.load(fh)
     addr = info["interface"].split("//")[-1]

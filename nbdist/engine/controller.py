@@ -40,6 +40,9 @@ def main() -> None:
     watch_parent(on_exit=clean_up)
     from ipyparallel.controller.app import main as controller_main
 
+    from nbdist import compat
+
+    compat.skip_controller_settle_sleep()
     controller_main()
 
 

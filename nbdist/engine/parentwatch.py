@@ -38,6 +38,41 @@ def watch_parent(interval: float = 0.5, on_exit: Callable[[], None] | None = Non
     return _start(parent, interval, on_exit)
 
 
+def watch_process(pid: int, interval: float = 0.5) -> threading.Thread | None:
+    """Exit this process soon after process ``pid`` (on this host, not our parent) is gone.
+
+    For engines forked by the warm process (engine/warm.py): their parent is that server,
+    but what they must not outlive is the kernel. The pid is checked with its start time,
+    so a new process that reuses it does not keep us alive."""
+    born = _start_time(pid)
+    if born is None:
+        return None
+
+    def _watch() -> None:
+        while True:
+            time.sleep(interval)
+            if _start_time(pid) != born:
+                _end_children()
+                os._exit(70)
+
+    thread = threading.Thread(target=_watch, name="nbdist-kernel-watch", daemon=True)
+    thread.start()
+    return thread
+
+
+def _start_time(pid: int) -> int | None:
+    """The process's start time in clock ticks since boot (None: gone, or a zombie)."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as fh:
+            stat = fh.read()
+    except OSError:
+        return None
+    fields = stat[stat.rfind(b")") + 2 :].split()
+    if fields[0] in (b"Z", b"X"):
+        return None
+    return int(fields[19])
+
+
 def _watch_in_forked_child() -> None:
     os.environ[ENV] = str(os.getppid())
     _start(os.getppid(), 0.5, None)

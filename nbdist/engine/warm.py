@@ -1,20 +1,36 @@
-"""A warm engine: import torch and ipyparallel's engine now, become an engine when told.
+"""The warm process (a fork server): import torch and ipyparallel's engine once, fork engines from it.
 
-Started by ``nbdist.pool`` while nobody waits for it (for example right after
-``%load_ext nbdist``). It reads one JSON line on stdin, the job the launcher would
-have passed to a fresh process: arguments, environment, working directory and log
-file. Then it turns into an ordinary ``python -m nbdist.engine``. End of input
-(the pool closing its pipe) means it is not needed: it exits quietly.
+Started by ``nbdist.pool`` while nobody waits for it (right after ``%load_ext nbdist``).
+Importing torch takes about 1 s of one core; two engines importing it at once on a
+2-core laptop take twice that, next to the controller's own start. Here it happens once,
+and every engine is a ``fork()`` of a process that already has it: copy-on-write, a few
+milliseconds.
+
+Protocol (one line each way): the pool writes a JSON job (the arguments, environment,
+working directory and log file the launcher would have given a fresh
+``python -m nbdist.engine``); this process forks, answers the child's pid, and the child
+becomes that engine. End of input (the pool closing the pipe, or the kernel dying) ends
+this process; engines already forked keep running, watching the kernel themselves.
+
+Forking is safe because nothing here starts a thread before ``fork()``: torch's OpenMP
+pool, gloo's threads and ipyparallel's IO threads all start in the child. The child
+gets a new session (no terminal Ctrl-C, like ipyparallel's engines), default signal
+handlers, its own random seeds (numpy's legacy global RNG would otherwise be the same
+on every rank), and watches the kernel.
 """
 
 from __future__ import annotations
 
+import gc
 import json
 import os
+import select
+import signal
 import sys
 
 
 def _become(job: dict) -> None:
+    """Turn this (forked) process into the engine the job describes: output, cwd, env, argv."""
     out = os.open(job["output"], os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
     os.dup2(out, 1)
     os.dup2(out, 2)
@@ -34,15 +50,13 @@ def _become(job: dict) -> None:
         sys.path[0] = job["cwd"]  # what `python -m` started in cwd would have
 
 
-def _job_waiting() -> bool:
-    import select
-
-    return bool(select.select([sys.stdin.buffer], [], [], 0)[0])
+def _job_waiting(timeout: float = 0.0) -> bool:
+    return bool(select.select([sys.stdin.buffer], [], [], timeout)[0])
 
 
 def _preload_numba() -> None:
     """Numba loads its typing registries on the first call of any jitted function
-    (about 0.3 s, even with every kernel cached): pay that here, while nobody waits,
+    (about 0.3 s, even with every kernel cached): pay that here, once, while nobody waits,
     so a notebook's first compressed step does not."""
     import numpy as np
 
@@ -53,22 +67,76 @@ def _preload_numba() -> None:
         kernels.topk(np.zeros(8, np.float32), 1)
 
 
-def main() -> None:
-    from nbdist.engine.__main__ import preload, run_engine
-    from nbdist.engine.parentwatch import watch_parent
+def _reap() -> None:
+    """Collect the engines that ended (they are this process's children until it exits)."""
+    while True:
+        try:
+            pid, _ = os.waitpid(-1, os.WNOHANG)
+        except ChildProcessError:
+            return
+        if pid == 0:
+            return
 
-    watch_parent()
+
+def _child(job: dict) -> None:
+    """In the forked child: become an ordinary engine; never returns into the server loop."""
+    os.setsid()
+    for sig in (signal.SIGTERM, signal.SIGCHLD, signal.SIGPIPE):
+        signal.signal(sig, signal.SIG_DFL)
+    signal.signal(signal.SIGINT, signal.default_int_handler)
+    numpy = sys.modules.get("numpy")
+    if numpy is not None:
+        numpy.random.seed()  # fresh entropy, as a freshly started process would have
+    _become(job)
+    from nbdist.engine.__main__ import run_engine
+    from nbdist.engine.parentwatch import ENV, watch_process
+
+    kernel = os.environ.get(ENV, "")
+    if kernel.isdigit():
+        watch_process(int(kernel))  # the kernel (the job's NBDIST_PARENT_PID), not this server
+    gc.enable()
+    run_engine()
+
+
+def main() -> None:
+    from nbdist.engine.__main__ import preload
+
+    gc.disable()  # no collection may touch (and so copy) the imported heap before it is frozen
     preload()
     if not _job_waiting():  # an engine is wanted now: don't make it wait for extras
         try:
             _preload_numba()
         except Exception:  # only an optimisation; the engine reports real errors when used
             pass
-    line = sys.stdin.buffer.readline()
-    if not line.strip():
-        return
-    _become(json.loads(line))
-    run_engine()
+    # Everything imported so far is the same in every engine: out of the collector's sight, so
+    # that no engine's collections copy those pages (copy-on-write stays shared, and an engine's
+    # exit does not walk a heap of torch objects for seconds).
+    gc.freeze()
+    # Reap an engine the moment it ends: until then it is a zombie, which the launcher waiting
+    # for its pid (psutil, from the kernel) takes for a running process.
+    signal.signal(signal.SIGCHLD, lambda signum, frame: _reap())
+    pending = b""  # read from the pipe's fd directly: a buffered reader could hide a second job
+    while True:
+        while b"\n" not in pending:
+            ready = _job_waiting(timeout=0.5)
+            _reap()
+            if ready:
+                chunk = os.read(0, 1 << 16)
+                if not chunk:  # the pool closed the pipe, or the kernel is gone
+                    return
+                pending += chunk
+        line, pending = pending.split(b"\n", 1)
+        if not line.strip():
+            continue
+        try:
+            job = json.loads(line)
+        except ValueError:
+            os.write(1, b"-1\n")  # the pool starts that engine cold
+            continue
+        pid = os.fork()
+        if pid == 0:
+            _child(job)  # never returns: the engine ends the process
+        os.write(1, f"{pid}\n".encode())
 
 
 if __name__ == "__main__":

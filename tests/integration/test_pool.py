@@ -1,4 +1,4 @@
-"""Warm engines (nbdist.pool): a start served by processes that imported torch earlier."""
+"""The warm process (nbdist.pool, engine/warm.py): engines forked from a process that imported torch once."""
 
 from __future__ import annotations
 
@@ -11,6 +11,7 @@ import pytest
 import nbdist
 from nbdist import pool
 from nbdist.config import default_threads
+from tests.conftest import wait_gone
 
 
 @pytest.fixture(autouse=True)
@@ -20,69 +21,93 @@ def empty_pool():
     pool.shutdown()
 
 
-def _alive(pid: int) -> bool:
-    try:
-        return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
-    except psutil.NoSuchProcess:
-        return False
+def _parent(pid: int) -> int:
+    return psutil.Process(pid).ppid()
 
 
-def test_start_is_served_by_warm_processes_that_become_ordinary_engines(tmp_path, monkeypatch):
+def test_engines_are_forks_of_the_warm_process_and_become_ordinary_engines(tmp_path, monkeypatch):
     threads = default_threads(2)
-    assert pool.warm(2, threads) == 2
-    assert pool.warm(2, threads) == 0, "warm() tops up to n, it does not add n more"
-    warm = set(pool.pids())
+    server = pool.warm(2, threads)
+    assert server and pool.warm(2, threads) is None, "one server serves any number of engines"
     monkeypatch.chdir(tmp_path)
     monkeypatch.setenv("NBDIST_TEST_MARK", "set-after-warming")  # the job carries today's environment
     with nbdist.start(n=2) as cluster:
-        assert {r.pid for r in cluster.ranks} == warm
-        assert pool.count() == 0
+        pids = [r.pid for r in cluster.ranks]
+        assert [_parent(p) for p in pids] == [server, server]
         result = cluster.run(
-            "import os, sys\n"
+            "import os, sys, random, numpy as np\n"
             "t = torch.ones(1)\n"
             "dist.all_reduce(t)\n"
             "seen = (t.item(), os.environ['RANK'], os.environ.get('NBDIST_TEST_MARK'), torch.get_num_threads(),"
-            " os.getcwd(), sys.stdin.read())"
+            " os.getcwd(), sys.stdin.read(), os.getsid(0) == os.getpid())\n"
+            "draws = (float(np.random.rand()), random.random())"
         )
         result.raise_for_error()
         seen = cluster.pull("seen")
-        assert seen == [(2.0, str(r), "set-after-warming", threads, str(tmp_path), "") for r in range(2)]
-        # A warm-started rank left waiting in a collective is released like any other (its
-        # watcher thread and signal handling came with the job, not with the import).
+        assert seen == [(2.0, str(r), "set-after-warming", threads, str(tmp_path), "", True) for r in range(2)]
+        # numpy's and random's global generators are reseeded in each fork, as in fresh processes
+        draws = cluster.pull("draws")
+        assert draws[0][0] != draws[1][0] and draws[0][1] != draws[1][1]
+        # A forked rank left waiting in a collective is released like any other (its watcher
+        # thread and signal handling came with the job, not with the import).
         run = cluster.run("if dist.get_rank() == 1:\n    raise ValueError('no')\ndist.all_reduce(torch.ones(4))")
         assert run.released == "failure" and run[0].status == "interrupted" and run[1].status == "error"
+        # a replaced rank is forked too
+        cluster.restart([1])
+        assert _parent(cluster.ranks[1].pid) == server
         cluster.run("t = torch.ones(1); dist.all_reduce(t); v = t.item()").raise_for_error()
         assert cluster.pull("v") == [2.0, 2.0]
-    deadline = time.monotonic() + 5
-    while any(_alive(p) for p in warm) and time.monotonic() < deadline:
-        time.sleep(0.05)
-    assert not any(_alive(p) for p in warm), "stop ends warm-started engines like cold ones"
-
-
-def test_warm_processes_for_other_settings_are_left_alone_and_shut_down():
-    threads = default_threads(2)
-    assert pool.warm(1, threads + 1) == 1  # imported torch with another OMP_NUM_THREADS
-    other = pool.pids()
-    with nbdist.start(n=2) as cluster:
-        assert not {r.pid for r in cluster.ranks} & set(other), "a mismatched warm process must not serve"
-        assert pool.pids() == other
+        pids.append(cluster.ranks[1].pid)
+    assert wait_gone(pids, 5) == [], "stop ends forked engines like cold ones"
+    assert pool.pids() == [server] and psutil.pid_exists(server), "the warm process stays for the next start"
     pool.shutdown()
-    assert not any(_alive(p) for p in other)
+    assert wait_gone([server], 5) == []
 
 
-def test_a_dead_warm_process_is_skipped(monkeypatch):
+def test_a_start_without_a_warm_process_begins_one_and_ends_it_with_the_cluster():
+    with nbdist.start(n=2) as cluster:
+        (server,) = pool.pids()
+        assert [_parent(r.pid) for r in cluster.ranks] == [server, server]
+    assert wait_gone([server], 5) == [] and pool.count() == 0
+
+
+def test_a_warm_process_for_other_settings_is_left_alone():
     threads = default_threads(2)
-    pool.warm(1, threads)
-    (pid,) = pool.pids()
-    os.kill(pid, 9)
-    psutil.Process(pid).wait(5)
+    other = pool.warm(1, threads + 1)  # imported torch with another OMP_NUM_THREADS
+    with nbdist.start(n=2) as cluster:
+        assert other not in {_parent(r.pid) for r in cluster.ranks}, "a mismatched server must not fork engines"
+        assert other in pool.pids()
+    assert pool.pids() == [other]
+    pool.shutdown()
+    assert wait_gone([other], 5) == []
+
+
+def test_a_dead_warm_process_is_replaced():
+    threads = default_threads(2)
+    server = pool.warm(1, threads)
+    os.kill(server, 9)
+    psutil.Process(server).wait(5)
     assert pool.count() == 0
     with nbdist.start(n=2) as cluster:
-        assert pid not in {r.pid for r in cluster.ranks}
+        assert server not in {_parent(r.pid) for r in cluster.ranks}
         cluster.run("t = torch.ones(1); dist.all_reduce(t)").raise_for_error()
+
+
+def test_engines_outlive_a_warm_process_that_ends_and_end_with_their_cluster():
+    server = pool.warm(2, default_threads(2))
+    with nbdist.start(n=2) as cluster:
+        pool.shutdown()  # %unload_ext nbdist while a cluster runs
+        assert wait_gone([server], 5) == []
+        time.sleep(1.0)  # the engines' kernel watch looks every 0.5 s: it must not take them for orphans
+        cluster.run("t = torch.ones(1); dist.all_reduce(t); v = t.item()").raise_for_error()
+        assert cluster.pull("v") == [2.0, 2.0]
+        pids = cluster.pids()
+    assert wait_gone(pids, 5) == []
 
 
 def test_nbdist_warm_0_turns_warming_off(monkeypatch):
     monkeypatch.setenv("NBDIST_WARM", "0")
-    assert pool.warm(2, 1) == 0
-    assert pool.count() == 0
+    assert pool.warm(2, 1) is None
+    with nbdist.start(n=2) as cluster:
+        assert pool.count() == 0
+        assert {_parent(r.pid) for r in cluster.ranks} == {os.getpid()}, "cold engines are this process's children"

@@ -54,6 +54,22 @@ def test_probe_launcher_popen():
     assert compat.launcher_popen(launcher) == "popen"
 
 
+def test_probe_controller_settle_sleep():
+    from ipyparallel.controller import app
+
+    assert "time.sleep(0.25)" in inspect.getsource(app.IPController.init_hub), "see compat.skip_controller_settle_sleep"
+    real = app.time
+    try:
+        compat.skip_controller_settle_sleep()
+        assert app.time.sleep is not real.sleep and app.time.time() > 0
+        tic = real.time()
+        app.time.sleep(0.25)  # skipped
+        app.time.sleep(0.01)  # any other pause still happens
+        assert 0.01 <= real.time() - tic < 0.2
+    finally:
+        app.time = real
+
+
 def test_probe_cell_filenames():
     from IPython.core.compilerop import CachingCompiler
 
