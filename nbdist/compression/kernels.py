@@ -35,6 +35,7 @@ __all__ = [
     "topk_into",
     "topk_workspace",
     "uniforms",
+    "warm_up",
 ]
 
 
@@ -215,3 +216,23 @@ def sign_unpack_add(packed: np.ndarray, scale: float, weight: float, out: np.nda
     for i in range(full * 8, out.size):
         out[i] += np.float32((packed[i >> 3] >> (7 - (i & 7))) & 1) * s2 - s
     return out
+
+
+def warm_up() -> None:
+    """Call every kernel once, on tiny arrays of the types the hooks pass: each is loaded from
+    numba's cache (or compiled) and numba's typing registries are set up now, not at a training
+    step. The warm process (engine/warm.py) does it while idle, so forked ranks start warm."""
+    x = np.linspace(-1.0, 1.0, 64).astype(np.float32)
+    out = np.empty(64, np.float32)
+    levels, norms = np.empty(64, np.int8), np.empty(qsgd_chunks(64), np.float32)
+    packed, idx = np.empty(8, np.uint8), np.arange(8, dtype=np.int32)
+    topk(x, 8, 0)
+    qsgd_quantize(x, 127, 0, levels, norms)
+    qsgd_dequantize(levels, norms, 127, out)
+    qsgd_dequantize_add(levels, norms, 127, 0.5, out)
+    scale = sign_pack(x, packed)
+    sign_unpack(packed, scale, out)
+    sign_unpack_add(packed, scale, 0.5, out)
+    randomk_indices(64, 8, 0)
+    scatter(x[:8], idx, out)
+    scatter_add(x[:8], idx, 0.5, out)
