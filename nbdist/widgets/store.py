@@ -30,7 +30,7 @@ class Series:
     bounded and every extreme of the run survives.
     """
 
-    __slots__ = ("max_points", "stride", "buckets", "_open", "_filled", "recent", "version", "first", "latest")
+    __slots__ = ("max_points", "stride", "buckets", "_open", "_filled", "recent", "first", "latest")
 
     def __init__(self, max_points: int = 1000) -> None:
         self.max_points = max(4, max_points)
@@ -39,12 +39,10 @@ class Series:
         self._open: list[float] | None = None  # the bucket being filled: [x_lo, lo, x_hi, hi]
         self._filled = 0  # points in the open bucket
         self.recent: deque[float] = deque(maxlen=RECENT)
-        self.version = 0  # grows with every add: a drawing knows whether it is stale
         self.first: tuple[float, float] | None = None  # drawn too, so the line spans the whole run
         self.latest: tuple[float, float] | None = None
 
     def add(self, x: float, y: float) -> None:
-        self.version += 1
         self.recent.append(y)
         if self.first is None:
             self.first = (x, y)
@@ -103,17 +101,6 @@ class Series:
         yield from self.buckets
         if self._open is not None:
             yield tuple(self._open)  # type: ignore[misc]
-
-    @property
-    def xs(self) -> list[float]:
-        return self.points()[0]
-
-    @property
-    def ys(self) -> list[float]:
-        return self.points()[1]
-
-    def __len__(self) -> int:
-        return len(self.points()[0])
 
 
 class MetricStore:
