@@ -116,19 +116,40 @@ def jit_in_engines(think_s: float = 6.0) -> dict:
 
 DDP = textwrap.dedent(
     """
-    import time
+    import statistics, time
     from nbdist.parallel import apply_ddp
     import sys; sys.path.insert(0, BENCH_DIR)
     from _ddp_loop import make_model, _no_comm_hook
     g = torch.Generator().manual_seed(dist.get_rank())
     x, y = torch.randn(64, 512, generator=g), torch.randint(0, 10, (64,), generator=g)
-    results = {}
-    for spec in ORDER:
-        if spec == "floor":  # the same step with no communication at all: what no compressor can beat
-            model = torch.nn.parallel.DistributedDataParallel(make_model())
-            model.register_comm_hook(None, _no_comm_hook)
-        else:  # "plain": apply_ddp(model) as users get it (torch's all-reduce, live metrics on)
-            model = apply_ddp(make_model(), compression=None if spec == "plain" else spec)
+    world = dist.get_world_size()
+
+    def wires_of(spec, model):  # {bucket index: a payload of the size and dtype the spec's hook sent}; gathered?
+        state = model.compression_state
+        last = state.records[-1]["step"]
+        sent = {r["bucket"]: r["bytes_after"] for r in state.records if r["step"] == last}
+        dtype, size = (torch.float16, 2) if spec == "fp16" else (torch.float32, 4)
+        return {i: torch.zeros(n // size, dtype=dtype) for i, n in sent.items()}, state.compressor.collective == "all_gather"
+
+    gathered = {}
+
+    def collective_only_hook(spec_wires, bucket):  # the spec's collectives alone: nothing (de)compressed
+        wires, gather = spec_wires
+        # (DDP's first step has one bucket of every gradient: any payload does for an untimed step)
+        wire = wires.get(bucket.index(), wires[0]).zero_()  # written each step, as a payload would be
+        if gather:  # into outputs kept per bucket, as the hook keeps its own
+            outs = gathered.get((id(wire), world))
+            if outs is None:
+                outs = gathered[(id(wire), world)] = [torch.empty_like(wire) for _ in range(world)]
+            fut = dist.all_gather(outs, wire, async_op=True).get_future()
+        else:
+            fut = dist.all_reduce(wire, async_op=True).get_future()
+        return fut.then(lambda f: bucket.buffer())
+
+    def sync_hook(state, bucket):  # lock-step alone: a 4-byte all-reduce
+        return dist.all_reduce(torch.zeros(1), async_op=True).get_future().then(lambda f: bucket.buffer())
+
+    def train(model):
         opt = torch.optim.SGD(model.parameters(), lr=0.01)
         for i in range(STEPS + 10):
             if i == 10:
@@ -138,22 +159,33 @@ DDP = textwrap.dedent(
             loss.backward()
             opt.step()
         dist.barrier()
-        results[spec] = {"step_s": (time.perf_counter() - tic) / STEPS}
-        if spec == "floor":
+        return (time.perf_counter() - tic) / STEPS
+
+    results = {}
+    wires = {}
+    for spec in ORDER:
+        base_spec, _, variant = spec.partition("@")
+        # The references are apply_ddp models too, so their buckets are the compressed runs' buckets.
+        if spec in ("floor", "sync"):  # the same step with no communication / with lock-step only
+            model = apply_ddp(make_model(), comm_hook=_no_comm_hook if spec == "floor" else sync_hook, metrics=False)
+        elif variant == "collective":  # the same step, the spec's collective alone in its hook
+            model = apply_ddp(make_model(), comm_hook=collective_only_hook, hook_state=wires[base_spec], metrics=False)
+        else:  # "plain": apply_ddp(model) as users get it (torch's all-reduce, live metrics on)
+            model = apply_ddp(make_model(), compression=None if spec == "plain" else spec)
+        results[spec] = {"step_s": train(model)}
+        if spec in ("floor", "sync", "plain") or variant:  # plain sends what "none" sends
             continue
-        # The same collective on a payload of the same size, alone and back to back: what
-        # communication costs even when compressing were free and both ranks arrived together.
-        state = getattr(model, "compression_state", None)
-        if state is None:
-            wire, gather = torch.empty(sum(p.numel() for p in model.parameters())), False
-        else:
-            nbytes = state.records[-1]["bytes_after"]
-            gather = state.compressor.collective == "all_gather"
-            wire = torch.empty(nbytes // 2, dtype=torch.float16) if spec == "fp16" else torch.empty(nbytes // 4)
-        parts = [torch.empty_like(wire) for _ in range(dist.get_world_size())]
+        wires[spec] = spec_wires, gather = wires_of(spec, model)
+        totals = model.compression_state.step_totals()[-STEPS:]  # the hook's own times, per step
+        for key in ("compress_s", "collective_s", "decompress_s"):
+            results[spec][key] = statistics.median(t.get(key, 0.0) for t in totals)
+        # The step's collectives (one per bucket) on payloads of the same sizes, alone and back to
+        # back: what communication costs even if compressing were free and both ranks arrived together.
+        outs = {i: [torch.empty_like(w) for _ in range(world)] for i, w in spec_wires.items()}
         dist.barrier(); tic = time.perf_counter()
         for _ in range(20):
-            dist.all_gather(parts, wire) if gather else dist.all_reduce(wire)
+            for i, w in spec_wires.items():
+                dist.all_gather(outs[i], w) if gather else dist.all_reduce(w)
         results[spec]["bare_collective_s"] = (time.perf_counter() - tic) / 20
     """
 )
@@ -191,8 +223,19 @@ CONVERGE = textwrap.dedent(
     """
 )
 
-SPECS = ("floor", "plain", "none", "topk:0.01", "dgc:0.01", "qsgd:127", "fp16")
+SPECS = ("floor", "sync", "plain", "none", "topk:0.01", "dgc:0.01", "qsgd:127", "fp16")
+COMPRESSED = ("none", "topk:0.01", "dgc:0.01", "qsgd:127", "fp16")  # each also runs as "<spec>@collective"
 CONVERGE_SPECS = ("none", "topk:0.01", "dgc:0.01", "qsgd:127", "fp16")
+
+
+def _rotations(rounds: int) -> list[tuple[str, ...]]:
+    """The run order of each round: rotated, so drift does not favour one mode; each
+    spec's collective-only step right after it (it needs the spec's payload size)."""
+    orders = []
+    for r in range(rounds):
+        rotated = SPECS[r % len(SPECS) :] + SPECS[: r % len(SPECS)]
+        orders.append(tuple(x for s in rotated for x in ((s, f"{s}@collective") if s in COMPRESSED else (s,))))
+    return orders
 
 
 def ddp_bench(rounds: int) -> dict:
@@ -200,29 +243,35 @@ def ddp_bench(rounds: int) -> dict:
 
     import nbdist
 
-    per: dict[str, list[dict]] = {s: [] for s in SPECS}
+    runs: list[dict] = []
     with nbdist.start(n=2) as cluster:
-        cluster.push({"SPECS": SPECS, "STEPS": 60, "BENCH_DIR": str(pathlib.Path(__file__).parent)})
-        for r in range(rounds):  # a different order each round, so drift does not favour one mode
-            cluster.push({"ORDER": SPECS[r % len(SPECS) :] + SPECS[: r % len(SPECS)]})
+        cluster.push({"STEPS": 60, "BENCH_DIR": str(pathlib.Path(__file__).parent)})
+        for order in _rotations(rounds):
+            cluster.push({"ORDER": order})
             cluster.run(DDP, quiet=True).raise_for_error()
-            res = cluster.pull("results", ranks=0)[0]
-            for s in SPECS:
-                per[s].append(res[s])
+            runs.append(cluster.pull("results", ranks=0)[0])
         cluster.push({"CONVERGE_SPECS": CONVERGE_SPECS})
         cluster.run(CONVERGE, quiet=True).raise_for_error()
         final = cluster.pull("final", ranks=0)[0]
-    out: dict = {s: {"step_s": stats([r["step_s"] for r in per[s]])} for s in SPECS}
+    names = list(runs[0])
+    out: dict = {s: {k: stats([r[s][k] for r in runs]) for k in runs[0][s]} for s in names}
     floor = out["floor"]["step_s"]["median"]
-    for s in SPECS[1:]:  # the best step possible: no communication, plus the bare collective
-        out[s]["bare_collective_s"] = stats([r["bare_collective_s"] for r in per[s]])
-        out[s]["bound_s"] = floor + out[s]["bare_collective_s"]["median"]
+    out["sync"]["lock_step_s"] = out["sync"]["step_s"]["median"] - floor
+    for s in ("plain", *COMPRESSED):
+        r = out[s]
+        step = r["step_s"]["median"]
+        # the issue's bound: no communication at all, plus the bare collective back to back
+        bare = out["none" if s == "plain" else s]["bare_collective_s"]["median"]  # plain: the same buckets
+        r["bound_s"] = floor + bare
+        r["vs_bound"] = step / r["bound_s"]
+        if s in COMPRESSED:  # the same step with the collective alone: compression that cost nothing
+            r["collective_step_s"] = out[f"{s}@collective"]["step_s"]["median"]
+            r["vs_collective_step"] = step / r["collective_step_s"]
+            r["in_step_collective_s"] = r["collective_step_s"] - floor
     for base in ("plain", "none"):
         b = out[base]["step_s"]["median"]
         for s in SPECS:
             out[s][f"vs_{base}"] = out[s]["step_s"]["median"] / b
-            if "bound_s" in out[s]:
-                out[s][f"bound_vs_{base}"] = out[s]["bound_s"] / b
     out["final_loss"] = {
         s: {"loss": final[s], "vs_none_pct": 100 * (final[s] - final["none"]) / final["none"]} for s in CONVERGE_SPECS
     }
@@ -232,7 +281,11 @@ def ddp_bench(rounds: int) -> dict:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--rounds", type=int, default=7)
+    parser.add_argument("--ddp-only", action="store_true", help="only the DDP steps (no kernels, JIT or saved JSON)")
     args = parser.parse_args()
+    if args.ddp_only:
+        print_ddp(ddp_bench(args.rounds))
+        return
     kern = kernels_bench()
     print("kernels on 10M float32, one thread (GB/s of input; x of a numpy copy):")
     for name in (
@@ -255,22 +308,38 @@ def main() -> None:
         f" warm engines {jit['engines']['warm']:.3f} s"
     )
     ddp = ddp_bench(args.rounds)
-    print("2-rank gloo DDP, MLP 512-1024-1024-10, batch 64 per rank (floor: no communication at all):")
-    for spec in SPECS:
+    print_ddp(ddp)
+    save("compression", {"kernels": kern, "jit": jit, "ddp": ddp})
+
+
+def print_ddp(ddp: dict) -> None:
+    ms = 1e3
+    floor = ddp["floor"]["step_s"]["median"]
+    print("2-rank gloo DDP, MLP 512-1024-1024-10 (one 6.3 MB bucket), batch 64 per rank, medians:")
+    print(f"  floor (no communication)        {floor * ms:6.2f} ms")
+    print(
+        f"  lock-step (a 4-byte all-reduce) {ddp['sync']['step_s']['median'] * ms:6.2f} ms"
+        f"  (+{ddp['sync']['lock_step_s'] * ms:.2f} ms: ranks waiting for each other, which no back-to-back"
+        " collective shows)"
+    )
+    for spec in ("plain", *COMPRESSED):
         r = ddp[spec]
-        bound = (
-            f"; floor + bare collective {r['bound_s'] * 1e3:5.1f} ms ({r['bound_vs_plain']:.2f}x)"
-            if "bound_s" in r
-            else ""
+        line = (
+            f"  {spec:10s} step {r['step_s']['median'] * ms:6.2f} ms ({r['vs_plain']:.2f}x plain);"
+            f" bound floor + bare collective {r['bound_s'] * ms:5.2f} ms -> {r['vs_bound']:.2f}x"
         )
-        print(
-            f"  {spec:10s} step {r['step_s']['median'] * 1e3:6.1f} ms  ({r['vs_plain']:.2f}x plain DDP,"
-            f" {r['vs_none']:.2f}x none){bound}"
-        )
+        if "collective_step_s" in r:
+            line += f"; the same step with only its collective {r['collective_step_s'] * ms:5.2f} ms -> {r['vs_collective_step']:.2f}x"
+        print(line)
+        if "compress_s" in r:
+            print(
+                f"  {'':10s} in the hook: compress {r['compress_s']['median'] * ms:.2f} ms, collective"
+                f" {r['collective_s']['median'] * ms:.2f} ms (bare {r['bare_collective_s']['median'] * ms:.2f}),"
+                f" decompress {r['decompress_s']['median'] * ms:.2f} ms"
+            )
     print("final loss (all data, mean of the last 10 steps) after notebook 05's 150 steps:")
     for spec, r in ddp["final_loss"].items():
         print(f"  {spec:10s} {r['loss']:.4f}  ({r['vs_none_pct']:+.1f}% vs none)")
-    save("compression", {"kernels": kern, "jit": jit, "ddp": ddp})
 
 
 if __name__ == "__main__":

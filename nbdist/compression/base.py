@@ -79,6 +79,14 @@ def sign_unpack_add(body: torch.Tensor, scale: float, weight: float, out: torch.
         kernels.sign_unpack_add(body.numpy(), scale, weight, out.numpy())
 
 
+def qsgd_dequantize(body: torch.Tensor, norms: torch.Tensor, s: int, weight: float, out: torch.Tensor) -> None:
+    """out = weight * dequantized body: the first part of a mean, written without zeroing out first."""
+    if uses_torch_ops(out):
+        torch_kernels.qsgd_dequantize_add(body, norms, s, weight, out.zero_())
+    else:
+        kernels.qsgd_dequantize(body.numpy(), norms.numpy(), s, out.numpy(), weight)
+
+
 def qsgd_dequantize_add(body: torch.Tensor, norms: torch.Tensor, s: int, weight: float, out: torch.Tensor) -> None:
     if uses_torch_ops(out):
         torch_kernels.qsgd_dequantize_add(body, norms, s, weight, out)
@@ -102,11 +110,14 @@ def mean_of_parts(
 class Payload:
     """What one rank hands to the collective, and what the receivers will make of it."""
 
-    __slots__ = ("tensor", "context", "_sent", "_densify")
+    __slots__ = ("tensor", "context", "grad_zeroed", "_sent", "_densify")
 
-    def __init__(self, tensor: torch.Tensor, sent: Any = None, context: Any = None) -> None:
+    def __init__(self, tensor: torch.Tensor, sent: Any = None, context: Any = None, grad_zeroed: bool = False) -> None:
         self.tensor = tensor  # what goes on the wire
         self.context = context  # what decompress needs besides the collective's result
+        # compress_feedback left the gradient it was given zeroed (TopK's fused pass):
+        # a decompress into that tensor need not zero it again (``out_zeroed``)
+        self.grad_zeroed = grad_zeroed
         # sent: what receivers reconstruct from this rank (dense float32), or a function
         # that builds it on demand (sparse compressors never need it in the hook)
         self._sent = None if callable(sent) else sent
@@ -152,14 +163,40 @@ class Compressor:
         context: Any = None,
         scratch: dict | None = None,
         out: torch.Tensor | None = None,
+        out_zeroed: bool = False,
     ) -> torch.Tensor:
         """The mean gradient from the collective's result; written into ``out`` when the
-        compressor can (the hook passes the bucket), else returned in a buffer of its own."""
+        compressor can (the hook passes the bucket), else returned in a buffer of its own.
+        ``out_zeroed``: ``out`` holds zeros already (``Payload.grad_zeroed``)."""
         raise NotImplementedError
 
     def keep_residual(self, x: torch.Tensor, payload: Payload) -> None:
         """Error feedback: turn x (the corrected gradient) into x - sent, in place."""
         x.sub_(payload.sent)
+
+    def compress_feedback(
+        self,
+        grad: torch.Tensor,
+        residual: torch.Tensor,
+        velocity: torch.Tensor | None,
+        *,
+        seed: int,
+        world: int,
+        scratch: dict | None = None,
+    ) -> Payload:
+        """One error-feedback step: residual += grad (with ``momentum``, DGC's correction:
+        velocity = momentum * velocity + grad, then residual += velocity), compress the
+        residual, and leave in it (and in the velocity) what was not sent, for the next
+        step. Written with torch ops here; TopK fuses it into one pass on the CPU."""
+        if velocity is not None:
+            residual += velocity.mul_(self.momentum).add_(grad)
+        else:
+            residual += grad
+        payload = self.compress(residual, seed=seed, world=world, scratch=scratch)
+        self.keep_residual(residual, payload)  # what was not sent waits for the next step
+        if velocity is not None:
+            self.keep_residual(velocity, payload)  # momentum factor masking: sent entries stop moving
+        return payload
 
     def describe(self) -> str:
         return self.name
@@ -181,5 +218,6 @@ class Identity(Compressor):
         context: Any = None,
         scratch: dict | None = None,
         out: torch.Tensor | None = None,
+        out_zeroed: bool = False,
     ) -> torch.Tensor:
         return result

@@ -15,6 +15,8 @@ import torch
 from . import base, kernels, torch_kernels
 from .base import ALL_GATHER, ALL_REDUCE, Compressor, Identity, Payload
 
+_NO_VELOCITY = np.empty(0, np.float32)  # topk_feedback_into's "no momentum"
+
 __all__ = [
     "ALL_GATHER",
     "ALL_REDUCE",
@@ -48,20 +50,68 @@ class TopK(Compressor):
         d, k = x.numel(), self.k(x.numel())
         if base.uses_torch_ops(x):
             vals, idx = torch_kernels.topk(x, k, seed)
-            wire = torch.cat([vals, idx.view(torch.float32)])
-        else:  # values then indices, written by the kernel straight into this bucket's wire buffer
-            wire_np = base.buffer(scratch, "wire", 2 * k, np.float32)
-            w = kernels.topk_workspace(d, k)
-            cand_vals, cand_idx = (
-                base.buffer(scratch, "cand_vals", w, np.float32),
-                base.buffer(scratch, "cand_idx", w, np.int32),
-            )
-            kernels.topk_into(x.numpy(), k, seed, wire_np[:k], wire_np[k:].view(np.int32), cand_vals, cand_idx)
-            wire = torch.from_numpy(wire_np)
-            vals, idx = wire[:k], wire[k:].view(torch.int32)
+            return self._payload(torch.cat([vals, idx.view(torch.float32)]), k, x, scratch)
+        # values then indices, written by the kernel straight into this bucket's wire buffer
+        wire, cand_vals, cand_idx = self._buffers(d, k, scratch)
+        kernels.topk_into(x.numpy(), k, seed, wire[:k], wire[k:].view(np.int32), cand_vals, cand_idx)
+        return self._payload(torch.from_numpy(wire), k, x, scratch)
+
+    def compress_feedback(
+        self,
+        grad: torch.Tensor,
+        residual: torch.Tensor,
+        velocity: torch.Tensor | None,
+        *,
+        seed: int,
+        world: int,
+        scratch: dict | None = None,
+    ) -> Payload:
+        """On the CPU, one Numba pass (kernels.topk_feedback_into) does what the torch ops
+        of Compressor.compress_feedback do in five, bit for bit, and leaves grad zeroed."""
+        fusable = (
+            not base.uses_torch_ops(residual)
+            and grad.device.type == "cpu"
+            and grad.dtype == residual.dtype == torch.float32
+            and grad.is_contiguous()
+        )
+        if not fusable:
+            return super().compress_feedback(grad, residual, velocity, seed=seed, world=world, scratch=scratch)
+        d = residual.numel()
+        k = self.k(d)
+        wire, cand_vals, cand_idx = self._buffers(d, k, scratch)
+        kernels.topk_feedback_into(
+            residual.numpy(),
+            grad.numpy(),
+            _NO_VELOCITY if velocity is None else velocity.numpy(),
+            self.momentum,
+            k,
+            seed,
+            wire[:k],
+            wire[k:].view(np.int32),
+            cand_vals,
+            cand_idx,
+        )
+        payload = self._payload(torch.from_numpy(wire), k, residual, scratch)
+        payload.grad_zeroed = True
+        return payload
+
+    @staticmethod
+    def _buffers(d: int, k: int, scratch: dict | None) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """This bucket's wire (k values, then k int32 indices) and the selection's workspace."""
+        w = kernels.topk_workspace(d, k)
+        return (
+            base.buffer(scratch, "wire", 2 * k, np.float32),
+            base.buffer(scratch, "cand_vals", w, np.float32),
+            base.buffer(scratch, "cand_idx", w, np.int32),
+        )
+
+    @staticmethod
+    def _payload(wire: torch.Tensor, k: int, like: torch.Tensor, scratch: dict | None) -> Payload:
+        vals, idx = wire[:k], wire[k:].view(torch.int32)
+        d = like.numel()
 
         def sent() -> torch.Tensor:
-            dense = base.dense_buffer(scratch, "sent", d, x).zero_()
+            dense = base.dense_buffer(scratch, "sent", d, like).zero_()
             base.scatter_add(vals, idx, 1.0, dense)
             return dense
 
@@ -78,10 +128,12 @@ class TopK(Compressor):
         context: Any = None,
         scratch: dict | None = None,
         out: torch.Tensor | None = None,
+        out_zeroed: bool = False,
     ) -> torch.Tensor:
         k = self.k(d)
         total = base.out_buffer(out, scratch, d, parts[0])
-        total.zero_()
+        if not (out_zeroed and total is out):
+            total.zero_()
         for part in parts:
             base.scatter_add(part[:k], part[k:].view(torch.int32), 1.0 / world, total)
         return total
@@ -146,6 +198,7 @@ class RandomK(Compressor):
         context: Any = None,
         scratch: dict | None = None,
         out: torch.Tensor | None = None,
+        out_zeroed: bool = False,
     ) -> torch.Tensor:
         total = base.out_buffer(out, scratch, d, result)
         total.zero_()
@@ -170,12 +223,13 @@ class QSGD(Compressor):
     def compress(self, x: torch.Tensor, *, seed: int, world: int, scratch: dict | None = None) -> Payload:
         d = x.numel()
         head = 4 * kernels.qsgd_chunks(d)
-        # the wire: float32 norms, then int8 levels; fresh, not reused while in flight
+        # the wire: float32 norms, then int8 levels (kept per bucket: its collective ends
+        # within the step, and a fresh 1.6 MB array each step costs page faults)
         if base.uses_torch_ops(x):
             levels, norms = torch_kernels.qsgd_quantize(x, self.levels, seed)
             wire = torch.cat([norms.view(torch.int8), levels])
         else:
-            wire = torch.empty(head + d, dtype=torch.int8)
+            wire = torch.from_numpy(base.buffer(scratch, "wire", head + d, np.int8))
             kernels.qsgd_quantize(
                 x.numpy(), self.levels, seed, wire[head:].numpy(), wire[:head].view(torch.float32).numpy()
             )
@@ -195,12 +249,13 @@ class QSGD(Compressor):
         context: Any = None,
         scratch: dict | None = None,
         out: torch.Tensor | None = None,
+        out_zeroed: bool = False,
     ) -> torch.Tensor:
         head = 4 * kernels.qsgd_chunks(d)
         total = base.out_buffer(out, scratch, d, parts[0])
-        total.zero_()
-        for part in parts:
-            base.qsgd_dequantize_add(part[head:], part[:head].view(torch.float32), self.levels, 1.0 / world, total)
+        for i, part in enumerate(parts):  # the first part is written, the others added: no zeroing pass
+            decode = base.qsgd_dequantize if i == 0 else base.qsgd_dequantize_add
+            decode(part[head:], part[:head].view(torch.float32), self.levels, 1.0 / world, total)
         return total
 
     def describe(self) -> str:
@@ -240,6 +295,7 @@ class Sign(Compressor):
         context: Any = None,
         scratch: dict | None = None,
         out: torch.Tensor | None = None,
+        out_zeroed: bool = False,
     ) -> torch.Tensor:
         return base.mean_of_parts(parts, d, world, scratch, base.sign_unpack_add, out)
 
@@ -270,6 +326,7 @@ class Cast(Compressor):
         context: Any = None,
         scratch: dict | None = None,
         out: torch.Tensor | None = None,
+        out_zeroed: bool = False,
     ) -> torch.Tensor:
         if out is None:
             return result.float()

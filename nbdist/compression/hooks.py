@@ -113,6 +113,16 @@ def _per_bucket(store: dict[int, torch.Tensor], index: int, buf: torch.Tensor) -
     return t
 
 
+def _gathered(scratch: dict, wire: torch.Tensor, world: int) -> list[torch.Tensor]:
+    """The all-gather's outputs for this bucket, kept from step to step like its other buffers
+    (DDP waits for every bucket's result before the next step's hooks run)."""
+    key = ("gathered", wire.numel(), wire.dtype, wire.device, world)
+    parts = scratch.get(key)
+    if parts is None:
+        parts = scratch[key] = [torch.empty_like(wire) for _ in range(world)]
+    return parts
+
+
 def compression_hook(state: HookState, bucket: dist.GradBucket) -> torch.futures.Future[torch.Tensor]:
     """The one hook behind every compressor in ``compressors``."""
     group = state.process_group
@@ -150,27 +160,22 @@ def compression_hook(state: HookState, bucket: dist.GradBucket) -> torch.futures
     scratch = state.scratch.setdefault(index, {})
     # The gradient is compressed where it lives: Numba kernels on the CPU, torch ops on a GPU.
     in_place = buf.dtype == torch.float32 and buf.is_contiguous()
-    if comp.error_feedback:
-        # The residual becomes the corrected gradient x = grad + residual; after
-        # compressing, keep_residual turns it into x - sent for the next step.
-        x = _per_bucket(state.residuals, index, buf)
-        grad = buf.detach() if in_place else buf.detach().float()
-        if comp.momentum:  # DGC: the velocity, not the gradient, is accumulated and sent
-            velocity = _per_bucket(state.velocities, index, buf)
-            x += velocity.mul_(comp.momentum).add_(grad)
-        else:
-            x += grad
-    elif in_place:
-        x = buf.detach()
-    else:
-        x = dense_buffer(scratch, "x", d, buf)
-        x.copy_(buf.detach())
     rank = 0 if comp.shared_seed else dist.get_rank(group)
-    payload = comp.compress(x, seed=mix_seed(state.seed, step, index, rank), world=world, scratch=scratch)
+    seed = mix_seed(state.seed, step, index, rank)
     if comp.error_feedback:
-        comp.keep_residual(x, payload)  # what was not sent waits for the next step
-        if comp.momentum:
-            comp.keep_residual(velocity, payload)  # momentum factor masking: sent entries stop moving
+        # The residual takes the gradient in (x = residual + grad) and keeps what was not
+        # sent (x - sent) for the next step; DGC's velocity likewise.
+        residual = _per_bucket(state.residuals, index, buf)
+        velocity = _per_bucket(state.velocities, index, buf) if comp.momentum else None
+        grad = buf.detach() if in_place else buf.detach().float()
+        payload = comp.compress_feedback(grad, residual, velocity, seed=seed, world=world, scratch=scratch)
+    else:
+        if in_place:
+            x = buf.detach()
+        else:
+            x = dense_buffer(scratch, "x", d, buf)
+            x.copy_(buf.detach())
+        payload = comp.compress(x, seed=seed, world=world, scratch=scratch)
     wire = payload.tensor.contiguous()
     record = {
         "step": step,
@@ -185,14 +190,22 @@ def compression_hook(state: HookState, bucket: dist.GradBucket) -> torch.futures
         fut = dist.all_reduce(wire, group=group, async_op=True).get_future()
         gathered = None
     else:
-        gathered = [torch.empty_like(wire) for _ in range(world)]
+        gathered = _gathered(scratch, wire, world)
         fut = dist.all_gather(gathered, wire, group=group, async_op=True).get_future()
 
     def decompress(f: torch.futures.Future) -> torch.Tensor:
         record["collective_s"] = time.perf_counter() - t_coll
         t = time.perf_counter()
         result = f.value()[0] if gathered is None else gathered
-        mean = comp.decompress(result, d, world, payload.context, scratch, out=buf if in_place else None)
+        mean = comp.decompress(
+            result,
+            d,
+            world,
+            payload.context,
+            scratch,
+            out=buf if in_place else None,
+            out_zeroed=in_place and payload.grad_zeroed,
+        )
         if mean is not buf:
             buf.copy_(mean.to(device=buf.device, dtype=buf.dtype))
         record["decompress_s"] = time.perf_counter() - t

@@ -17,7 +17,7 @@ import numpy as np
 from numba import njit
 
 from .rng import INV24, JIT, mix, uniform, uniforms
-from .topk_select import topk, topk_into, topk_workspace
+from .topk_select import topk, topk_feedback_into, topk_into, topk_workspace
 
 __all__ = [
     "QSGD_CHUNK",
@@ -32,6 +32,7 @@ __all__ = [
     "sign_unpack",
     "sign_unpack_add",
     "topk",
+    "topk_feedback_into",
     "topk_into",
     "topk_workspace",
     "uniforms",
@@ -173,9 +174,10 @@ def qsgd_quantize(x: np.ndarray, s: int, seed: int, out: np.ndarray, norms: np.n
 
 
 @JIT
-def qsgd_dequantize(levels: np.ndarray, norms: np.ndarray, s: int, out: np.ndarray) -> np.ndarray:
+def qsgd_dequantize(levels: np.ndarray, norms: np.ndarray, s: int, out: np.ndarray, weight: float = 1.0) -> np.ndarray:
+    """out = weight * dequantized levels (the first rank's share of a mean: no zeroing pass)."""
     for c in range(norms.size):
-        f = np.float32(norms[c] / s)
+        f = np.float32(weight * norms[c] / s)
         start = c * QSGD_CHUNK
         ls = levels[start : start + QSGD_CHUNK]
         os_ = out[start : start + QSGD_CHUNK]
@@ -227,8 +229,11 @@ def warm_up() -> None:
     levels, norms = np.empty(64, np.int8), np.empty(qsgd_chunks(64), np.float32)
     packed, idx = np.empty(8, np.uint8), np.arange(8, dtype=np.int32)
     topk(x, 8, 0)
+    vals, cand = np.empty(8, np.float32), np.empty(8, np.float32)
+    topk_feedback_into(x.copy(), out.copy(), np.empty(0, np.float32), 0.9, 8, 0, vals, idx.copy(), cand, idx.copy())
     qsgd_quantize(x, 127, 0, levels, norms)
     qsgd_dequantize(levels, norms, 127, out)
+    qsgd_dequantize(levels, norms, 127, out, 0.5)
     qsgd_dequantize_add(levels, norms, 127, 0.5, out)
     scale = sign_pack(x, packed)
     sign_unpack(packed, scale, out)

@@ -178,6 +178,53 @@ def test_dgc_hook_follows_the_momentum_correction_recurrence(cluster):
         assert int((mean != 0).sum()) <= 2 * k
 
 
+def test_the_one_pass_top_k_trains_exactly_as_the_torch_ops_it_replaces(cluster):
+    """topk and dgc on the CPU run error feedback, selection and the zeroing of the bucket in
+    one Numba pass (kernels.topk_feedback_into); in real DDP the parameters after 8 steps
+    equal, bit for bit, those of the same hook running the torch ops it replaces."""
+    cluster.run(
+        textwrap.dedent(
+            """
+            from nbdist.compression.base import Compressor
+            from nbdist.compression.compressors import TopK
+            from nbdist.parallel import apply_ddp
+
+            def train(spec):  # 8449 parameters: the selection's threshold comes from a sample
+                torch.manual_seed(0)
+                model = apply_ddp(torch.nn.Sequential(torch.nn.Linear(64, 128), torch.nn.Tanh(),
+                                                      torch.nn.Linear(128, 1)), compression=spec, metrics=False)
+                opt = torch.optim.SGD(model.parameters(), lr=0.1)
+                g = torch.Generator().manual_seed(dist.get_rank())
+                for _ in range(8):
+                    opt.zero_grad()
+                    model(torch.randn(32, 64, generator=g)).square().mean().backward()
+                    opt.step()
+                return [p.detach().clone() for p in model.parameters()]
+
+            from nbdist.compression import compressors
+            kernel, calls = compressors.kernels.topk_feedback_into, []
+            compressors.kernels.topk_feedback_into = lambda *a: calls.append(1) or kernel(*a)
+            try:
+                fused = {s: train(s) for s in ("topk:0.01", "dgc:0.01")}
+            finally:
+                compressors.kernels.topk_feedback_into = kernel
+            n_calls = len(calls)
+            one_pass = TopK.compress_feedback
+            TopK.compress_feedback = Compressor.compress_feedback
+            try:
+                torch_ops = {s: train(s) for s in ("topk:0.01", "dgc:0.01")}
+            finally:
+                TopK.compress_feedback = one_pass
+            """
+        )
+    ).raise_for_error()
+    assert cluster.pull("n_calls") == [2 * 6, 2 * 6]  # each spec's 6 steps after its 2 warm-up steps
+    for fused, torch_ops in zip(cluster.pull("fused"), cluster.pull("torch_ops"), strict=True):
+        for spec in ("topk:0.01", "dgc:0.01"):
+            for a, b in zip(fused[spec], torch_ops[spec], strict=True):
+                assert torch.equal(a, b), spec
+
+
 def test_dgc_closes_the_gap_top_k_leaves_under_momentum(cluster):
     """Notebook 05's task and settings (150 steps, lr 0.1, momentum 0.9, 1% of entries):
     top-k with error feedback under the optimizer's momentum ends far behind; DGC (the

@@ -245,7 +245,9 @@ PENDING = textwrap.dedent(
 
 
 def test_a_pending_job_shows_its_state_and_ctrl_c_cancels_it(slurm):
-    blocker = slurm.run("sbatch", "-N2", "--exclusive", "--parsable", "--wrap", "sleep 600").stdout.strip()
+    blocker = slurm.run(
+        "sbatch", "-N2", "--exclusive", "--parsable", "--output=/dev/null", "--wrap", "sleep 600"
+    ).stdout.strip()  # its output file would land in the working directory (the checkout)
     try:
         waiting = subprocess.Popen(
             [PY, "-u", "-c", PENDING], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True

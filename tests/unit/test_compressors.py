@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from nbdist.compression import make_hook
-from nbdist.compression.compressors import QSGD, Identity, RandomK, Sign, TopK, powersgd_bytes
+from nbdist.compression.compressors import DGC, QSGD, Identity, RandomK, Sign, TopK, powersgd_bytes
 from nbdist.errors import ConfigError
 
 
@@ -126,3 +126,29 @@ def test_dgc_spec_sets_ratio_and_momentum():
     assert (state.compressor.ratio, state.compressor.momentum) == (0.05, 0.95)
     assert make_hook("dgc")[1].compressor.describe() == "dgc:0.01:0.9"
     assert make_hook("topk:0.01")[1].compressor.momentum == 0.0  # plain top-k leaves momentum to the optimizer
+
+
+@pytest.mark.parametrize("comp", [TopK(0.01), DGC(0.01, 0.9)], ids=lambda c: c.describe())
+def test_the_one_pass_feedback_equals_the_torch_ops_and_decompresses_into_the_zeroed_gradient(comp):
+    # TopK.compress_feedback (one Numba pass on the CPU) against Compressor.compress_feedback
+    # (torch ops), step after step on carried state, large enough for the sampled threshold.
+    from nbdist.compression.base import Compressor
+
+    rng = np.random.default_rng(3)
+    d = 60_000
+    fused = [torch.zeros(d), torch.zeros(d)]  # residual, velocity
+    ref = [torch.zeros(d), torch.zeros(d)]
+    scratch: dict = {}
+    for step in range(5):
+        grad = torch.from_numpy(rng.standard_normal(d).astype(np.float32))
+        mine, theirs = grad.clone(), grad.clone()
+        vel, vel_ref = (fused[1], ref[1]) if comp.momentum else (None, None)
+        payload = comp.compress_feedback(mine, fused[0], vel, seed=step, world=2, scratch=scratch)
+        expect = Compressor.compress_feedback(comp, theirs, ref[0], vel_ref, seed=step, world=2)
+        assert torch.equal(payload.tensor, expect.tensor)
+        assert torch.equal(fused[0], ref[0]) and torch.equal(fused[1], ref[1])
+        assert payload.grad_zeroed and not mine.any()
+        other = TopK(comp.ratio).compress(torch.randn(d), seed=0, world=2).tensor  # a second rank's payload
+        into = comp.decompress([payload.tensor, other], d, 2, out=mine, out_zeroed=True)
+        assert into is mine
+        assert torch.equal(mine, comp.decompress([payload.tensor, other], d, 2))

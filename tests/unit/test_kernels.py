@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from hypothesis.extra.numpy import arrays
@@ -229,3 +230,62 @@ def test_accumulating_decoders_match_decode_then_add():
     expect = base.copy()
     expect[idx] += 0.5 * vals
     np.testing.assert_allclose(out, expect, rtol=1e-6, atol=1e-6)
+    out = np.full(1003, np.nan, np.float32)  # the weighted decoder writes every entry: no zeroing first
+    K.qsgd_dequantize(q, norm, 127, out, 0.5)
+    np.testing.assert_allclose(out, 0.5 * dequantize(q, norm, 127), rtol=1e-6, atol=1e-6)
+
+
+def _torch_feedback(x, g, v, momentum, k, seed):
+    """What the hook did before topk_feedback_into, in torch ops: x += g (or v = m v + g;
+    x += v), top-k of x, the sent entries cleared from x and v."""
+    xt, gt, vt = torch.from_numpy(x), torch.from_numpy(g), torch.from_numpy(v)
+    if momentum:
+        xt += vt.mul_(momentum).add_(gt)
+    else:
+        xt += gt
+    vals, idx = K.topk(x, k, seed)
+    sent = torch.from_numpy(idx).long()
+    xt.index_fill_(0, sent, 0.0)
+    if momentum:
+        vt.index_fill_(0, sent, 0.0)
+    return vals, idx
+
+
+FEEDBACK_INPUTS = [
+    pytest.param(lambda rng, d: rng.standard_normal(d).astype(np.float32), id="normal"),
+    pytest.param(_layered, id="layered-scales"),
+    pytest.param(lambda rng, d: rng.standard_cauchy(d).astype(np.float32), id="heavy-tailed"),
+    pytest.param(lambda rng, d: (rng.random(d) < 0.003).astype(np.float32) * 5, id="mostly-zero"),
+    pytest.param(lambda rng, d: np.full(d, 0.5, np.float32), id="all-ties"),
+    pytest.param(lambda rng, d: np.zeros(d, np.float32), id="all-zero"),
+]
+
+
+@pytest.mark.parametrize("make", FEEDBACK_INPUTS)
+@pytest.mark.parametrize("momentum", [0.0, 0.9], ids=["topk", "dgc"])
+@pytest.mark.parametrize("d", [300, 200_003], ids=["small", "sampled"])
+def test_topk_feedback_into_equals_the_torch_ops_it_fuses_bit_for_bit(make, momentum, d):
+    # Four steps with buffers carried over, as the hook calls it: the residual, the
+    # velocity, the values and indices sent must be exactly what the torch ops give
+    # (x += g rounds once; m * v + g rounds twice: no fused multiply-add), the gradient
+    # is left zeroed, and the workspace may be too short for the candidates.
+    rng = np.random.default_rng(4)
+    k = max(1, d // 100)
+    x, v = np.zeros(d, np.float32), np.zeros(d, np.float32)
+    x_ref, v_ref = x.copy(), v.copy()
+    w = K.topk_workspace(d, k)
+    vals, idx = np.empty(k, np.float32), np.empty(k, np.int32)
+    cand_vals, cand_idx = np.empty(w, np.float32), np.empty(w, np.int32)
+    for step in range(4):
+        g = make(rng, d) * np.float32(step + 1)
+        ref_vals, ref_idx = _torch_feedback(x_ref, g.copy(), v_ref, momentum, k, step)
+        grad = g.copy()
+        velocity = v if momentum else np.empty(0, np.float32)
+        K.topk_feedback_into(x, grad, velocity, momentum, k, step, vals, idx, cand_vals, cand_idx)
+        np.testing.assert_array_equal(idx, ref_idx)
+        np.testing.assert_array_equal(vals.view(np.int32), ref_vals.view(np.int32))
+        np.testing.assert_array_equal(x.view(np.int32), x_ref.view(np.int32))
+        np.testing.assert_array_equal(v.view(np.int32), v_ref.view(np.int32))
+        assert not grad.any(), "the gradient is left zeroed for the mean to be added into"
+        if step == 1:  # a workspace of one entry: the candidates overflow it and the kernel retries
+            cand_vals, cand_idx = np.empty(1, np.float32), np.empty(1, np.int32)
