@@ -157,7 +157,10 @@ def compression_hook(state: HookState, bucket: dist.GradBucket) -> torch.futures
 
     # Full-size tensors live in the bucket itself or in per-bucket buffers: fresh
     # multi-megabyte allocations each step cost more in page faults than compressing.
-    scratch = state.scratch.setdefault(index, {})
+    # A bucket that changed size (DDP rebuilds its buckets after the first step) starts afresh.
+    scratch = state.scratch.get(index)
+    if scratch is None or scratch.get("numel") != d:
+        scratch = state.scratch[index] = {"numel": d}
     # The gradient is compressed where it lives: Numba kernels on the CPU, torch ops on a GPU.
     in_place = buf.dtype == torch.float32 and buf.is_contiguous()
     rank = 0 if comp.shared_seed else dist.get_rank(group)
