@@ -131,17 +131,12 @@ DDP = textwrap.dedent(
         dtype, size = (torch.float16, 2) if spec == "fp16" else (torch.float32, 4)
         return {i: torch.zeros(n // size, dtype=dtype) for i, n in sent.items()}, state.compressor.collective == "all_gather"
 
-    gathered = {}
-
     def collective_only_hook(spec_wires, bucket):  # the spec's collectives alone: nothing (de)compressed
         wires, gather = spec_wires
         # (DDP's first step has one bucket of every gradient: any payload does for an untimed step)
         wire = wires.get(bucket.index(), wires[0]).zero_()  # written each step, as a payload would be
-        if gather:  # into outputs kept per bucket, as the hook keeps its own
-            outs = gathered.get((id(wire), world))
-            if outs is None:
-                outs = gathered[(id(wire), world)] = [torch.empty_like(wire) for _ in range(world)]
-            fut = dist.all_gather(outs, wire, async_op=True).get_future()
+        if gather:
+            fut = dist.all_gather([torch.empty_like(wire) for _ in range(world)], wire, async_op=True).get_future()
         else:
             fut = dist.all_reduce(wire, async_op=True).get_future()
         return fut.then(lambda f: bucket.buffer())

@@ -223,13 +223,12 @@ class QSGD(Compressor):
     def compress(self, x: torch.Tensor, *, seed: int, world: int, scratch: dict | None = None) -> Payload:
         d = x.numel()
         head = 4 * kernels.qsgd_chunks(d)
-        # the wire: float32 norms, then int8 levels (kept per bucket: its collective ends
-        # within the step, and a fresh 1.6 MB array each step costs page faults)
+        # the wire: float32 norms, then int8 levels; fresh, not reused while in flight
         if base.uses_torch_ops(x):
             levels, norms = torch_kernels.qsgd_quantize(x, self.levels, seed)
             wire = torch.cat([norms.view(torch.int8), levels])
         else:
-            wire = torch.from_numpy(base.buffer(scratch, "wire", head + d, np.int8))
+            wire = torch.empty(head + d, dtype=torch.int8)
             kernels.qsgd_quantize(
                 x.numpy(), self.levels, seed, wire[head:].numpy(), wire[:head].view(torch.float32).numpy()
             )

@@ -113,16 +113,6 @@ def _per_bucket(store: dict[int, torch.Tensor], index: int, buf: torch.Tensor) -
     return t
 
 
-def _gathered(scratch: dict, wire: torch.Tensor, world: int) -> list[torch.Tensor]:
-    """The all-gather's outputs for this bucket, kept from step to step like its other buffers
-    (DDP waits for every bucket's result before the next step's hooks run)."""
-    key = ("gathered", wire.numel(), wire.dtype, wire.device, world)
-    parts = scratch.get(key)
-    if parts is None:
-        parts = scratch[key] = [torch.empty_like(wire) for _ in range(world)]
-    return parts
-
-
 def compression_hook(state: HookState, bucket: dist.GradBucket) -> torch.futures.Future[torch.Tensor]:
     """The one hook behind every compressor in ``compressors``."""
     group = state.process_group
@@ -193,7 +183,7 @@ def compression_hook(state: HookState, bucket: dist.GradBucket) -> torch.futures
         fut = dist.all_reduce(wire, group=group, async_op=True).get_future()
         gathered = None
     else:
-        gathered = _gathered(scratch, wire, world)
+        gathered = [torch.empty_like(wire) for _ in range(world)]
         fut = dist.all_gather(gathered, wire, group=group, async_op=True).get_future()
 
     def decompress(f: torch.futures.Future) -> torch.Tensor:
