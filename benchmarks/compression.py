@@ -117,6 +117,8 @@ def jit_in_engines(think_s: float = 6.0) -> dict:
 DDP = textwrap.dedent(
     """
     import statistics, time
+    from functools import partial
+    from nbdist.compression.base import Compressor
     from nbdist.parallel import apply_ddp
     import sys; sys.path.insert(0, BENCH_DIR)
     from _ddp_loop import make_model, _no_comm_hook
@@ -166,14 +168,20 @@ DDP = textwrap.dedent(
         elif variant == "collective":  # the same step, the spec's collective alone in its hook
             model = apply_ddp(make_model(), comm_hook=collective_only_hook, hook_state=wires[base_spec], metrics=False)
         else:  # "plain": apply_ddp(model) as users get it (torch's all-reduce, live metrics on)
-            model = apply_ddp(make_model(), compression=None if spec == "plain" else spec)
+            model = apply_ddp(make_model(), compression=None if spec == "plain" else base_spec)
+        if variant == "torch-ops":  # the alternative to the one Numba pass: the torch ops it replaced
+            model.compression_state.compressor.compress_feedback = partial(
+                Compressor.compress_feedback, model.compression_state.compressor
+            )
         results[spec] = {"step_s": train(model)}
-        if spec in ("floor", "sync", "plain") or variant:  # plain sends what "none" sends
+        if spec in ("floor", "sync", "plain") or variant == "collective":  # plain sends what "none" sends
             continue
-        wires[spec] = spec_wires, gather = wires_of(spec, model)
         totals = model.compression_state.step_totals()[-STEPS:]  # the hook's own times, per step
         for key in ("compress_s", "collective_s", "decompress_s"):
             results[spec][key] = statistics.median(t.get(key, 0.0) for t in totals)
+        if variant:
+            continue
+        wires[spec] = spec_wires, gather = wires_of(spec, model)
         # The step's collectives (one per bucket) on payloads of the same sizes, alone and back to
         # back: what communication costs even if compressing were free and both ranks arrived together.
         outs = {i: [torch.empty_like(w) for _ in range(world)] for i, w in spec_wires.items()}
@@ -220,7 +228,14 @@ CONVERGE = textwrap.dedent(
 
 SPECS = ("floor", "sync", "plain", "none", "topk:0.01", "dgc:0.01", "qsgd:127", "fp16")
 COMPRESSED = ("none", "topk:0.01", "dgc:0.01", "qsgd:127", "fp16")  # each also runs as "<spec>@collective"
+ONE_PASS = ("topk:0.01", "dgc:0.01")  # each also runs as "<spec>@torch-ops"
 CONVERGE_SPECS = ("none", "topk:0.01", "dgc:0.01", "qsgd:127", "fp16")
+
+
+def _variants(spec: str) -> tuple[str, ...]:
+    return ((f"{spec}@collective",) if spec in COMPRESSED else ()) + (
+        (f"{spec}@torch-ops",) if spec in ONE_PASS else ()
+    )
 
 
 def _rotations(rounds: int) -> list[tuple[str, ...]]:
@@ -229,7 +244,7 @@ def _rotations(rounds: int) -> list[tuple[str, ...]]:
     orders = []
     for r in range(rounds):
         rotated = SPECS[r % len(SPECS) :] + SPECS[: r % len(SPECS)]
-        orders.append(tuple(x for s in rotated for x in ((s, f"{s}@collective") if s in COMPRESSED else (s,))))
+        orders.append(tuple(x for s in rotated for x in (s, *_variants(s))))
     return orders
 
 
@@ -263,6 +278,8 @@ def ddp_bench(rounds: int) -> dict:
             r["collective_step_s"] = out[f"{s}@collective"]["step_s"]["median"]
             r["vs_collective_step"] = step / r["collective_step_s"]
             r["in_step_collective_s"] = r["collective_step_s"] - floor
+        if s in ONE_PASS:
+            r["torch_ops_step_s"] = out[f"{s}@torch-ops"]["step_s"]["median"]
     for base in ("plain", "none"):
         b = out[base]["step_s"]["median"]
         for s in SPECS:
@@ -331,6 +348,13 @@ def print_ddp(ddp: dict) -> None:
                 f"  {'':10s} in the hook: compress {r['compress_s']['median'] * ms:.2f} ms, collective"
                 f" {r['collective_s']['median'] * ms:.2f} ms (bare {r['bare_collective_s']['median'] * ms:.2f}),"
                 f" decompress {r['decompress_s']['median'] * ms:.2f} ms"
+            )
+        if "torch_ops_step_s" in r:
+            t = ddp[f"{spec}@torch-ops"]
+            print(
+                f"  {'':10s} error feedback with the torch ops one Numba pass replaced: step"
+                f" {t['step_s']['median'] * ms:.2f} ms, compress {t['compress_s']['median'] * ms:.2f} ms,"
+                f" decompress {t['decompress_s']['median'] * ms:.2f} ms"
             )
     print("final loss (all data, mean of the last 10 steps) after notebook 05's 150 steps:")
     for spec, r in ddp["final_loss"].items():
