@@ -28,7 +28,7 @@ def apply_ddp(
     model: torch.nn.Module,
     *,
     find_unused_parameters: bool = False,
-    bucket_cap_mb: float = 25.0,
+    bucket_cap_mb: float | None = 25.0,
     comm_hook: Any = None,
     hook_state: Any = None,
     compression: str | None = None,
@@ -38,6 +38,10 @@ def apply_ddp(
     """Move ``model`` to this rank's device and wrap it in DistributedDataParallel.
 
     DDP broadcasts rank 0's parameters at construction, so every replica starts equal.
+    ``bucket_cap_mb`` is passed to DDP as given, which also turns off DDP's smaller first
+    bucket (1 MB): a model under 25 MB is one bucket, reduced once backward ends (the fastest
+    here, with ranks sharing cores; see notebook 01). ``bucket_cap_mb=None`` gives DDP's own
+    bucketing, whose first bucket's reduction overlaps the rest of backward.
     ``comm_hook`` (with ``hook_state``) is registered with ``register_comm_hook``;
     or name a compressor, ``compression="topk:0.01"`` (see nbdist.compression.make_hook).
     The hook's state, with its byte and time records, is then ``model.compression_state``.

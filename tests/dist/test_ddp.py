@@ -107,6 +107,37 @@ def test_accumulation_with_no_sync_equals_the_full_batch(cluster):
         torch.testing.assert_close(results[2], results[0], rtol=0, atol=1e-6)
 
 
+def test_apply_ddp_buckets_by_its_cap_and_none_gives_ddps_own_buckets(cluster):
+    # bucket_cap_mb=25 passed to DDP turns off its 1 MB first bucket: a 6.3 MB model is one
+    # bucket; None keeps DDP's default (a first bucket of about 1 MB, then the rest).
+    cluster.run(
+        textwrap.dedent(
+            """
+            from nbdist.parallel import apply_ddp
+
+            def seen_buckets(cap):
+                def spy(state, bucket):
+                    state.append(bucket.buffer().numel())
+                    f = torch.futures.Future()
+                    f.set_result(bucket.buffer())
+                    return f
+                sizes = []
+                torch.manual_seed(0)
+                model = torch.nn.Sequential(torch.nn.Linear(512, 1024), torch.nn.ReLU(), torch.nn.Linear(1024, 1024))
+                model = apply_ddp(model, bucket_cap_mb=cap, comm_hook=spy, hook_state=sizes, metrics=False)
+                for _ in range(3):  # DDP rebuilds its buckets after the first step
+                    model(torch.randn(4, 512)).sum().backward()
+                return sizes[-2:] if cap is None else sizes[-1:]
+
+            buckets = {"25": seen_buckets(25.0), "default": seen_buckets(None)}
+            """
+        )
+    ).raise_for_error()
+    buckets = cluster.pull("buckets", ranks=0)[0]
+    assert buckets["25"] == [512 * 1024 + 1024 + 1024 * 1024 + 1024]
+    assert buckets["default"] == [1024 * 1024 + 1024, 512 * 1024 + 1024]  # the last layer's bucket first
+
+
 def test_metric_helpers_reduce_across_ranks(cluster):
     cluster.run(
         "from nbdist.parallel import all_reduce_mean, all_reduce_sum, gather_values\n"
