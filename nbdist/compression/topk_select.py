@@ -3,6 +3,7 @@
 A threshold is estimated from a stratified sample of blocks, set a little low; entries
 at or above it are gathered through a bit-packed candidate mask, and the k-th largest
 among them is found by histogram; if fewer than k passed, it retries exactly.
+``topk_feedback_into`` does error feedback's update (and DGC's velocity) in the same pass.
 """
 
 from __future__ import annotations
@@ -110,7 +111,7 @@ def _accumulate(xs: np.ndarray, gs: np.ndarray, vs: np.ndarray, m: np.float32) -
 def _accumulate_gather_at_least(
     x: np.ndarray, g: np.ndarray, v: np.ndarray, m: np.float32, t: float, idx: np.ndarray, vals: np.ndarray
 ) -> int:
-    """accumulate and _gather_at_least in one pass over memory: each chunk is updated,
+    """_accumulate and _gather_at_least in one pass over memory: each chunk is updated,
     then gathered while it is still in cache."""
     j = 0
     tt = np.float32(t)
