@@ -86,6 +86,7 @@ class Cluster:
         self.running = False
         self.last: RunResult | PendingRun | None = None  # the last run
         self.startup: dict[str, float] = {}  # seconds to each phase of start()
+        self.restarts = 0  # restarts of any rank, automatic or not (torchrun's TORCHELASTIC_RESTART_COUNT)
         self.recovery = Recovery(budget=self.config.max_restarts)  # --max-restarts, setup cells, last checkpoint
         self.history = History()  # the cells that ran, for %dist_export
         self._to_recover: list[int] = []
@@ -134,6 +135,7 @@ class Cluster:
             timeout=min(cfg.timeout, 30.0),
             pg_timeout=cfg.pg_timeout,
             debug=cfg.debug_collectives,
+            restarts=self.restarts,
         )
 
     def restart(self, ranks: Any = None) -> float:
@@ -147,6 +149,7 @@ class Cluster:
         targets = parse_ranks(ranks, self.world_size)
         with self._lock:
             replaced = engines.replace(targets)
+            self.restarts += 1
             leave_world(engines)
             self._form_world(replaced)
         self.running = True
@@ -165,6 +168,7 @@ class Cluster:
             timeout=min(self.config.timeout, 30.0),
             pg_timeout=self.config.pg_timeout,
             debug=self.config.debug_collectives,
+            restarts=self.restarts,
         )
         return self.world.seconds
 

@@ -127,6 +127,7 @@ def configure_ranks(engines: EngineSet, ranks: list[RankInfo], *, pin: bool, tim
             cpus=r.cpus,
             node_rank=r.node_rank,
             interface=engines.launcher.multi_host,
+            max_restarts=config.max_restarts,
         )
         for r in ranks
     ]
@@ -136,9 +137,17 @@ def configure_ranks(engines: EngineSet, ranks: list[RankInfo], *, pin: bool, tim
 
 
 def build_world(
-    engines: EngineSet, *, backend: str, master_addr: str, timeout: float, pg_timeout: float, debug: bool = False
+    engines: EngineSet,
+    *,
+    backend: str,
+    master_addr: str,
+    timeout: float,
+    pg_timeout: float,
+    debug: bool = False,
+    restarts: int = 0,
 ) -> World:
-    """Create the process group on every rank.
+    """Create the process group on every rank (``restarts``: the world's restart count, which every
+    rank shows as TORCHELASTIC_RESTART_COUNT).
 
     Rank 0 opens the store first, so a port that is taken cannot leave the other
     ranks waiting (docs/faults.md, row 6); if any rank fails to join, the error names it.
@@ -160,6 +169,7 @@ def build_world(
             pg_timeout=pg_timeout,
             gpu_index=r.gpu,
             debug=debug,
+            restarts=restarts,
         )
         for r in ranks
     ]

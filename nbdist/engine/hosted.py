@@ -14,8 +14,7 @@ default process group twice!") and the second would leave the next cell without 
   on rank 0); a subgroup's is torch's own call.
 
 nbdist's own joining and leaving (world.py) go through ``init_world`` / ``destroy_world``,
-torch's originals. ``run_script`` runs a script's source as ``__main__`` with ``sys.argv``
-and torchrun's environment (``%dist_run``).
+torch's originals. ``run_script`` runs a script's source as ``__main__`` with ``sys.argv`` (``%dist_run``).
 """
 
 from __future__ import annotations
@@ -65,20 +64,8 @@ def init_process_group(backend: Any = None, init_method: str | None = None, *arg
     names = ("timeout", "world_size", "rank", "store", "group_name", "pg_options", "device_id")
     given = {**dict(zip(names, args, strict=False)), **kwargs}
     rank, size, current = dist.get_rank(), dist.get_world_size(), str(dist.get_backend())
-    have = _backends(current)
-    want = _backends(backend)
     call = _call_text(backend, init_method, given)
-    if want - have:
-        hint = (
-            "CPU ranks: start GPU ranks with %dist_start --backend nccl"
-            if "nccl" in want and "nccl" not in have
-            else "restart with %dist_start --backend " + "/".join(sorted(want))
-        )
-        raise ValueError(
-            f"{call} asks for {'/'.join(sorted(want))}, but this world runs {current} (rank {rank} of {size}, "
-            f"built by %dist_start). Drop the backend argument (or pass {current!r}) to use it, or for "
-            f"{'/'.join(sorted(want))} on {hint}."
-        )
+    check_backend(backend, call, "the backend argument")
     for key, value in (("world_size", size), ("rank", rank)):
         asked = given.get(key, -1)
         if asked not in (-1, None) and int(asked) != value:
@@ -92,6 +79,28 @@ def init_process_group(backend: Any = None, init_method: str | None = None, *arg
         extra = f"; its {', '.join(ignored)} not applied" if ignored else ""
         print(f"nbdist: {call} kept the world nbdist built ({size} ranks, {current}){extra}", flush=True)
     return None
+
+
+def check_backend(backend: Any, call: str, setting: str) -> None:
+    """Raise ValueError when ``call`` (code that asked for ``backend`` through ``setting``) wants a
+    backend the world nbdist built does not run; the message names both and the fix."""
+    import torch.distributed as dist
+
+    current = str(dist.get_backend())
+    want = _backends(backend)
+    if not want - _backends(current):
+        return
+    asked = "/".join(sorted(want))
+    hint = (
+        "CPU ranks: start GPU ranks with %dist_start --backend nccl"
+        if "nccl" in want and "nccl" not in _backends(current)
+        else "restart with %dist_start --backend " + asked
+    )
+    raise ValueError(
+        f"{call} asks for {asked}, but this world runs {current} (rank {dist.get_rank()} of "
+        f"{dist.get_world_size()}, built by %dist_start). Drop {setting} (or pass {current!r}) to use it, or for "
+        f"{asked} on {hint}."
+    )
 
 
 def destroy_process_group(group: Any = None) -> None:
@@ -125,26 +134,11 @@ def _call_text(backend: Any, init_method: str | None, given: dict[str, Any]) -> 
     return f"init_process_group({', '.join(shown)})"
 
 
-def torchrun_env(restarts: int = 0) -> dict[str, str]:
-    """The variables torchrun sets that configure() does not: role, group size, elastic ids."""
-    world = os.environ.get("WORLD_SIZE", "1")
-    local = os.environ.get("LOCAL_WORLD_SIZE", world)
-    return {
-        "ROLE_RANK": os.environ.get("RANK", "0"),
-        "ROLE_WORLD_SIZE": world,
-        "ROLE_NAME": "default",
-        "GROUP_WORLD_SIZE": str(max(1, int(world) // max(1, int(local)))),
-        "TORCHELASTIC_RUN_ID": "nbdist",
-        "TORCHELASTIC_RESTART_COUNT": str(restarts),
-        "TORCHELASTIC_MAX_RESTARTS": "0",
-    }
-
-
 def run_script(source: str, path: str, argv: list[str]) -> None:
     """Run a script on this rank as torchrun would: ``__name__ == "__main__"``, ``sys.argv``, its
-    folder first on ``sys.path``, torchrun's env vars. Its globals join the rank's namespace
-    afterwards (as IPython's %run does); ``sys.exit(0)`` is success, another status an error."""
-    os.environ.update({k: v for k, v in torchrun_env().items() if k not in os.environ})
+    folder first on ``sys.path`` (torchrun's env vars are every rank's: engine/launched.py). Its
+    globals join the rank's namespace afterwards (as IPython's %run does); ``sys.exit(0)`` is
+    success, another status an error."""
     code = compile(source, path, "exec")
     linecache.cache[path] = (len(source), None, source.splitlines(True), path)  # tracebacks show its lines
     ns: dict[str, Any] = {"__name__": "__main__", "__file__": path, "__builtins__": builtins}

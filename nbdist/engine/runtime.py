@@ -24,7 +24,7 @@ import traceback
 from typing import Any
 
 from .. import compat, net
-from . import collectives, gpu, hosted, preempt, world
+from . import adapters, collectives, gpu, hosted, launched, preempt, world
 from .state import STATE
 
 
@@ -41,15 +41,31 @@ def configure(
     cpus: list[int] | None = None,
     node_rank: int = 0,
     interface: bool = False,
+    max_restarts: int = 0,
 ) -> dict[str, Any]:
     """Give this engine its rank: env vars, thread count, cores, watcher, cell hooks.
+
+    The rank looks like a worker torchrun launched (engine/launched.py): torchrun's variables
+    and no interactive prompt, so libraries that decide how to launch (Lightning, Accelerate)
+    use the world nbdist builds; ``adapters`` adjusts the ones that would start processes.
 
     ``interface``: ranks on several hosts; gloo and NCCL use the interface this engine
     reaches the controller through (GLOO_SOCKET_IFNAME, NCCL_SOCKET_IFNAME), unless set.
     Without it gloo uses the address the host name resolves to, often 127.0.1.1.
     """
-    os.environ.update(rank_env(rank, world_size, local_rank, local_world_size, master_addr, threads))
-    os.environ["NODE_RANK"] = os.environ["GROUP_RANK"] = str(node_rank)
+    launched.apply(
+        launched.worker_env(
+            rank=rank,
+            world_size=world_size,
+            local_rank=local_rank,
+            local_world_size=local_world_size,
+            node_rank=node_rank,
+            master_addr=master_addr,
+            threads=threads,
+            max_restarts=max_restarts,
+        )
+    )
+    launched.not_interactive()
     if interface:
         name = net.interface_of(_address())
         for var in ("GLOO_SOCKET_IFNAME", "NCCL_SOCKET_IFNAME"):
@@ -65,26 +81,12 @@ def configure(
     _install_cell_hooks()
     collectives.install()
     hosted.install()  # torchrun-style init/destroy calls keep the world (%dist_run, pasted code)
+    adapters.install()  # libraries that would start processes of their own run on the world instead
     _preload_namespace()
     return {
         "rank": rank,
         "pid": os.getpid(),
         "host": socket.gethostname(),
-    }
-
-
-def rank_env(
-    rank: int, world_size: int, local_rank: int, local_world_size: int, master_addr: str, threads: int
-) -> dict[str, str]:
-    """The environment variables a rank gets (torchrun's names; MASTER_PORT comes with the world)."""
-    return {
-        "RANK": str(rank),
-        "LOCAL_RANK": str(local_rank),
-        "WORLD_SIZE": str(world_size),
-        "LOCAL_WORLD_SIZE": str(local_world_size),
-        "MASTER_ADDR": master_addr,
-        "OMP_NUM_THREADS": str(threads),
-        "NUMBA_NUM_THREADS": str(threads),
     }
 
 

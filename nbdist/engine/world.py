@@ -12,7 +12,7 @@ import socket
 from typing import Any
 
 from .. import compat, net
-from . import collectives, gpu, hosted
+from . import collectives, gpu, hosted, launched
 from .state import STATE
 
 
@@ -45,18 +45,20 @@ def join_world(
     pg_timeout: float,
     gpu_index: int | None = None,
     debug: bool = False,
+    restarts: int = 0,
 ) -> float:
     """Join the process group and prove it with one all_reduce; return its sum.
 
     Under nccl the rank first binds ``cuda:gpu_index`` (engine/gpu.py holds the rule).
-    ``debug``: torch checks every collective across ranks first (engine/collectives.py)."""
+    ``debug``: torch checks every collective across ranks first (engine/collectives.py).
+    ``restarts``: how many times the world was restarted (torchrun's TORCHELASTIC_RESTART_COUNT)."""
     import torch
     import torch.distributed as dist
     from torch.distributed import TCPStore
 
     rank, world_size = STATE["rank"], STATE["world_size"]
-    os.environ["MASTER_PORT"] = str(port)
-    os.environ["MASTER_ADDR"] = master_addr
+    cpu_only = backend == "gloo" and gpu_index is None
+    launched.apply(launched.world_env(master_addr=master_addr, port=port, restarts=restarts, cpu_only=cpu_only))
     if rank != 0 and not master_addr.startswith("127."):
         reason = net.connect_error(master_addr, port, timeout=min(timeout, 10.0))
         if reason:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from nbdist.config import StartConfig, default_threads, did_you_mean, parse_ranks
-from nbdist.engine.runtime import rank_env
+from nbdist.engine.launched import worker_env, world_env
 from nbdist.errors import ConfigError
 from nbdist.launchers import LocalLauncher
 from nbdist.rendezvous import choose_backend, plan_cpus, plan_gpus, plan_local_ranks
@@ -111,19 +111,44 @@ def test_plan_gpus_binds_local_rank_or_a_tasks_own_single_gpu():
     assert plan_gpus(["n1", "n2"], [0, 0], [["GPU-a"], ["GPU-a"]]) == [0, 0]  # same name, other hosts
 
 
-def test_rank_env_is_what_configure_sets_and_the_local_store_stays_on_loopback():
-    """rank_env is the function runtime.configure applies (the integration tests read the
-    variables back on real ranks); here its shape: torchrun's names, strings."""
-    env = rank_env(rank=1, world_size=2, local_rank=1, local_world_size=2, master_addr="127.0.0.1", threads=1)
+def test_worker_env_is_torchruns_and_the_local_store_stays_on_loopback():
+    """worker_env is what runtime.configure applies (tests/interop reads it back on real ranks, against
+    torchrun's own); here its shape: torchrun's names, strings, no agent store."""
+    env = worker_env(
+        rank=3,
+        world_size=4,
+        local_rank=1,
+        local_world_size=2,
+        node_rank=1,
+        master_addr="10.0.0.1",
+        threads=1,
+        max_restarts=2,
+    )
     assert env == {
-        "RANK": "1",
+        "RANK": "3",
         "LOCAL_RANK": "1",
-        "WORLD_SIZE": "2",
+        "WORLD_SIZE": "4",
         "LOCAL_WORLD_SIZE": "2",
-        "MASTER_ADDR": "127.0.0.1",
+        "GROUP_RANK": "1",
+        "NODE_RANK": "1",
+        "GROUP_WORLD_SIZE": "2",
+        "ROLE_RANK": "3",
+        "ROLE_WORLD_SIZE": "4",
+        "ROLE_NAME": "default",
+        "MASTER_ADDR": "10.0.0.1",
+        "TORCHELASTIC_RUN_ID": "nbdist",
+        "TORCHELASTIC_MAX_RESTARTS": "2",
+        "TORCHELASTIC_USE_AGENT_STORE": "False",
         "OMP_NUM_THREADS": "1",
         "NUMBA_NUM_THREADS": "1",
     }
+    assert world_env(master_addr="a", port=5, restarts=1, cpu_only=True) == {
+        "MASTER_ADDR": "a",
+        "MASTER_PORT": "5",
+        "TORCHELASTIC_RESTART_COUNT": "1",
+        "ACCELERATE_USE_CPU": "true",
+    }
+    assert "ACCELERATE_USE_CPU" not in world_env(master_addr="a", port=5, restarts=0, cpu_only=False)
     assert LocalLauncher().master_address("node7") == "127.0.0.1"
 
 
