@@ -13,10 +13,6 @@ Times are bounded only to catch hangs (HANG_S).
 
 from __future__ import annotations
 
-import os
-import socket
-import subprocess
-import sys
 import textwrap
 
 import pytest
@@ -26,6 +22,7 @@ from IPython.core.error import UsageError
 from nbdist.errors import RankError
 from nbdist.results import ANSI
 from tests.conftest import run_cell
+from tests.torchrun import torchrun as _torchrun
 
 HANG_S = 180
 
@@ -70,26 +67,6 @@ SCRIPT = textwrap.dedent(
         sys.exit(main())
     """
 )
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def _torchrun(script: str, *args: str, cwd: str) -> subprocess.CompletedProcess:
-    """The script under torchrun itself: 2 processes on this machine, loopback rendezvous."""
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", "--master-addr", "127.0.0.1"]
-    cmd += ["--master-port", str(_free_port()), script, *args]
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "GLOO_SOCKET_IFNAME": "lo"}
-    done = subprocess.run(cmd, cwd=cwd, env=env, capture_output=True, text=True, timeout=HANG_S)
-    # torch 2.13's gloo now and then aborts a worker at interpreter exit, after the script has finished and
-    # destroyed its group ("terminate called without an active exception", SIGABRT; the exit-time teardown
-    # discussed in pytorch/pytorch#179291). The results are written by then, and they are what is compared.
-    exit_abort = "terminate called without an active exception" in done.stderr and "exitcode  : -6" in done.stderr
-    assert done.returncode == 0 or exit_abort, done.stdout[-3000:] + done.stderr[-3000:]
-    return done
 
 
 @pytest.fixture

@@ -9,9 +9,7 @@ from torch.utils.data import DataLoader, TensorDataset
 OUT = "__OUT__"
 
 
-def main():
-    fabric = Fabric(accelerator="cpu", devices=2, strategy="ddp")
-    fabric.launch()
+def train(fabric):
     fabric.seed_everything(0)
     x = torch.randn(64, 8)
     data = TensorDataset(x, x.sum(1, keepdim=True))
@@ -31,6 +29,12 @@ def main():
         json.dump(
             {"world": int(os.environ["WORLD_SIZE"]), "seen": fabric.world_size, "env": os.environ.get("WORLD_SIZE")}, fh
         )
+
+
+def main():
+    fabric = Fabric(accelerator="cpu", devices=2, strategy="ddp")
+    fabric.launch()
+    train(fabric)
 
 
 if __name__ == "__main__":
