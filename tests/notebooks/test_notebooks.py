@@ -53,6 +53,9 @@ SHOWN = {
         "wrote train.py (3 cell(s)) and train.sbatch",
         "[rank 0] nbdist: init_process_group('gloo') kept the world nbdist built (2 ranks, gloo)",
         "[rank 1] the world after the script: 2.0 | the script's main() is here: True",
+        "[rank 0] Accelerate sees 2 processes",
+        "[rank 1] Accelerate sees 2 processes",
+        "[rank 1] the world after three libraries: 2.0",
     ],
 }
 
@@ -116,5 +119,8 @@ def test_notebook_runs_top_to_bottom(path, tmp_path):
         assert "ranks called different collectives: rank 0 called allreduce([3] float)" in text
         assert "rank(s) 1 received SIGTERM (preemption); the save hooks ran on every rank at step" in text
         assert "rank 1 left: True" in text
+    if path.name.startswith("13_"):
+        # Lightning, Accelerate and DeepSpeed: their torchrun scripts on the ranks, equal to torchrun's weights
+        assert text.count("   bit for bit: True") == 3, text[-1500:]
     for line in SHOWN.get(path.name[:3], []):  # each lesson's measured claim, as it printed it
         assert line in text, (path.name, line)
