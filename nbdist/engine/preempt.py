@@ -3,11 +3,18 @@
 Slurm preemption, ``scancel --signal=TERM`` and a Kubernetes eviction all send SIGTERM,
 and kill for good some seconds later. Saving from inside the signal handler is unsafe:
 the ranks are at different points of a step and the save's own collectives would pair
-with the training's. So the handler only takes note, and the ranks agree at the next
-step boundary (``point``, which ``ShardedLoader.steps`` calls once per step: one
-all_reduce of a flag per rank) to run the hooks together and end the cell with
-``Preempted``. The ranks that were signalled then leave; the others stay for
-``--max-restarts`` or ``%dist_restart``.
+with the training's. So the handler only takes note, and the ranks agree at a step
+boundary (``point``, which ``ShardedLoader.steps`` calls once per step) to run the hooks
+together and end the cell with ``Preempted``. The ranks that were signalled then leave;
+the others stay for ``--max-restarts`` or ``%dist_restart``.
+
+The agreement costs the step nothing it waits for: each point starts an all_reduce of one
+flag per rank without waiting (``async_op``) on nbdist's own gloo group
+(``world.control_group``: on the CPU, beside the training's collectives, never a GPU
+synchronisation), and reads the one the previous point started, which finished during
+the step. Every rank reads the same exchange at the same point, so every rank acts at the
+same step: the step after the one during which the signal came. ``settle`` (the end of a
+``steps()`` loop) reads the last exchange without starting another.
 
 A rank signalled while no cell runs runs its hooks at once (every rank of a preempted
 job is signalled). In every case the rank is gone ``grace`` seconds after the signal,
@@ -31,6 +38,7 @@ Hook = Callable[[int | None], Any]  # hook(step): the step the ranks agreed on, 
 HOOKS: list[Hook] = []
 DEFAULT: list[Hook] = []  # save_checkpoint registers "save again at this step" here
 PREEMPT: dict[str, Any] = {"asked": None, "installed": False, "previous": None, "grace": 25.0, "left": False}
+EXCHANGE: dict[str, Any] = {"work": None, "flags": None, "group": None}  # the flag all_reduce in flight
 
 
 class Preempted(RuntimeError):
@@ -90,17 +98,38 @@ def point(step: int | None = None) -> None:
     """A step boundary: if any rank was sent SIGTERM, run the hooks on every rank and raise Preempted.
 
     Every rank must call it at the same steps (it holds one collective)."""
+    _act(_exchange(start_next=True), step)
+
+
+def settle(step: int | None = None) -> None:
+    """The last boundary of a loop: act on the exchange in flight, start no other."""
+    _act(_exchange(start_next=False), step)
+
+
+def _exchange(start_next: bool) -> list[int]:
+    """The ranks the previous exchange found signalled; then (``start_next``) start the next one."""
     import torch
     import torch.distributed as dist
 
     if not (dist.is_available() and dist.is_initialized()) or dist.get_world_size() == 1:
-        signalled = [0] if asked() else []
-    else:
-        device = torch.device("cuda", torch.cuda.current_device()) if dist.get_backend() == "nccl" else "cpu"
-        flags = torch.zeros(dist.get_world_size(), dtype=torch.int32, device=device)
-        flags[dist.get_rank()] = int(asked())
-        dist.all_reduce(flags)
+        return [0] if asked() else []
+    from .world import control_group
+
+    group = control_group()
+    signalled: list[int] = []
+    work, flags, of = EXCHANGE["work"], EXCHANGE["flags"], EXCHANGE["group"]
+    EXCHANGE.update(work=None, flags=None, group=None)
+    if work is not None and of is group:  # an exchange of another world (rebuilt since) is dropped
+        work.wait()
         signalled = [r for r, f in enumerate(flags.tolist()) if f]
+    if start_next:
+        flags = torch.zeros(dist.get_world_size(), dtype=torch.int32)
+        flags[dist.get_rank()] = int(asked())
+        EXCHANGE.update(work=dist.all_reduce(flags, group=group, async_op=True), flags=flags, group=group)
+    return signalled
+
+
+def _act(signalled: list[int], step: int | None) -> None:
     if not signalled:
         return
     saved = _run_hooks(step)

@@ -11,6 +11,8 @@ STATE: dict[str, Any] = {
     "backend": None,
     "store": None,
     "pg_fds": [],
+    "control": None,  # world.control_group(): nbdist's own gloo group, made on first use
+    "control_of": None,  # the default group it belongs to (a rebuilt world makes a new one)
     "aborted": False,
     "busy_since": None,
     "cell": 0,

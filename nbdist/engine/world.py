@@ -97,6 +97,24 @@ def join_world(
     return float(probe.item())
 
 
+def control_group() -> Any:
+    """A gloo group of every rank for nbdist's own collectives (preemption flags, checkpoint writes in
+    the background): they never pair with the training's, run beside them, and never touch a GPU.
+
+    Made on first use, once per world; like any ``new_group``, every rank must ask at the same point
+    of its program (the first preemption point, the first asynchronous save). Its connections join
+    those the watcher shuts down to release a blocked rank (``abort_world``)."""
+    import torch.distributed as dist
+
+    if STATE.get("control") is not None and STATE.get("control_of") is dist.group.WORLD:
+        return STATE["control"]
+    before = _tcp_fds()
+    group = dist.new_group(backend="gloo")
+    STATE.update(control=group, control_of=dist.group.WORLD)
+    STATE["pg_fds"] = sorted(set(STATE["pg_fds"]) | (_tcp_fds() - before))
+    return group
+
+
 def leave_world() -> None:
     """Destroy this rank's process group and store, whatever state they are in."""
     import torch.distributed as dist
@@ -106,7 +124,7 @@ def leave_world() -> None:
             hosted.destroy_world()
     except Exception:  # a broken group may refuse a clean destroy; drop it anyway
         pass
-    STATE.update(store=None, pg_fds=[], backend=None)
+    STATE.update(store=None, pg_fds=[], backend=None, control=None, control_of=None)
 
 
 def abort_world() -> str:

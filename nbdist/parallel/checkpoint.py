@@ -1,24 +1,31 @@
-"""Checkpoints with torch.distributed.checkpoint: every rank writes its part, and the
-'latest' pointer moves only after the whole checkpoint is on disk.
+"""Checkpoints of a whole training loop with torch.distributed.checkpoint (DCP).
 
-Layout: ``path/step-000100/`` (a DCP directory, plus ``rank-N.pt`` per rank: its RNG
-states and its loader's position) and ``path/latest`` (a text file holding the newest
-complete step). A checkpoint is written to ``step-N.partial`` first; rank 0 renames it
-and then rewrites ``latest`` atomically, after a barrier, so a crash mid-save never
-leaves a half-written checkpoint as the latest.
+Layout: ``path/step-000000100/`` holds a DCP checkpoint (model, optimizer, and the ``state=``
+objects: a scheduler, a GradScaler, an EMA model, anything with ``state_dict``/``load_state_dict``)
+and ``rank-N.pt`` per rank: what differs from rank to rank (``ckpt_rank.py``). ``path/latest``
+names the newest complete step. Every save writes ``step-N.partial`` first; rank 0 renames it and
+then rewrites ``latest`` atomically once the whole checkpoint is on disk, so a crash or a kill
+mid-save leaves the previous checkpoint as the latest, untouched. ``keep=K`` then removes all but
+the K newest complete checkpoints (never the latest).
 
-Loading restores the model, the optimizer, each rank's RNG states (torch, CUDA when in
-use, numpy, random) and the loader's position, so a resumed run continues exactly as an
-uninterrupted one would have. The last save also tells nbdist what to restore after an
-automatic restart (``restore_latest``) and what to save on preemption (engine/preempt.py).
+``asynchronous=True`` returns as soon as the state is copied (``dcp.async_save`` stages it into
+memory of its own); files are written by a background thread over a separate gloo group of its
+own (``engine/world.control_group``: its collectives never pair with training's), and ``latest``
+moves when they are complete. The next save, a load, and a preemption save wait for it first.
+
+``load_checkpoint`` restores all of it, so a resumed run continues exactly as an uninterrupted
+one: the model (with each rank's own buffers), the optimizer, the ``state=`` objects, each rank's
+RNG states and loader position, and ``extra=`` (plain values, read back into the dict you pass).
+The last save also tells nbdist what to restore after an automatic restart (``restore_latest``)
+and what to save on preemption (engine/preempt.py).
 """
 
 from __future__ import annotations
 
 import os
-import random
+import re
 import shutil
-import sys
+import threading
 from typing import Any
 
 import torch
@@ -26,10 +33,14 @@ import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
 from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
 
-from ..engine import metrics, preempt
+from ..engine import metrics, preempt, world
 from ..errors import ConfigError
+from . import ckpt_rank
 
 KEY = "nbdist.checkpoint"  # what the notebook learns of the last save (run.py reads it)
+_STEP = re.compile(r"^step-(\d+)$")
+_PENDING: list[threading.Thread] = []  # the asynchronous save in flight on this rank, if any
+_FAILED: list[str] = []  # why the last asynchronous save failed (said by the next save or load)
 
 
 def _step_dir(path: str, step: int) -> str:
@@ -45,73 +56,145 @@ def latest_step(path: str) -> int | None:
         return None
 
 
+def complete_steps(path: str) -> list[int]:
+    """The steps with a complete checkpoint directory under ``path``, oldest first."""
+    try:
+        names = os.listdir(path)
+    except FileNotFoundError:
+        return []
+    steps = [int(m.group(1)) for n in names if (m := _STEP.match(n))]
+    return sorted(s for s in steps if os.path.exists(os.path.join(_step_dir(path, s), ".metadata")))
+
+
+def _rank() -> int:
+    return dist.get_rank() if dist.is_initialized() else 0
+
+
 def _barrier() -> None:
     if dist.is_initialized():
         dist.barrier()
 
 
 def save_checkpoint(
-    path: str, model: torch.nn.Module, optimizer: Any, step: int, extra: dict | None = None, loader: Any = None
+    path: str,
+    model: torch.nn.Module,
+    optimizer: Any,
+    step: int,
+    extra: dict | None = None,
+    loader: Any = None,
+    state: dict[str, Any] | None = None,
+    keep: int | None = None,
+    asynchronous: bool = False,
 ) -> str:
-    """Save model and optimizer state (DDP or FSDP), this rank's RNG states and the loader's position
-    (a ShardedLoader) for ``step``: the number of steps done. Returns the directory."""
-    rank = dist.get_rank() if dist.is_initialized() else 0
+    """Save the training loop at ``step`` (the number of steps done); return the step's directory.
+
+    ``state``: more objects to keep, by name (``{"scheduler": sched, "scaler": scaler}``);
+    ``extra``: plain values (numbers, text, tensors, lists and dicts of them); ``loader``: a
+    ShardedLoader, whose position each rank keeps; ``keep``: how many complete checkpoints to
+    keep (None: all); ``asynchronous``: return once the state is copied, write in the background.
+    """
+    objects = _stateful(state)
+    extra = dict(extra or {})
+    ckpt_rank.check_plain(extra)
+    if keep is not None and (isinstance(keep, bool) or not isinstance(keep, int) or keep < 1):
+        raise ConfigError(f"keep ({keep!r}) must be 1 or more checkpoints to keep, or None to keep all.")
+    wait_for_saves()
+    rank = _rank()
     final = _step_dir(path, step)
     partial = final + ".partial"
     if rank == 0:
         os.makedirs(path, exist_ok=True)
         shutil.rmtree(partial, ignore_errors=True)
     _barrier()
+    os.makedirs(partial, exist_ok=True)
+    ckpt_rank.save(partial, rank, model, loader, step, extra)  # before DCP's collectives: done when they end
     model_sd, optim_sd = get_state_dict(model, optimizer)
-    state = {"model": model_sd, "optim": optim_sd, "meta": {"step": step, **(extra or {})}}
-    dcp.save(state, checkpoint_id=partial)
-    own = {"rng": rng_states(), "loader": loader.state_dict() if loader is not None else None}
-    torch.save(own, os.path.join(partial, f"rank-{rank}.pt"))
-    _barrier()
-    if rank == 0:
-        shutil.rmtree(final, ignore_errors=True)
-        os.replace(partial, final)
-        tmp = os.path.join(path, f"latest.{os.getpid()}")
-        with open(tmp, "w") as fh:
-            fh.write(str(step))
-            fh.flush()
-            os.fsync(fh.fileno())
-        os.replace(tmp, os.path.join(path, "latest"))
-    _barrier()
-    _remember(path, model, optimizer, loader)
+    payload: dict[str, Any] = {
+        "model": model_sd,
+        "optim": optim_sd,
+        "state": {k: o.state_dict() for k, o in objects.items()},
+    }
+    if asynchronous and dist.is_initialized():
+        future = dcp.async_save(payload, checkpoint_id=partial, process_group=world.control_group())
+        thread = threading.Thread(
+            target=_finish_later, args=(future, path, step, keep), name="nbdist-checkpoint", daemon=True
+        )
+        _PENDING.append(thread)
+        thread.start()
+    else:
+        dcp.save(payload, checkpoint_id=partial)
+        if rank == 0:
+            _publish(path, step, keep)
+        _barrier()  # every rank sees the new latest before it goes on
+    _remember(path, model, optimizer, loader, objects, extra)
     return final
 
 
-def rng_states() -> dict[str, Any]:
-    """This process's random states: torch (CPU, and CUDA once initialised), numpy (when imported), random."""
-    out: dict[str, Any] = {"torch": torch.get_rng_state(), "random": random.getstate()}
-    if torch.cuda.is_available() and torch.cuda.is_initialized():
-        out["cuda"] = torch.cuda.get_rng_state_all()
-    np = sys.modules.get("numpy")
-    if np is not None:
-        kind, keys, pos, has_gauss, gauss = np.random.get_state()
-        out["numpy"] = (kind, torch.from_numpy(keys.astype("int64")), pos, has_gauss, gauss)  # loadable weights_only
-    return out
+def wait_for_saves() -> None:
+    """Wait for this rank's asynchronous save to be complete; raise if it failed."""
+    while _PENDING:
+        _PENDING.pop(0).join()
+    if _FAILED:
+        why = _FAILED.pop()
+        raise RuntimeError(f"the last asynchronous save_checkpoint failed ({why}); the previous checkpoint is kept.")
 
 
-def set_rng_states(states: dict[str, Any]) -> None:
-    torch.set_rng_state(states["torch"])
-    random.setstate(states["random"])
-    if "cuda" in states and torch.cuda.is_available():
-        torch.cuda.set_rng_state_all(states["cuda"])
-    if "numpy" in states:
-        import numpy as np
-
-        kind, keys, pos, has_gauss, gauss = states["numpy"]
-        np.random.set_state((kind, keys.numpy().astype("uint32"), pos, has_gauss, gauss))
+def _finish_later(future: Any, path: str, step: int, keep: int | None) -> None:
+    try:
+        future.result()  # DCP's own last collective: on rank 0, every rank's files are written
+        if _rank() == 0:
+            _publish(path, step, keep)
+    except Exception as exc:  # said by the next save or load; the previous checkpoint stays the latest
+        _FAILED.append(f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}")
 
 
-def _remember(path: str, model: Any, optimizer: Any, loader: Any) -> None:
+def _publish(path: str, step: int, keep: int | None) -> None:
+    """Rank 0, once the whole of step-N.partial is on disk: make it step-N, point latest at it, prune."""
+    final = _step_dir(path, step)
+    old = final + f".old-{os.getpid()}"
+    if os.path.isdir(final):  # saved again at the same step (a preemption save, say): swap, then drop the old
+        os.replace(final, old)
+    os.replace(final + ".partial", final)
+    tmp = os.path.join(path, f"latest.{os.getpid()}")
+    with open(tmp, "w") as fh:
+        fh.write(str(step))
+        fh.flush()
+        os.fsync(fh.fileno())
+    os.replace(tmp, os.path.join(path, "latest"))
+    shutil.rmtree(old, ignore_errors=True)
+    if keep is not None:
+        for gone in complete_steps(path)[:-keep]:
+            if gone != step:
+                shutil.rmtree(_step_dir(path, gone), ignore_errors=True)
+
+
+def _stateful(state: dict[str, Any] | None) -> dict[str, Any]:
+    """The ``state=`` objects, checked: each keeps and restores its own state."""
+    if state is None:
+        return {}
+    if not isinstance(state, dict):
+        raise ConfigError(
+            f"state ({type(state).__name__}) must be a dict of name -> object, such as state={{'scheduler': sched}}."
+        )
+    for name, obj in state.items():
+        if not (callable(getattr(obj, "state_dict", None)) and callable(getattr(obj, "load_state_dict", None))):
+            raise ConfigError(
+                f"state[{name!r}] (a {type(obj).__name__}) has no state_dict()/load_state_dict(); pass objects that "
+                "do (an LR scheduler, a GradScaler, a model), or plain values in extra=."
+            )
+    return state
+
+
+def _remember(path: str, model: Any, optimizer: Any, loader: Any, objects: dict[str, Any], extra: dict) -> None:
     """The last save: preemption saves again the same way; the notebook learns the variable names
     (so that after a restart and the setup cells' replay it can load into the new objects)."""
-    preempt.DEFAULT[:] = [lambda step: save_checkpoint(path, model, optimizer, step or 0, loader=loader)]
+    preempt.DEFAULT[:] = [
+        lambda step: save_checkpoint(path, model, optimizer, step or 0, extra=extra, loader=loader, state=objects)
+    ]
     preempt.install()
-    names = _names({"model": model, "optimizer": optimizer, "loader": loader})
+    names: dict[str, Any] = _names({"model": model, "optimizer": optimizer, "loader": loader})
+    if objects:
+        names["state"] = {key: name for key, obj in objects.items() if (name := _names({"x": obj}).get("x"))}
     metrics.publish(KEY, {"path": os.path.abspath(path), "names": names})
 
 
@@ -134,45 +217,70 @@ def _names(objects: dict[str, Any]) -> dict[str, str]:
     return out
 
 
-def restore_latest(path: str, names: dict[str, str]) -> int | None:
+def restore_latest(path: str, names: dict[str, Any]) -> int | None:
     """After a restart: load the latest checkpoint under ``path`` into the namespace's objects
-    named in ``names`` (model, optimizer, loader); the step, or None when there is none yet."""
+    named in ``names`` (model, optimizer, loader, the state objects); the step, or None when there is none yet."""
     if latest_step(path) is None:
         return None
     from IPython import get_ipython
 
     ns = get_ipython().user_ns  # type: ignore[union-attr]
-    missing = [n for role, n in names.items() if n not in ns and role != "loader"]
-    if missing or "model" not in names or "optimizer" not in names:
+    wanted = [names.get("model"), names.get("optimizer"), *names.get("state", {}).values()]
+    missing = [n for n in wanted if n is None or n not in ns]
+    if missing:
         raise ConfigError(
-            f"cannot restore {path!r}: no variable {(missing or ['model/optimizer'])[0]!r} after the setup cells "
-            "ran again; build the model and optimizer in a %%distributed --setup cell."
+            f"cannot restore {path!r}: no variable {missing[0] or 'model/optimizer'!r} after the setup cells "
+            "ran again; build the model, optimizer and the objects passed as state= in a %%distributed --setup cell."
         )
     loader = ns.get(names["loader"]) if "loader" in names else None
-    return load_checkpoint(path, ns[names["model"]], ns[names["optimizer"]], loader=loader)
+    state = {key: ns[name] for key, name in names.get("state", {}).items()}
+    return load_checkpoint(path, ns[names["model"]], ns[names["optimizer"]], loader=loader, state=state)
 
 
 def load_checkpoint(
-    path: str, model: torch.nn.Module, optimizer: Any, step: int | None = None, loader: Any = None
+    path: str,
+    model: torch.nn.Module,
+    optimizer: Any,
+    step: int | None = None,
+    loader: Any = None,
+    state: dict[str, Any] | None = None,
+    extra: dict | None = None,
+    per_rank: bool = True,
 ) -> int:
-    """Load the given (default: latest complete) step into model and optimizer, and this rank's
-    RNG states and the loader's position when the checkpoint has them; return the step."""
+    """Load the given (default: latest complete) step into the model, the optimizer, the ``state=``
+    objects, this rank's RNG states, buffers and loader position, and ``extra`` (a dict, updated);
+    return the step. ``per_rank=False`` skips the per-rank part (RNG, loader, buffers), which a
+    world of another size cannot use."""
+    objects = _stateful(state)
+    wait_for_saves()
     if step is None:
         step = latest_step(path)
         if step is None:
             raise ConfigError(f"no complete checkpoint under {path!r}; save one with save_checkpoint first.")
     directory = _step_dir(path, step)
     if not os.path.isdir(directory):
-        raise ConfigError(f"checkpoint step {step} is not under {path!r}; latest is {latest_step(path)}.")
+        raise ConfigError(f"checkpoint step {step} is not under {path!r}; complete steps: {complete_steps(path)}.")
+    own = ckpt_rank.load(directory, _rank(), dist.get_world_size() if dist.is_initialized() else 1, per_rank)
     model_sd, optim_sd = get_state_dict(model, optimizer)
-    state: dict[str, Any] = {"model": model_sd, "optim": optim_sd, "meta": {"step": step}}
-    dcp.load(state, checkpoint_id=directory)
-    set_state_dict(model, optimizer, model_state_dict=state["model"], optim_state_dict=state["optim"])
-    rank = dist.get_rank() if dist.is_initialized() else 0
-    own_path = os.path.join(directory, f"rank-{rank}.pt")
-    if os.path.exists(own_path):
-        own = torch.load(own_path, weights_only=True)
-        set_rng_states(own["rng"])
-        if loader is not None and own.get("loader") is not None:
-            loader.load_state_dict(own["loader"])
-    return int(state["meta"]["step"])
+    payload: dict[str, Any] = {
+        "model": model_sd,
+        "optim": optim_sd,
+        "state": {k: o.state_dict() for k, o in objects.items()},
+    }
+    try:
+        dcp.load(payload, checkpoint_id=directory)
+    except Exception as exc:
+        first = next((ln.strip() for ln in str(exc).splitlines() if ln.strip()), type(exc).__name__)
+        others = [s for s in complete_steps(path) if s != step]
+        raise ConfigError(
+            f"{directory} does not load into this model, optimizer and state ({first[:300]}): load it into what "
+            f"saved it{f', or another step ({others})' if others else ''}."
+        ) from None
+    set_state_dict(model, optimizer, model_state_dict=payload["model"], optim_state_dict=payload["optim"])
+    for key, obj in objects.items():
+        obj.load_state_dict(payload["state"][key])
+    if own is not None:
+        ckpt_rank.restore(own, model, loader)
+        if extra is not None:
+            extra.update(own.get("extra") or {})
+    return step

@@ -83,8 +83,9 @@ class ShardedLoader:
 
         After ``load_checkpoint(..., loader=)`` (or nbdist's automatic recovery) the loop
         continues at the checkpointed step with the data an uninterrupted run would have
-        seen. Each step is a preemption point (engine/preempt.py): one tiny all_reduce; a
-        SIGTERM to any rank then saves on every rank and ends the loop with Preempted.
+        seen. Each step is a preemption point (engine/preempt.py: a flag exchange that the
+        step never waits for); a SIGTERM to any rank then saves on every rank at the same
+        step and ends the loop with Preempted.
         """
         it, fresh = iter(self), False
         while self.step < total:
@@ -99,6 +100,8 @@ class ShardedLoader:
                 continue
             fresh = False
             yield self.step - 1, batch
+        if preemptible:
+            preempt.settle(self.step)
 
     def state_dict(self) -> dict[str, Any]:
         return {"epoch": self.epoch, "batch": self.batch, "step": self.step, "epoch_rng": self._epoch_rng}
