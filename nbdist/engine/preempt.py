@@ -115,7 +115,7 @@ def _exchange(start_next: bool) -> list[int]:
         return [0] if asked() else []
     from .world import control_group
 
-    group = control_group()
+    group = control_group("preempt")
     signalled: list[int] = []
     work, flags, of = EXCHANGE["work"], EXCHANGE["flags"], EXCHANGE["group"]
     EXCHANGE.update(work=None, flags=None, group=None)

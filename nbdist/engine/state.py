@@ -11,8 +11,8 @@ STATE: dict[str, Any] = {
     "backend": None,
     "store": None,
     "pg_fds": [],
-    "control": None,  # world.control_group(): nbdist's own gloo group, made on first use
-    "control_of": None,  # the default group it belongs to (a rebuilt world makes a new one)
+    "control": {},  # world.control_group(purpose): nbdist's own gloo groups, made on first use
+    "control_of": None,  # the default group they belong to (a rebuilt world makes new ones)
     "aborted": False,
     "busy_since": None,
     "cell": 0,

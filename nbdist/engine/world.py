@@ -97,22 +97,25 @@ def join_world(
     return float(probe.item())
 
 
-def control_group() -> Any:
-    """A gloo group of every rank for nbdist's own collectives (preemption flags, checkpoint writes in
-    the background): they never pair with the training's, run beside them, and never touch a GPU.
+def control_group(purpose: str) -> Any:
+    """A gloo group of every rank for one of nbdist's own uses (``"preempt"``: the preemption flags;
+    ``"checkpoint"``: checkpoint writes in the background): its collectives never pair with the
+    training's, run beside them, and never touch a GPU.
 
-    Made on first use, once per world; like any ``new_group``, every rank must ask at the same point
-    of its program (the first preemption point, the first asynchronous save). Its connections join
-    those the watcher shuts down to release a blocked rank (``abort_world``)."""
+    One group per purpose, because each is used from one thread: collectives on one group must come
+    in the same order on every rank, which two threads sharing a group cannot promise. Made on first
+    use, once per world; like any ``new_group``, every rank must ask at the same point of its program
+    (the first preemption point, the first asynchronous save). Its connections join those the
+    watcher shuts down to release a blocked rank (``abort_world``)."""
     import torch.distributed as dist
 
-    if STATE.get("control") is not None and STATE.get("control_of") is dist.group.WORLD:
-        return STATE["control"]
-    before = _tcp_fds()
-    group = dist.new_group(backend="gloo")
-    STATE.update(control=group, control_of=dist.group.WORLD)
-    STATE["pg_fds"] = sorted(set(STATE["pg_fds"]) | (_tcp_fds() - before))
-    return group
+    groups = STATE["control"] if STATE.get("control_of") is dist.group.WORLD else {}
+    if purpose not in groups:
+        before = _tcp_fds()
+        groups[purpose] = dist.new_group(backend="gloo")
+        STATE.update(control=groups, control_of=dist.group.WORLD)
+        STATE["pg_fds"] = sorted(set(STATE["pg_fds"]) | (_tcp_fds() - before))
+    return groups[purpose]
 
 
 def leave_world() -> None:
@@ -124,7 +127,7 @@ def leave_world() -> None:
             hosted.destroy_world()
     except Exception:  # a broken group may refuse a clean destroy; drop it anyway
         pass
-    STATE.update(store=None, pg_fds=[], backend=None, control=None, control_of=None)
+    STATE.update(store=None, pg_fds=[], backend=None, control={}, control_of=None)
 
 
 def abort_world() -> str:

@@ -10,7 +10,7 @@ the K newest complete checkpoints (never the latest).
 
 ``asynchronous=True`` returns as soon as the state is copied (``dcp.async_save`` stages it into
 memory of its own); files are written by a background thread over a separate gloo group of its
-own (``engine/world.control_group``: its collectives never pair with training's), and ``latest``
+own (``engine/world.control_group("checkpoint")``: its collectives never pair with training's), and ``latest``
 moves when they are complete. The next save, a load, and a preemption save wait for it first.
 
 ``load_checkpoint`` restores all of it, so a resumed run continues exactly as an uninterrupted
@@ -39,8 +39,10 @@ from . import ckpt_rank
 
 KEY = "nbdist.checkpoint"  # what the notebook learns of the last save (run.py reads it)
 _STEP = re.compile(r"^step-(\d+)$")
-_PENDING: list[threading.Thread] = []  # the asynchronous save in flight on this rank, if any
-_FAILED: list[str] = []  # why the last asynchronous save failed (said by the next save or load)
+# The asynchronous save in flight on this rank, and why one failed, each with the world it began in: a
+# save of a world since rebuilt (a rank died) is dropped, not waited for; its step never became latest.
+_PENDING: list[tuple[threading.Thread, Any]] = []
+_FAILED: list[tuple[str, Any]] = []
 
 
 def _step_dir(path: str, step: int) -> str:
@@ -115,11 +117,11 @@ def save_checkpoint(
         "state": {k: o.state_dict() for k, o in objects.items()},
     }
     if asynchronous and dist.is_initialized():
-        future = dcp.async_save(payload, checkpoint_id=partial, process_group=world.control_group())
+        future = dcp.async_save(payload, checkpoint_id=partial, process_group=world.control_group("checkpoint"))
         thread = threading.Thread(
-            target=_finish_later, args=(future, path, step, keep), name="nbdist-checkpoint", daemon=True
+            target=_finish_later, args=(future, path, step, keep, _world()), name="nbdist-checkpoint", daemon=True
         )
-        _PENDING.append(thread)
+        _PENDING.append((thread, _world()))
         thread.start()
     else:
         dcp.save(payload, checkpoint_id=partial)
@@ -130,22 +132,31 @@ def save_checkpoint(
     return final
 
 
+def _world() -> Any:
+    return dist.group.WORLD if dist.is_initialized() else None
+
+
 def wait_for_saves() -> None:
-    """Wait for this rank's asynchronous save to be complete; raise if it failed."""
-    while _PENDING:
-        _PENDING.pop(0).join()
-    if _FAILED:
-        why = _FAILED.pop()
-        raise RuntimeError(f"the last asynchronous save_checkpoint failed ({why}); the previous checkpoint is kept.")
+    """Wait for this rank's asynchronous save (of this world) to be complete; raise if it failed."""
+    now = _world()
+    pending, _PENDING[:] = list(_PENDING), []
+    for thread, of in pending:
+        if of is now:
+            thread.join()
+    failed, _FAILED[:] = [why for why, of in _FAILED if of is now], []
+    if failed:
+        raise RuntimeError(
+            f"the last asynchronous save_checkpoint failed ({failed[-1]}); the previous checkpoint is kept."
+        )
 
 
-def _finish_later(future: Any, path: str, step: int, keep: int | None) -> None:
+def _finish_later(future: Any, path: str, step: int, keep: int | None, of: Any) -> None:
     try:
         future.result()  # DCP's own last collective: on rank 0, every rank's files are written
-        if _rank() == 0:
+        if _rank() == 0 and of is _world():
             _publish(path, step, keep)
     except Exception as exc:  # said by the next save or load; the previous checkpoint stays the latest
-        _FAILED.append(f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}")
+        _FAILED.append((f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}", of))
 
 
 def _publish(path: str, step: int, keep: int | None) -> None:
