@@ -31,6 +31,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
+from torch.distributed.checkpoint.api import CheckpointException  # a BaseException, not an Exception
 from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
 
 from ..engine import metrics, preempt, world
@@ -271,23 +272,41 @@ def load_checkpoint(
     directory = _step_dir(path, step)
     if not os.path.isdir(directory):
         raise ConfigError(f"checkpoint step {step} is not under {path!r}; complete steps: {complete_steps(path)}.")
-    own = ckpt_rank.load(directory, _rank(), dist.get_world_size() if dist.is_initialized() else 1, per_rank)
-    model_sd, optim_sd = get_state_dict(model, optimizer)
-    payload: dict[str, Any] = {
-        "model": model_sd,
-        "optim": optim_sd,
-        "state": {k: o.state_dict() for k, o in objects.items()},
-    }
+    others = [s for s in complete_steps(path) if s != step]
     try:
-        dcp.load(payload, checkpoint_id=directory)
-    except Exception as exc:
-        first = next((ln.strip() for ln in str(exc).splitlines() if ln.strip()), type(exc).__name__)
-        others = [s for s in complete_steps(path) if s != step]
+        dcp.FileSystemReader(directory).read_metadata()
+    except (Exception, CheckpointException) as exc:
         raise ConfigError(
-            f"{directory} does not load into this model, optimizer and state ({first[:300]}): load it into what "
-            f"saved it{f', or another step ({others})' if others else ''}."
+            f"{directory} has no readable .metadata ({type(exc).__name__}): that checkpoint is damaged or was never "
+            f"completed; load another step{f' ({others})' if others else ''}."
         ) from None
-    set_state_dict(model, optimizer, model_state_dict=payload["model"], optim_state_dict=payload["optim"])
+    try:
+        own, problem = (
+            ckpt_rank.load(directory, _rank(), dist.get_world_size() if dist.is_initialized() else 1, per_rank),
+            "",
+        )
+    except ConfigError as exc:
+        own, problem = None, str(exc)
+    if dist.is_initialized():  # every rank says the same before DCP's collectives, not one rank alone
+        problems: list[Any] = [None] * dist.get_world_size()
+        dist.all_gather_object(problems, problem)
+        problem = next((p for p in problems if p), "")
+    if problem:
+        raise ConfigError(problem)
+    try:
+        model_sd, optim_sd = get_state_dict(model, optimizer)
+        payload: dict[str, Any] = {
+            "model": model_sd,
+            "optim": optim_sd,
+            "state": {k: o.state_dict() for k, o in objects.items()},
+        }
+        dcp.load(payload, checkpoint_id=directory)
+        set_state_dict(model, optimizer, model_state_dict=payload["model"], optim_state_dict=payload["optim"])
+    except (Exception, CheckpointException) as exc:
+        raise ConfigError(
+            f"{directory} does not load into this model, optimizer and state ({_reason(exc)}): "
+            f"load it into what saved it{f', or another step ({others})' if others else ''}."
+        ) from None
     for key, obj in objects.items():
         obj.load_state_dict(payload["state"][key])
     if own is not None:
@@ -295,3 +314,13 @@ def load_checkpoint(
         if extra is not None:
             extra.update(own.get("extra") or {})
     return step
+
+
+def _reason(exc: BaseException) -> str:
+    """One line: the exception's type and first line; for DCP's, those of the first rank's failure."""
+    failures = getattr(exc, "failures", None)
+    if isinstance(failures, dict) and failures:
+        inner = next(iter(failures.values()))  # (exception, its traceback)
+        exc = inner[0] if isinstance(inner, tuple) else inner
+    first = next((ln.strip() for ln in str(exc).splitlines() if ln.strip()), "")
+    return f"{type(exc).__name__}: {first[:300]}"

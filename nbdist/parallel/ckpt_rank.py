@@ -71,6 +71,11 @@ def load(directory: str, rank: int, world_size: int, per_rank: bool) -> dict[str
         if not os.path.exists(os.path.join(directory, "rank-0.pt")):
             return None  # a checkpoint saved without the per-rank part (DCP files only)
         saved = _read(os.path.join(directory, "rank-0.pt")).get("world_size")
+        if saved == world_size:
+            raise ConfigError(
+                f"{directory} has no {name} although a world of {saved} rank(s) saved it: that checkpoint is "
+                "damaged; load another step (load_checkpoint(path, ..., step=N))."
+            )
         raise ConfigError(
             f"{directory} has no {name}: it was saved by a world of {saved} rank(s), and this one has {world_size}. "
             f"Start %dist_start -n {saved}, or pass per_rank=False to load all but the per-rank part "

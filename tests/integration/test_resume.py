@@ -174,3 +174,69 @@ def test_the_same_by_hand_with_dist_restart_and_load_checkpoint(ip, tmp_path, re
         _assert_same_run(reference)
     finally:
         run_cell(ip, "%dist_stop")
+
+
+BAD = """
+import os, shutil, torch
+from nbdist.parallel import apply_ddp, save_checkpoint, load_checkpoint, latest_step
+torch.manual_seed(0)
+model = apply_ddp(torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.BatchNorm1d(8), torch.nn.Linear(8, 1)))
+opt = torch.optim.SGD(model.parameters(), lr=0.1)
+save_checkpoint(P, model, opt, 5)
+good = [p.detach().clone() for p in model.parameters()]
+"""
+
+
+def _fails(c, code: str) -> str:
+    result = c.run(code)
+    assert not result.ok, code
+    text = result.failed[0].failure().summary
+    assert "\n" not in text.strip(), text  # one line
+    return text
+
+
+def test_bad_checkpoint_input_is_one_line_and_the_last_good_checkpoint_is_kept(tmp_path):
+    path = str(tmp_path / "ckpt")
+    with nbdist.start(2, timeout=60) as c:
+        c.run(f"P = {path!r}\n{BAD}").raise_for_error()
+        said = _fails(c, "save_checkpoint(P, model, opt, 6, state={'sched': [1, 2]})")
+        assert "state['sched'] (a list) has no state_dict()/load_state_dict()" in said
+        assert "keep (0) must be 1 or more" in _fails(c, "save_checkpoint(P, model, opt, 6, keep=0)")
+        said = _fails(c, "save_checkpoint(P, model, opt, 6, extra={'run': {'cb': print}})")
+        assert "extra['run']['cb'] (a builtin_function_or_method) is not a plain value" in said
+        said = _fails(c, "m = torch.nn.Linear(3, 3)\nload_checkpoint(P, m, torch.optim.SGD(m.parameters()))")
+        assert "does not load into this model, optimizer and state" in said
+        said = _fails(
+            c,
+            "o = torch.optim.SGD(model.parameters(), lr=0.1)\n"
+            "load_checkpoint(P, model, o, state={'sched': torch.optim.lr_scheduler.StepLR(o, 2)})",
+        )
+        assert "does not load into this model, optimizer and state" in said  # saved without a scheduler
+        # a half-written save (a .partial folder) is never a step to load
+        c.run("if dist.get_rank() == 0: os.makedirs(P + '/step-000000009.partial')").raise_for_error()
+        said = _fails(c, "load_checkpoint(P, model, opt, step=9)")
+        assert "checkpoint step 9 is not under" in said and "complete steps: [5]" in said
+        # damage: a truncated rank file, a missing metadata file (in copies of step 5)
+        c.run(
+            "if dist.get_rank() == 0:\n"
+            "    shutil.copytree(P + '/step-000000005', P + '/step-000000007')\n"
+            "    open(P + '/step-000000007/rank-1.pt', 'wb').write(b'PK')\n"
+            "    shutil.copytree(P + '/step-000000005', P + '/step-000000008')\n"
+            "    os.remove(P + '/step-000000008/.metadata')"
+        ).raise_for_error()
+        said = _fails(c, "load_checkpoint(P, model, opt, step=7)")
+        assert "rank-1.pt is unreadable" in said and "load another step" in said
+        said = _fails(c, "load_checkpoint(P, model, opt, step=8)")
+        assert "has no readable .metadata" in said and "load another step ([5, 7])" in said
+        # none of it touched the last good checkpoint
+        r = c.run(
+            "step = load_checkpoint(P, model, opt)\nsame = all(torch.equal(a, b) for a, b in zip(good, model.parameters()))"
+        )
+        r.raise_for_error()
+        assert c.pull("step") == [5, 5] and c.pull("same") == [True, True]
+    with nbdist.start(1, timeout=60) as c:  # another world size
+        c.run(f"P = {path!r}\n" + BAD.replace("save_checkpoint(P, model, opt, 5)", "")).raise_for_error()
+        said = _fails(c, "load_checkpoint(P, model, opt)")
+        assert "was saved by a world of 2 rank(s), and this one has 1" in said and "per_rank=False" in said
+        c.run("step = load_checkpoint(P, model, opt, per_rank=False)").raise_for_error()
+        assert c.pull("step") == [5]
