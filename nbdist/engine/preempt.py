@@ -8,13 +8,16 @@ boundary (``point``, which ``ShardedLoader.steps`` calls once per step) to run t
 together and end the cell with ``Preempted``. The ranks that were signalled then leave;
 the others stay for ``--max-restarts`` or ``%dist_restart``.
 
-The agreement costs the step nothing it waits for: each point starts an all_reduce of one
-flag per rank without waiting (``async_op``) on nbdist's own gloo group
-(``world.control_group``: on the CPU, beside the training's collectives, never a GPU
-synchronisation), and reads the one the previous point started, which finished during
-the step. Every rank reads the same exchange at the same point, so every rank acts at the
-same step: the step after the one during which the signal came. ``settle`` (the end of a
-``steps()`` loop) reads the last exchange without starting another.
+The agreement costs the steps nothing measurable. An exchange (an all_reduce of one flag per
+rank) runs on nbdist's own gloo group (``world.control_group("preempt")``: on the CPU, beside
+the training's collectives, never a GPU synchronisation), is started without waiting
+(``async_op``) and read at the next exchange, when it has long finished. Exchanges happen
+every ``k`` points, ``k`` chosen so that they are about ``PERIOD`` seconds apart: each one
+also carries every rank's time per step since the last, combined with MAX, so every rank
+reads the same numbers and computes the same next ``k`` (a collective must come at the same
+point on every rank). Every rank therefore acts at the same step, at most about two periods
+after the signal, well inside the grace. ``settle`` (the end of a ``steps()`` loop) reads the
+exchange in flight without starting another.
 
 A rank signalled while no cell runs runs its hooks at once (every rank of a preempted
 job is signalled). In every case the rank is gone ``grace`` seconds after the signal,
@@ -38,7 +41,11 @@ Hook = Callable[[int | None], Any]  # hook(step): the step the ranks agreed on, 
 HOOKS: list[Hook] = []
 DEFAULT: list[Hook] = []  # save_checkpoint registers "save again at this step" here
 PREEMPT: dict[str, Any] = {"asked": None, "installed": False, "previous": None, "grace": 25.0, "left": False}
-EXCHANGE: dict[str, Any] = {"work": None, "flags": None, "group": None}  # the flag all_reduce in flight
+# The flag exchange in flight, and when the next starts: ``countdown`` points from now (``calls`` of
+# them since the last exchange began at ``since``, a perf_counter time).
+EXCHANGE: dict[str, Any] = {"work": None, "buf": None, "group": None, "countdown": 1, "since": None, "calls": 0}
+PERIOD = 0.5  # seconds between exchanges, about (the signal is acted on within about two)
+MAX_EVERY = 100_000  # points between exchanges at most
 
 
 class Preempted(RuntimeError):
@@ -97,8 +104,17 @@ def asked() -> bool:
 def point(step: int | None = None) -> None:
     """A step boundary: if any rank was sent SIGTERM, run the hooks on every rank and raise Preempted.
 
-    Every rank must call it at the same steps (it holds one collective)."""
+    Every rank must call it at the same steps (every k-th call holds one collective)."""
+    EXCHANGE["countdown"] -= 1
+    if EXCHANGE["countdown"] > 0:
+        return
     _act(_exchange(start_next=True), step)
+
+
+def reset() -> None:
+    """Forget the exchange in flight and exchange at the next point (the world was rebuilt: every rank
+    starts counting afresh, whatever point each had reached when the old world broke)."""
+    EXCHANGE.update(work=None, buf=None, group=None, countdown=1, since=None, calls=0)
 
 
 def settle(step: int | None = None) -> None:
@@ -112,20 +128,30 @@ def _exchange(start_next: bool) -> list[int]:
     import torch.distributed as dist
 
     if not (dist.is_available() and dist.is_initialized()) or dist.get_world_size() == 1:
+        EXCHANGE["countdown"] = 1
         return [0] if asked() else []
     from .world import control_group
 
-    group = control_group("preempt")
+    group, size, now = control_group("preempt"), dist.get_world_size(), time.perf_counter()
     signalled: list[int] = []
-    work, flags, of = EXCHANGE["work"], EXCHANGE["flags"], EXCHANGE["group"]
-    EXCHANGE.update(work=None, flags=None, group=None)
+    work, buf, of = EXCHANGE["work"], EXCHANGE["buf"], EXCHANGE["group"]
+    EXCHANGE.update(work=None, buf=None, group=None)
+    every = 1
     if work is not None and of is group:  # an exchange of another world (rebuilt since) is dropped
         work.wait()
-        signalled = [r for r, f in enumerate(flags.tolist()) if f]
+        values = buf.tolist()
+        signalled = [r for r, f in enumerate(values[:size]) if f]
+        per_step = values[size] / 1e6  # the slowest rank's seconds per step, as every rank reads it
+        every = max(1, min(MAX_EVERY, int(PERIOD / per_step))) if per_step > 0 else 1
     if start_next:
-        flags = torch.zeros(dist.get_world_size(), dtype=torch.int32)
-        flags[dist.get_rank()] = int(asked())
-        EXCHANGE.update(work=dist.all_reduce(flags, group=group, async_op=True), flags=flags, group=group)
+        since, calls = EXCHANGE["since"], EXCHANGE["calls"]
+        buf = torch.zeros(size + 1, dtype=torch.int64)
+        buf[dist.get_rank()] = int(asked())
+        buf[size] = int(1e6 * (now - since) / calls) if since is not None and calls else 0
+        work = dist.all_reduce(buf, op=dist.ReduceOp.MAX, group=group, async_op=True)
+        EXCHANGE.update(work=work, buf=buf, group=group, since=now, calls=every, countdown=every)
+    else:
+        EXCHANGE.update(since=None, calls=0, countdown=1)
     return signalled
 
 

@@ -12,7 +12,7 @@ import socket
 from typing import Any
 
 from .. import compat, net
-from . import collectives, gpu, hosted, launched
+from . import collectives, gpu, hosted, launched, preempt
 from .state import STATE
 
 
@@ -128,6 +128,7 @@ def leave_world() -> None:
     except Exception:  # a broken group may refuse a clean destroy; drop it anyway
         pass
     STATE.update(store=None, pg_fds=[], backend=None, control={}, control_of=None)
+    preempt.reset()
 
 
 def abort_world() -> str:
