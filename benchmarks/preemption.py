@@ -1,7 +1,7 @@
 """The preemption check's cost per step: ``loader.steps(N)`` against ``preemptible=False``, same run.
 
 2 ranks, a DDP MLP of several sizes, the loop the README teaches. Three ways, interleaved rep by
-rep so that drift on a shared machine hits them alike:
+rep, their order rotated each rep, so that drift on a shared machine hits them alike:
 
 - ``off``: ``loader.steps(N, preemptible=False)`` (no check: the reference);
 - ``on``: ``loader.steps(N)``: a flag all_reduce started each step on nbdist's own gloo group and
@@ -51,6 +51,15 @@ def run(way, steps, warm=20):
         last = now
     times.sort()
     return times[len(times) // 2]
+
+
+def empty_loop_us(preemptible, steps=20000):
+    # the loop's own cost per step, with nothing in it: what the check adds, undiluted
+    loader.load_state_dict({{"epoch": 0, "batch": 0, "step": 0, "epoch_rng": None}})
+    tic = time.perf_counter()
+    for step, batch in loader.steps(steps, preemptible=preemptible):
+        pass
+    return 1e6 * (time.perf_counter() - tic) / steps
 """
 
 
@@ -65,23 +74,32 @@ def main() -> None:
         for width in map(int, args.widths.split(",")):
             cluster.run(SETUP.format(width=width), quiet=True).raise_for_error()
             per: dict[str, list[float]] = {"off": [], "on": [], "blocking": []}
-            for _ in range(args.reps):
-                for way in per:
+            ways = list(per)
+            for rep in range(args.reps):
+                for way in ways[rep % 3 :] + ways[: rep % 3]:  # each way first, middle and last in turn
                     cluster.run(f"t = run({way!r}, {args.steps})", quiet=True).raise_for_error()
                     per[way].append(max(cluster.pull("t")))  # the slower rank sets the pace
             med = {way: sorted(v)[len(v) // 2] for way, v in per.items()}
+            paired = sorted(on / off for on, off in zip(per["on"], per["off"], strict=True))
+            loop = {}
+            for way in ("off", "on"):
+                cluster.run(f"u = empty_loop_us({way == 'on'})", quiet=True).raise_for_error()
+                loop[way] = max(cluster.pull("u"))
             row = {
                 "width": width,
                 "step_ms": {way: round(v * 1e3, 4) for way, v in med.items()},
                 "on_vs_off_pct": round(100 * (med["on"] / med["off"] - 1), 2),
                 "blocking_vs_off_pct": round(100 * (med["blocking"] / med["off"] - 1), 2),
+                "on_vs_off_paired_median_pct": round(100 * (paired[len(paired) // 2] - 1), 2),
+                "empty_loop_us_per_step": {way: round(v, 3) for way, v in loop.items()},
                 "samples_ms": {way: [round(x * 1e3, 4) for x in v] for way, v in per.items()},
             }
             results[str(width)] = row
             print(
                 f"width {width:>5}: step {med['off'] * 1e3:.3f} ms off, {med['on'] * 1e3:.3f} ms with the check "
                 f"({row['on_vs_off_pct']:+.1f}%), {med['blocking'] * 1e3:.3f} ms with the blocking check "
-                f"({row['blocking_vs_off_pct']:+.1f}%)"
+                f"({row['blocking_vs_off_pct']:+.1f}%); paired per rep: {row['on_vs_off_paired_median_pct']:+.1f}%; "
+                f"the loop alone: {loop['off']:.2f} us a step off, {loop['on']:.2f} us on"
             )
     save("preemption", {"ranks": 2, "steps": args.steps, "reps": args.reps, "results": results})
 

@@ -1,7 +1,8 @@
 """Recovery, timed: from a kill -9 of rank 1 mid-training until training progresses again.
 
 - nbdist ``--max-restarts``: 2 ranks, the small DDP model of the tests, a checkpoint every 5
-  steps; rank 1 is killed from outside at step ~22; the cell recovers by itself (restart the
+  steps; a rank is killed from outside at step ~22 (the matrix: rank 1, rank 0, which hosts the
+  store, and rank 1 with asynchronous saves); the cell recovers by itself (restart the
   rank, rebuild the group, replay the setup cell, load step 20, run the cell again). Timed:
   kill -> first step completed after the kill; and its parts (kill -> recovery begins,
   the recovery itself, recovery -> first step);
@@ -51,7 +52,7 @@ for step, (x, y) in loader.steps({STEPS}):
     loss = torch.nn.functional.mse_loss(model(x), y)
     opt.zero_grad(); loss.backward(); opt.step()
     if (step + 1) % {EVERY} == 0:
-        save_checkpoint(CKPT, model, opt, step + 1, loader=loader)
+        save_checkpoint(CKPT, model, opt, step + 1, loader=loader, **SAVE_ARGS)
     if dist.get_rank() == 0:
         with open(PROGRESS, "a") as fh:
             fh.write(f"{{time.time()}} {{step}}\\n")
@@ -110,7 +111,7 @@ def _lines(path: str) -> list[list[str]]:
 
 
 def _kill_at(progress: str, pid_of_rank1, out: dict) -> threading.Thread:
-    """Kill rank 1 (SIGKILL) once rank 0 has logged step KILL_AT; note the time."""
+    """Kill a rank (SIGKILL; ``pid_of_rank1`` gives its pid) once rank 0 has logged step KILL_AT; note the time."""
 
     def watch() -> None:
         end = time.monotonic() + 120
@@ -138,14 +139,16 @@ def _seconds(line: str) -> float:
     return float(line.split(" in ")[-1].split(" s,")[0])
 
 
-def nbdist_once(cluster, workdir: str, i: int) -> dict:
-    progress, said = os.path.join(workdir, f"nb-progress-{i}"), {}
+def nbdist_once(cluster, workdir: str, i: int, kill_rank: int = 1, asynchronous: bool = False) -> dict:
+    progress, said = os.path.join(workdir, f"nb-progress-{i}-{kill_rank}-{asynchronous}"), {}
+    ckpt = os.path.join(workdir, f"nb-ckpt-{i}-{kill_rank}-{asynchronous}")
     cluster.run(
-        f"CKPT, PROGRESS = {os.path.join(workdir, f'nb-ckpt-{i}')!r}, {progress!r}\n" + NBDIST_SETUP, setup=True
+        f"CKPT, PROGRESS, SAVE_ARGS = {ckpt!r}, {progress!r}, {{'asynchronous': {asynchronous}}}\n" + NBDIST_SETUP,
+        setup=True,
     ).raise_for_error()
     cluster.progress = lambda line: said.setdefault("recovery_began", time.time() - _seconds(line))
     out: dict = {}
-    watcher = _kill_at(progress, lambda: cluster.ranks[1].pid, out)
+    watcher = _kill_at(progress, lambda: cluster.ranks[kill_rank].pid, out)
     result = cluster.run(NBDIST_TRAIN, sink=Sink())
     watcher.join()
     result.raise_for_error()
@@ -225,16 +228,25 @@ def torchrun_once(workdir: str, i: int) -> dict:
         return {"ok": False, "exit": proc.returncode, "error": (errors or ["no progress after the kill"])[0][:300]}
 
 
+CASES = {"rank1": (1, False), "rank0": (0, False), "rank1-async-saves": (1, True)}
+
+
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--reps", type=int, default=3)
+    parser.add_argument("--cases", default=",".join(CASES), help=f"which kills to time: {', '.join(CASES)}")
     args = parser.parse_args()
-    nb, tr, restart_all, restart_one = [], [], [], []
+    cases = args.cases.split(",")
+    matrix: dict[str, list[dict]] = {c: [] for c in cases}
+    tr, restart_all, restart_one = [], [], []
     with tempfile.TemporaryDirectory() as workdir:
-        with nbdist.start(2, max_restarts=args.reps, timeout=60) as cluster:
+        with nbdist.start(2, max_restarts=args.reps * len(cases), timeout=60) as cluster:
             for i in range(args.reps):
-                nb.append(nbdist_once(cluster, workdir, i))
-                print(f"nbdist --max-restarts: kill -> progress {nb[-1]['kill_to_progress_s']:.2f} s {nb[-1]}")
+                for case in cases:
+                    kill_rank, asynchronous = CASES[case]
+                    matrix[case].append(nbdist_once(cluster, workdir, i, kill_rank, asynchronous))
+                    row = matrix[case][-1]
+                    print(f"nbdist --max-restarts, {case}: kill -> progress {row['kill_to_progress_s']:.2f} s {row}")
             for _ in range(args.reps):
                 restart_all.append(cluster.restart())
                 restart_one.append(cluster.restart([1]))
@@ -242,10 +254,12 @@ def main() -> None:
         for i in range(args.reps):
             tr.append(torchrun_once(workdir, i))
             print(f"torchrun --max-restarts 1: {tr[-1]}")
+    nb = matrix[cases[0]]
     keys = ("kill_to_progress_s", "detect_s", "recovery_s", "rerun_to_first_step_s")
     data = {
         "target_kill_to_progress_s": 10.0,
         "nbdist_max_restarts": {k: stats([r[k] for r in nb]) for k in keys},
+        "nbdist_matrix": {case: {k: stats([r[k] for r in rows]) for k in keys} for case, rows in matrix.items()},
         "torchrun_max_restarts": {
             "recovered": f"{sum(r['ok'] for r in tr)} of {len(tr)}",
             "kill_to_progress_s": stats([r["kill_to_progress_s"] for r in tr if r["ok"]])
@@ -263,6 +277,12 @@ def main() -> None:
         f"torchrun {tr_text} (recovered {trs['recovered']}) (target <= 10 s); "
         f"%dist_restart {data['dist_restart_all_s']['median']:.2f} s, --ranks 1 {data['dist_restart_rank1_s']['median']:.2f} s"
     )
+    for case, row in data["nbdist_matrix"].items():
+        print(
+            f"  {case}: kill -> progress {row['kill_to_progress_s']['median']:.2f} s (detection "
+            f"{row['detect_s']['median']:.2f} s, recovery {row['recovery_s']['median']:.2f} s, "
+            f"cell again -> first step {row['rerun_to_first_step_s']['median']:.2f} s)"
+        )
     save("recovery", data)
 
 

@@ -25,7 +25,7 @@ from collections.abc import Callable
 from datetime import datetime
 from typing import Any
 
-from . import compat
+from . import compat, procs
 from .config import RunConfig
 from .engine.metrics import KEY as METRICS_KEY
 from .engines import EngineSet
@@ -158,6 +158,11 @@ class Watch:
         self.states: dict[int, RankState] = {}
         self.reports: dict[int, dict[str, Any]] = {}  # where released ranks were
         self.checkpoint: dict[str, Any] | None = None  # the last save_checkpoint of the cell, if any
+        # Ranks whose process nbdist started on this host, by pid: a death is seen at once, from the process,
+        # instead of when the controller's heart monitor misses its beats (1-2 s later).
+        infos = [engines.ranks[r] for r in ranks]
+        self.pids = {i: info.pid for i, info in enumerate(infos) if info.local and info.pid}
+        self.gone: set[int] = set()  # children whose process has ended before they reported
         for child in self.children:
             child.iopub_callbacks.append(self._poke)
             child.add_done_callback(lambda f: self.wake.put(1))
@@ -200,10 +205,11 @@ class Watch:
                 if stream:
                     self._emit()
                     self._report_states()
+                self._notice_deaths()
                 running = self._running()
                 if not running:
                     return killed, interrupted
-                failed = any(_error_of(c) is not None for c in self.children)
+                failed = bool(self.gone) or any(_error_of(c) is not None for c in self.children)
                 action = policy.observe(failed=failed, finished=len(running) < len(self.children))
                 if action is Action.PROBE:
                     self.reports = self.engines.where(running)
@@ -222,7 +228,12 @@ class Watch:
                     self._release(self._running())
 
     def _running(self) -> list[int]:
-        return [self.ranks[i] for i, c in enumerate(self.children) if not c.done()]
+        return [self.ranks[i] for i, c in enumerate(self.children) if not c.done() and i not in self.gone]
+
+    def _notice_deaths(self) -> None:
+        for i, pid in self.pids.items():
+            if i not in self.gone and not self.children[i].done() and not procs.alive(pid):
+                self.gone.add(i)
 
     def _release(self, running: list[int]) -> None:
         """Note where the running ranks are, then interrupt them (their watchers do the rest)."""
@@ -240,7 +251,10 @@ class Watch:
         done = 0
         for i, child in enumerate(self.children):
             state = RankState.BUSY
-            if child.done():
+            if i in self.gone and not child.done():
+                done += 1
+                state = RankState.DEAD
+            elif child.done():
                 done += 1
                 err = _error_of(child)
                 if err is None:
@@ -281,7 +295,9 @@ class Watch:
         # Output can trail the reply by a moment (iopub and shell are separate sockets).
         if stream:
             end = time.perf_counter() + 1.0
-            for child in self.children:
+            for i, child in enumerate(self.children):
+                if i in self.gone and not child.done():
+                    continue  # a dead engine's output never completes
                 try:
                     child.output.result(timeout=max(0.0, end - time.perf_counter()))
                 except Exception:  # the output of a dead engine never completes
@@ -308,7 +324,14 @@ class Watch:
             rr.wall_s = _seconds_between(md.get("started"), md.get("completed"))
             self.checkpoint = (md.get("data") or {}).get(CHECKPOINT_KEY, self.checkpoint)
             exc = _error_of(child)
-            if rank in killed or not child.done():
+            if i in self.gone and not child.done():
+                rr.status = RankStatus.DEAD
+                rr.error = {
+                    "ename": "EngineError",
+                    "evalue": f"its process (pid {self.pids[i]}) ended",
+                    "traceback": [],
+                }
+            elif rank in killed or not child.done():
                 rr.status = RankStatus.DEAD
                 rr.error = {"ename": "Killed", "evalue": "did not stop after an interrupt; nbdist ended it"}
                 rr.error["traceback"] = []
