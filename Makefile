@@ -36,6 +36,8 @@ bench: $(STAMP)
 	OMP_NUM_THREADS=1 $(BIN)/python benchmarks/instrumentation.py
 	OMP_NUM_THREADS=1 $(BIN)/python benchmarks/faults.py
 	OMP_NUM_THREADS=1 $(BIN)/python benchmarks/recovery.py
+	OMP_NUM_THREADS=1 $(BIN)/python benchmarks/preemption.py
+	OMP_NUM_THREADS=1 $(BIN)/python benchmarks/checkpoint.py
 	OMP_NUM_THREADS=1 $(BIN)/python benchmarks/multinode.py
 
 clean:

@@ -129,7 +129,7 @@ def save_checkpoint(
         if rank == 0:
             _publish(path, step, keep)
         _barrier()  # every rank sees the new latest before it goes on
-    _remember(path, model, optimizer, loader, objects, extra)
+    _remember(path, model, optimizer, loader, objects, extra, keep)
     return final
 
 
@@ -156,8 +156,8 @@ def _finish_later(future: Any, path: str, step: int, keep: int | None, of: Any) 
         future.result()  # DCP's own last collective: on rank 0, every rank's files are written
         if _rank() == 0 and of is _world():
             _publish(path, step, keep)
-    except Exception as exc:  # said by the next save or load; the previous checkpoint stays the latest
-        _FAILED.append((f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}", of))
+    except (Exception, CheckpointException) as exc:  # said by the next save or load; the previous one stays latest
+        _FAILED.append((_reason(exc), of))
 
 
 def _publish(path: str, step: int, keep: int | None) -> None:
@@ -197,11 +197,15 @@ def _stateful(state: dict[str, Any] | None) -> dict[str, Any]:
     return state
 
 
-def _remember(path: str, model: Any, optimizer: Any, loader: Any, objects: dict[str, Any], extra: dict) -> None:
+def _remember(
+    path: str, model: Any, optimizer: Any, loader: Any, objects: dict[str, Any], extra: dict, keep: int | None
+) -> None:
     """The last save: preemption saves again the same way; the notebook learns the variable names
     (so that after a restart and the setup cells' replay it can load into the new objects)."""
     preempt.DEFAULT[:] = [
-        lambda step: save_checkpoint(path, model, optimizer, step or 0, extra=extra, loader=loader, state=objects)
+        lambda step: save_checkpoint(
+            path, model, optimizer, step or 0, extra=extra, loader=loader, state=objects, keep=keep
+        )
     ]
     preempt.install()
     names: dict[str, Any] = _names({"model": model, "optimizer": optimizer, "loader": loader})
