@@ -50,7 +50,11 @@ tic = time.perf_counter()
 save_checkpoint(PATH, model, opt, {step}, asynchronous={asynchronous}, keep=1)
 blocked = time.perf_counter() - tic
 steps_meanwhile = 0
-while {asynchronous} and _ckpt._PENDING and _ckpt._PENDING[0][0].is_alive():
+while {asynchronous}:  # train until every rank's files are written (decided together: DDP steps are collective)
+    writing = torch.tensor([int(bool(_ckpt._PENDING) and _ckpt._PENDING[0][0].is_alive())])
+    dist.all_reduce(writing)
+    if not writing.item():
+        break
     train_step()
     steps_meanwhile += 1
 _ckpt.wait_for_saves()

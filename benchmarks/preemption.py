@@ -10,7 +10,10 @@ rep, their order rotated each rep, so that drift on a shared machine hits them a
   group and ``.tolist()`` each step), written inline beside ``preemptible=False``.
 
 Per-step times are medians over steps after a warm-up, then medians over --reps. JSON under
-results/preemption.json. Target: ``on`` within 2% of ``off``.
+results/preemption.json. Target: ``on`` within 2% of ``off``. On a shared 2-core machine the
+step times themselves drift by more than that between reps, so the benchmark also times the check
+alone (``point_us``: calls of ``preempt.point`` with its exchanges, as ``loader.steps()`` makes them)
+and the loader's loop with nothing in it, on and off.
 """
 
 from __future__ import annotations
@@ -53,6 +56,17 @@ def run(way, steps, warm=20):
     return times[len(times) // 2]
 
 
+def point_us(calls=200000):
+    # the check itself, per call (a step boundary), exchanges included: what loader.steps() adds to a step
+    from nbdist.engine import preempt
+    preempt.reset()
+    tic = time.perf_counter()
+    for i in range(calls):
+        preempt.point(i)
+    preempt.settle(calls)
+    return 1e6 * (time.perf_counter() - tic) / calls
+
+
 def empty_loop_us(preemptible, steps=20000):
     # the loop's own cost per step, with nothing in it: what the check adds, undiluted
     loader.load_state_dict({{"epoch": 0, "batch": 0, "step": 0, "epoch_rng": None}})
@@ -81,6 +95,8 @@ def main() -> None:
                     per[way].append(max(cluster.pull("t")))  # the slower rank sets the pace
             med = {way: sorted(v)[len(v) // 2] for way, v in per.items()}
             paired = sorted(on / off for on, off in zip(per["on"], per["off"], strict=True))
+            cluster.run("pu = point_us()", quiet=True).raise_for_error()
+            point = max(cluster.pull("pu"))
             loop = {}
             for way in ("off", "on"):
                 cluster.run(f"u = empty_loop_us({way == 'on'})", quiet=True).raise_for_error()
@@ -92,6 +108,8 @@ def main() -> None:
                 "blocking_vs_off_pct": round(100 * (med["blocking"] / med["off"] - 1), 2),
                 "on_vs_off_paired_median_pct": round(100 * (paired[len(paired) // 2] - 1), 2),
                 "empty_loop_us_per_step": {way: round(v, 3) for way, v in loop.items()},
+                "point_us_per_call": round(point, 3),
+                "point_vs_off_step_pct": round(100 * point * 1e-6 / med["off"], 4),
                 "samples_ms": {way: [round(x * 1e3, 4) for x in v] for way, v in per.items()},
             }
             results[str(width)] = row
@@ -99,7 +117,8 @@ def main() -> None:
                 f"width {width:>5}: step {med['off'] * 1e3:.3f} ms off, {med['on'] * 1e3:.3f} ms with the check "
                 f"({row['on_vs_off_pct']:+.1f}%), {med['blocking'] * 1e3:.3f} ms with the blocking check "
                 f"({row['blocking_vs_off_pct']:+.1f}%); paired per rep: {row['on_vs_off_paired_median_pct']:+.1f}%; "
-                f"the loop alone: {loop['off']:.2f} us a step off, {loop['on']:.2f} us on"
+                f"the loop alone: {loop['off']:.2f} us a step off, {loop['on']:.2f} us on; the check itself "
+                f"{point:.3f} us a call = {row['point_vs_off_step_pct']:.3f}% of a step"
             )
     save("preemption", {"ranks": 2, "steps": args.steps, "reps": args.reps, "results": results})
 

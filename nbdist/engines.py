@@ -187,15 +187,17 @@ class EngineSet:
             time.sleep(0.02)
 
     def kill(self, ranks: list[int]) -> None:
-        """End the engines of these ranks (only processes this set started); wait until they left.
+        """End the engines of these ranks (only processes this set started); wait until they have ended.
 
         Here by pid; on other hosts through ipyparallel's nanny, which kills the engine it started.
         """
         ours = set(self.pids())
-        procs.kill([self.ranks[r].pid for r in ranks if self.ranks[r].local and self.ranks[r].pid in ours])
+        local = [r for r in ranks if self.ranks[r].local and self.ranks[r].pid in ours]
+        procs.kill([self.ranks[r].pid for r in local])  # waits until they have ended
         self._remote_signal([r for r in ranks if not self.ranks[r].local], signal.SIGKILL)
+        # The others are gone when the controller says so (its heart monitor: 1-2 s); ours we saw end.
         deadline = time.monotonic() + 10
-        gone = {self.ranks[r].engine_id for r in ranks}
+        gone = {self.ranks[r].engine_id for r in ranks if r not in local}
         while gone & set(self.client.ids) and time.monotonic() < deadline:
             time.sleep(0.02)
 

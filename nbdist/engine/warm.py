@@ -58,7 +58,12 @@ def _preload_numba() -> None:
     """Numba sets up its typing registries on the first call of any jitted function and loads
     each kernel from its cache on that kernel's first call (about 0.35 s in all, with every
     kernel cached): pay it here, once, while nobody waits, so no rank's first compressed step
-    does. Forks made after this inherit the loaded kernels."""
+    does. Forks made after this inherit the loaded kernels.
+
+    The cell helpers (``nbdist.parallel``: DDP, FSDP, DCP checkpoints; 0.7 s after torch) are
+    imported here too, for the same reason: a rank restarted by recovery replays setup cells that
+    import them, and would pay it while training waits. Neither import starts a thread."""
+    import nbdist.parallel  # noqa: F401
     from nbdist.compression import kernels
 
     try:
