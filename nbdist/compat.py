@@ -21,6 +21,7 @@ CHECKED = {
     "torch": ("2.13", "2.14.99"),
     "ipyparallel": ("9.2", "9.99"),
     "ipython": ("9.18", "9.99"),
+    "lightning": ("2.4", "2.99"),  # probed on 2.6.6; pytorch-lightning and lightning-fabric are its twins
 }
 
 
@@ -61,6 +62,13 @@ PRIVATE_APIS = (
         "torch DDP._set_ddp_runtime_logging_sample_rate, DDP.logger._get_ddp_logging_data",
         "torch",
         "parallel.instrument: DDP's own C++ timers of the gradient all-reduce, read every step on CPU",
+    ),
+    PrivateAPI(
+        "lightning DDPStrategy._configure_launcher/_start_method/_process_group_backend, strategies.ddp."
+        "_SubprocessScriptLauncher (lightning.fabric and lightning.pytorch, and the twin packages)",
+        "lightning",
+        "engine.adapters: a fork/spawn DDP strategy gets Lightning's script launcher and runs on the world; a "
+        "process_group_backend the world lacks fails in one line (when moved, the adapter says so and steps aside)",
     ),
     PrivateAPI(
         "torch.distributed.fsdp._fully_shard._fsdp_collectives.DefaultAllGather/DefaultReduceScatter",

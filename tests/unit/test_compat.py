@@ -112,3 +112,15 @@ def test_probe_fsdp_collective_classes():
     assert params[1:] == ["output_tensor", "input_tensor", "group", "async_op"], params
     params = list(inspect.signature(scatter.__call__).parameters)
     assert params[1:] == ["output_tensor", "input_tensor", "group", "op", "async_op"], params
+
+
+def test_probe_lightning_ddp_launcher():
+    import importlib
+
+    for name in ("lightning.fabric.strategies.ddp", "lightning.pytorch.strategies.ddp"):
+        module = importlib.import_module(name)
+        source = inspect.getsource(module.DDPStrategy)
+        assert hasattr(module, "_SubprocessScriptLauncher"), f"{name} no longer imports _SubprocessScriptLauncher"
+        assert "def _configure_launcher" in source, f"{name}.DDPStrategy has no _configure_launcher: see compat.py"
+        for attr in ("self._start_method", "self._process_group_backend"):
+            assert attr in source, f"{name}.DDPStrategy no longer sets {attr}: see engine/adapters.py"
