@@ -9,7 +9,7 @@ together and end the cell with ``Preempted``. The ranks that were signalled then
 the others stay for ``--max-restarts`` or ``%dist_restart``.
 
 The agreement costs the steps nothing measurable. An exchange (an all_reduce of one flag per
-rank) runs on nbdist's own gloo group (``world.control_group("preempt")``: on the CPU, beside
+rank) runs on nbdist's own gloo group (``control.control_group("preempt")``: on the CPU, beside
 the training's collectives, never a GPU synchronisation), is started without waiting
 (``async_op``) and read at the next exchange, when it has long finished. Exchanges happen
 every ``k`` points, ``k`` chosen so that they are about ``PERIOD`` seconds apart: each one
@@ -130,7 +130,7 @@ def _exchange(start_next: bool) -> list[int]:
     if not (dist.is_available() and dist.is_initialized()) or dist.get_world_size() == 1:
         EXCHANGE["countdown"] = 1
         return [0] if asked() else []
-    from .world import control_group
+    from .control import control_group
 
     group, size, now = control_group("preempt"), dist.get_world_size(), time.perf_counter()
     signalled: list[int] = []

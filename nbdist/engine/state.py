@@ -11,7 +11,7 @@ STATE: dict[str, Any] = {
     "backend": None,
     "store": None,
     "pg_fds": [],
-    "control": {},  # world.control_group(purpose): nbdist's own gloo groups, made on first use
+    "control": {},  # control.control_group(purpose): nbdist's own gloo groups, made on first use
     "control_of": None,  # the default group they belong to (a rebuilt world makes new ones)
     "aborted": False,
     "busy_since": None,

@@ -12,7 +12,7 @@ import socket
 from typing import Any
 
 from .. import compat, net
-from . import collectives, gpu, hosted, launched, preempt
+from . import collectives, control, gpu, hosted, launched, preempt
 from .state import STATE
 
 
@@ -75,7 +75,7 @@ def join_world(
             is_master=False,
             timeout=datetime.timedelta(seconds=timeout),
         )
-    before = _tcp_fds()
+    before = control.tcp_fds()
     kwargs: dict[str, Any] = {}
     device = torch.device("cpu")
     if backend == "nccl":
@@ -93,29 +93,8 @@ def join_world(
     STATE.update(backend=backend, aborted=False)
     probe = torch.tensor([float(rank + 1)], device=device)
     dist.all_reduce(probe)
-    STATE["pg_fds"] = sorted(_tcp_fds() - before)
+    STATE["pg_fds"] = sorted(control.tcp_fds() - before)
     return float(probe.item())
-
-
-def control_group(purpose: str) -> Any:
-    """A gloo group of every rank for one of nbdist's own uses (``"preempt"``: the preemption flags;
-    ``"checkpoint"``: checkpoint writes in the background): its collectives never pair with the
-    training's, run beside them, and never touch a GPU.
-
-    One group per purpose, because each is used from one thread: collectives on one group must come
-    in the same order on every rank, which two threads sharing a group cannot promise. Made on first
-    use, once per world; like any ``new_group``, every rank must ask at the same point of its program
-    (the first preemption point, the first asynchronous save). Its connections join those the
-    watcher shuts down to release a blocked rank (``abort_world``)."""
-    import torch.distributed as dist
-
-    groups = STATE["control"] if STATE.get("control_of") is dist.group.WORLD else {}
-    if purpose not in groups:
-        before = _tcp_fds()
-        groups[purpose] = dist.new_group(backend="gloo")
-        STATE.update(control=groups, control_of=dist.group.WORLD)
-        STATE["pg_fds"] = sorted(set(STATE["pg_fds"]) | (_tcp_fds() - before))
-    return groups[purpose]
 
 
 def leave_world() -> None:
@@ -155,9 +134,3 @@ def abort_world() -> str:
         finally:
             sock.detach()
     return f"closed {closed} gloo connections"
-
-
-def _tcp_fds() -> set[int]:
-    import psutil
-
-    return {c.fd for c in psutil.Process().net_connections("tcp") if c.status == psutil.CONN_ESTABLISHED and c.fd >= 0}

@@ -10,7 +10,7 @@ the K newest complete checkpoints (never the latest).
 
 ``asynchronous=True`` returns as soon as the state is copied (``dcp.async_save`` stages it into
 memory of its own); files are written by a background thread over a separate gloo group of its
-own (``engine/world.control_group("checkpoint")``: its collectives never pair with training's), and ``latest``
+own (``engine/control.control_group("checkpoint")``: its collectives never pair with training's), and ``latest``
 moves when they are complete. The next save, a load, and a preemption save wait for it first.
 
 ``load_checkpoint`` restores all of it, so a resumed run continues exactly as an uninterrupted
@@ -34,7 +34,7 @@ import torch.distributed.checkpoint as dcp
 from torch.distributed.checkpoint.api import CheckpointException  # a BaseException, not an Exception
 from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
 
-from ..engine import metrics, preempt, world
+from ..engine import control, metrics, preempt
 from ..errors import ConfigError
 from . import ckpt_rank
 
@@ -111,14 +111,9 @@ def save_checkpoint(
     _barrier()
     os.makedirs(partial, exist_ok=True)
     ckpt_rank.save(partial, rank, model, loader, step, extra)  # before DCP's collectives: done when they end
-    model_sd, optim_sd = get_state_dict(model, optimizer)
-    payload: dict[str, Any] = {
-        "model": model_sd,
-        "optim": optim_sd,
-        "state": {k: o.state_dict() for k, o in objects.items()},
-    }
+    payload = _payload(model, optimizer, objects)
     if asynchronous and dist.is_initialized():
-        future = dcp.async_save(payload, checkpoint_id=partial, process_group=world.control_group("checkpoint"))
+        future = dcp.async_save(payload, checkpoint_id=partial, process_group=control.control_group("checkpoint"))
         thread = threading.Thread(
             target=_finish_later, args=(future, path, step, keep, _world()), name="nbdist-checkpoint", daemon=True
         )
@@ -131,6 +126,12 @@ def save_checkpoint(
         _barrier()  # every rank sees the new latest before it goes on
     _remember(path, model, optimizer, loader, objects, extra, keep)
     return final
+
+
+def _payload(model: torch.nn.Module, optimizer: Any, objects: dict[str, Any]) -> dict[str, Any]:
+    """What DCP saves and loads into: the model's and optimizer's state (DDP or FSDP), and the state= objects'."""
+    model_sd, optim_sd = get_state_dict(model, optimizer)
+    return {"model": model_sd, "optim": optim_sd, "state": {k: o.state_dict() for k, o in objects.items()}}
 
 
 def _world() -> Any:
@@ -298,12 +299,7 @@ def load_checkpoint(
     if problem:
         raise ConfigError(problem)
     try:
-        model_sd, optim_sd = get_state_dict(model, optimizer)
-        payload: dict[str, Any] = {
-            "model": model_sd,
-            "optim": optim_sd,
-            "state": {k: o.state_dict() for k, o in objects.items()},
-        }
+        payload = _payload(model, optimizer, objects)
         dcp.load(payload, checkpoint_id=directory)
         set_state_dict(model, optimizer, model_state_dict=payload["model"], optim_state_dict=payload["optim"])
     except (Exception, CheckpointException) as exc:

@@ -1,0 +1,40 @@
+"""nbdist's own process groups on a rank: gloo groups beside the training's, one per purpose.
+
+``world`` records the connections of the groups it forms so the watcher can shut them down
+(``world.abort_world``); the groups made here join that list. Nothing here imports the rest of
+the engine but its state, so ``preempt`` and ``parallel.checkpoint`` can use it from below.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from .state import STATE
+
+
+def control_group(purpose: str) -> Any:
+    """A gloo group of every rank for one of nbdist's own uses (``"preempt"``: the preemption flags;
+    ``"checkpoint"``: checkpoint writes in the background): its collectives never pair with the
+    training's, run beside them, and never touch a GPU.
+
+    One group per purpose, because each is used from one thread: collectives on one group must come
+    in the same order on every rank, which two threads sharing a group cannot promise. Made on first
+    use, once per world; like any ``new_group``, every rank must ask at the same point of its program
+    (the first preemption point, the first asynchronous save). Its connections join those the
+    watcher shuts down to release a blocked rank (``abort_world``)."""
+    import torch.distributed as dist
+
+    groups = STATE["control"] if STATE.get("control_of") is dist.group.WORLD else {}
+    if purpose not in groups:
+        before = tcp_fds()
+        groups[purpose] = dist.new_group(backend="gloo")
+        STATE.update(control=groups, control_of=dist.group.WORLD)
+        STATE["pg_fds"] = sorted(set(STATE["pg_fds"]) | (tcp_fds() - before))
+    return groups[purpose]
+
+
+def tcp_fds() -> set[int]:
+    """This process's established TCP connections, by file descriptor (a process group's are those it adds)."""
+    import psutil
+
+    return {c.fd for c in psutil.Process().net_connections("tcp") if c.status == psutil.CONN_ESTABLISHED and c.fd >= 0}
