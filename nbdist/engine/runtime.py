@@ -25,7 +25,7 @@ from typing import Any
 
 from .. import compat, net
 from . import adapters, collectives, gpu, hosted, launched, preempt, world
-from .state import STATE
+from .state import CELL_END, STATE
 
 
 def configure(
@@ -155,6 +155,11 @@ def _install_cell_hooks() -> None:
         STATE["cell"] += 1
 
     def post(result: Any = None) -> None:
+        for fn in list(CELL_END):  # state.at_cell_end: before the cell counts as done (a background save completes)
+            try:
+                fn()
+            except Exception as exc:
+                print(f"nbdist: {exc}", file=sys.stderr, flush=True)
         STATE["busy_since"] = None
         from .metrics import flush
 

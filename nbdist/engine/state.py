@@ -21,3 +21,14 @@ STATE: dict[str, Any] = {
     "watcher": None,
     "abort_after": 0.3,  # seconds an interrupted cell may take to stop before its process group is broken
 }
+
+# Run when each cell ends, before it counts as done (runtime's post-cell hook): work a cell started in
+# the background that must not outlive it unseen (parallel/checkpoint.py: asynchronous saves complete,
+# or say why they failed). Kept here, below runtime and parallel, which both reach it.
+CELL_END: list[Any] = []
+
+
+def at_cell_end(fn: Any) -> None:
+    """Call ``fn()`` at the end of every cell from now on (once, however often it is registered)."""
+    if fn not in CELL_END:
+        CELL_END.append(fn)

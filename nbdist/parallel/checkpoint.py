@@ -9,7 +9,8 @@ mid-save leaves the previous checkpoint as the latest, untouched. ``keep=K`` the
 the K newest complete checkpoints (never the latest).
 
 ``asynchronous=True`` returns as soon as the state is copied (``dcp.async_save`` stages it into
-memory of its own); files are written by a background thread over a separate gloo group of its
+memory of its own), so training goes on within the cell; the cell ends when its saves are complete
+(a ``%dist_stop`` right after cannot cut the last one short). Files are written by a background thread over a separate gloo group of its
 own (``engine/control.control_group("checkpoint")``: its collectives never pair with training's), and ``latest``
 moves when they are complete. The next save, a load, and a preemption save wait for it first.
 
@@ -35,6 +36,7 @@ from torch.distributed.checkpoint.api import CheckpointException  # a BaseExcept
 from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
 
 from ..engine import control, metrics, preempt
+from ..engine.state import at_cell_end
 from ..errors import ConfigError
 from . import ckpt_rank
 
@@ -119,6 +121,7 @@ def save_checkpoint(
         )
         _PENDING.append((thread, _world()))
         thread.start()
+        at_cell_end(wait_for_saves)  # the cell's checkpoints are on disk when it ends
     else:
         dcp.save(payload, checkpoint_id=partial)
         if rank == 0:
