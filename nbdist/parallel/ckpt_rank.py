@@ -11,6 +11,10 @@
   with another rank's statistics, or a mix;
 - the world size, the step, and ``extra``: plain values, read back by ``load_checkpoint(extra=)``.
 
+The ``state=`` objects (a scheduler, a GradScaler, an EMA model) go through DCP with the model and
+the optimizer, so the same holds for them: a tensor inside one that differs from rank to rank comes
+back from one rank. The usual ones are the same on every rank; the model's buffers are kept here.
+
 Loaded with ``torch.load(weights_only=True)``, so a checkpoint never runs code; that is why
 ``extra`` holds plain values only.
 """
