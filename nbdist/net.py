@@ -21,6 +21,17 @@ def route_source(dest: str) -> str:
         return str(sock.getsockname()[0])
 
 
+def listen_on(host: str) -> socket.socket:
+    """A TCP socket listening on ``host`` alone (an address, not every interface), on a port the OS picks."""
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    return socket.create_server((host, 0), family=family, backlog=1024)
+
+
+def loopback_interface() -> str | None:
+    """The name of the interface that holds 127.0.0.1 ('lo' on Linux)."""
+    return interface_of(LOOPBACK)
+
+
 def interfaces() -> dict[str, str]:
     """Interface name -> its IPv4 address, for every interface that has one."""
     import fcntl

@@ -49,9 +49,10 @@ def configure(
     and no interactive prompt, so libraries that decide how to launch (Lightning, Accelerate)
     use the world nbdist builds; ``adapters`` adjusts the ones that would start processes.
 
-    ``interface``: ranks on several hosts; gloo and NCCL use the interface this engine
-    reaches the controller through (GLOO_SOCKET_IFNAME, NCCL_SOCKET_IFNAME), unless set.
-    Without it gloo uses the address the host name resolves to, often 127.0.1.1.
+    gloo and NCCL listen on one interface (GLOO_SOCKET_IFNAME, NCCL_SOCKET_IFNAME, unless
+    set): with ``interface`` (ranks on several hosts) the one this engine reaches the
+    controller through; without, loopback. Left to themselves they listen on the address the
+    host name resolves to: on most GPU nodes, the node's address on the network.
     """
     launched.apply(
         launched.worker_env(
@@ -66,11 +67,10 @@ def configure(
         )
     )
     launched.not_interactive()
-    if interface:
-        name = net.interface_of(_address())
-        for var in ("GLOO_SOCKET_IFNAME", "NCCL_SOCKET_IFNAME"):
-            if name and not os.environ.get(var):
-                os.environ[var] = name
+    name = net.interface_of(_address()) if interface else net.loopback_interface()
+    for var in ("GLOO_SOCKET_IFNAME", "NCCL_SOCKET_IFNAME"):
+        if name and not os.environ.get(var):
+            os.environ[var] = name
     import torch
 
     pin(cpus)  # before the process group starts gloo's threads, so they inherit it

@@ -17,23 +17,29 @@ from .state import STATE
 
 
 def open_store(host: str, timeout: float) -> int:
-    """On rank 0: start the rendezvous store on a port the OS picks; return it.
+    """On rank 0: start the rendezvous store on ``host`` (MASTER_ADDR), on a port the OS picks; return it.
 
-    Binding port 0 here, in the process that keeps the socket, leaves no window in
-    which another program can take the port (docs/faults.md, row 6).
+    torch's own TCPStore listens on every interface whatever ``host`` says; the store gets a
+    socket bound to ``host`` alone instead (``master_listen_fd``, as torch's elastic agent
+    does): 127.0.0.1 for a world on this host, the interface the nodes share for several.
+    Binding port 0 here, in the process that keeps the socket, leaves no window in which
+    another program can take the port (docs/faults.md, row 6).
     """
     from torch.distributed import TCPStore
 
+    listener = net.listen_on(host)
+    port = int(listener.getsockname()[1])
     store = TCPStore(
         host,
-        0,
+        port,
         STATE["world_size"],
         is_master=True,
         wait_for_workers=False,
         timeout=datetime.timedelta(seconds=timeout),
+        master_listen_fd=listener.detach(),  # the store's server owns and closes it
     )
     STATE["store"] = store
-    return int(store.port)
+    return port
 
 
 def join_world(

@@ -21,7 +21,8 @@ import nbdist
 from nbdist.errors import ClusterError, RankError
 from tests.conftest import run_cell, wait_gone
 from tests.dist.test_ddp import check_ddp_against_one_process
-from tests.slurmnodes import NODES, UNROUTED
+from tests.slurmnodes import HOST_ADDR, NODES, UNROUTED
+from tests.sockets import listening, outside, tree
 
 HANG_S = 120
 PY = sys.executable
@@ -35,6 +36,21 @@ REPORT = textwrap.dedent(
     report = dict(env, host=socket.gethostname(), total=x.item())
     """
 )
+
+
+def check_listens_only_where_the_nodes_meet(cluster: nbdist.Cluster) -> None:
+    """Every socket the controller, the engines and their nannies listen on is on the bridge the nodes
+    share (or loopback): none on a wildcard address (issue 31). Rank 0's store among them."""
+    import psutil
+
+    nannies = [psutil.Process(r.pid).ppid() for r in cluster.ranks]
+    sockets = listening(tree(*cluster.pids(), *nannies))
+    wrong = outside(sockets, {HOST_ADDR, *NODES.values(), "127.0.0.1"})
+    assert not wrong, f"listening beyond the nodes' bridge: {wrong}"
+    owners = {pid for _, _, pid, _ in sockets}
+    assert {r.pid for r in cluster.ranks} <= owners, f"a rank listens on nothing: {sockets}"
+    store = (cluster.master_addr, cluster.master_port, cluster.ranks[0].pid, "tcp")
+    assert store in sockets, f"rank 0's store is not on {cluster.master_addr}:{cluster.master_port}: {sockets}"
 
 
 def test_slurm_launcher_puts_ranks_on_two_nodes_and_trains_like_one_process(ip, slurm, capsys):
@@ -59,6 +75,7 @@ def test_slurm_launcher_puts_ranks_on_two_nodes_and_trains_like_one_process(ip, 
             # rank 0's address as the other node reaches it, and gloo on the interface that gets there
             assert rep["MASTER_ADDR"] == NODES[reports[0]["host"]]
             assert rep["GLOO_SOCKET_IFNAME"] == "eth0"
+        check_listens_only_where_the_nodes_meet(cluster)
 
         check_ddp_against_one_process(cluster)
 
@@ -114,6 +131,7 @@ def test_a_rank_killed_on_node2_is_named_with_its_host_and_restarts_through_slur
         assert len(cluster.engines.job_ids()) == 2, "the restarted rank comes from a new job of the same launcher"
         cluster.run(REPORT, quiet=True).raise_for_error()
         assert [r["total"] for r in cluster.pull("report")] == [3.0, 3.0]
+        check_listens_only_where_the_nodes_meet(cluster)
     finally:
         run_cell(ip, "%dist_stop")
     assert slurm.wait_empty(30) == []
