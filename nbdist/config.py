@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import difflib
+import ipaddress
 import os
+import re
 from dataclasses import dataclass, field
 
 from .errors import ConfigError
@@ -11,6 +13,30 @@ from .errors import ConfigError
 BACKENDS = ("gloo", "nccl")
 LAUNCHER_NAMES = ("local", "slurm", "srun", "mpi")  # the names the CLI knows; launchers.LAUNCHERS runs them
 MULTI_HOST = ("slurm", "srun", "mpi")
+# Values that reach an sbatch script: Slurm's own syntax, nothing a script line or a shell reads more in.
+SLURM_VALUES = {
+    "--partition": (
+        re.compile(r"[A-Za-z0-9_.-]+(,[A-Za-z0-9_.-]+)*"),
+        "a partition name (several: comma-separated)",
+        "gpu",
+    ),
+    "--account": (re.compile(r"[A-Za-z0-9_.-]+"), "an account name", "myproject"),
+    "--time": (
+        re.compile(r"(\d+-)?\d+(:\d+){0,2}|UNLIMITED|unlimited|INFINITE|infinite"),
+        "a Slurm time limit (minutes, H:MM:SS or D-HH)",
+        "1:00:00",
+    ),
+}
+LINE_BREAKS = re.compile(r"[\n\r\x00]")
+
+
+def check_plain_value(flag: str, value: str, example: str) -> None:
+    """ConfigError when a value that goes into a script line or an argv holds a line break or a NUL."""
+    if LINE_BREAKS.search(value):
+        raise ConfigError(
+            f"{flag} {value!r} holds a line break or a NUL, which would change the script it goes into; "
+            f"give one value on one line, e.g. {flag} {example}."
+        )
 
 
 def did_you_mean(value: str, choices: tuple[str, ...] | list[str]) -> str:
@@ -128,8 +154,37 @@ class StartConfig:
         elif self.threads < 1:
             raise ConfigError(f"threads ({self.threads}) must be at least 1.")
 
+    def _check_slurm_values(self) -> None:
+        """Values that go into the sbatch script or an argv: Slurm's syntax, one line each, before any is used."""
+        given = {"--partition": self.partition, "--account": self.account, "--time": self.time}
+        for flag, value in given.items():
+            pattern, what, example = SLURM_VALUES[flag]
+            if value is not None and not pattern.fullmatch(str(value)):
+                raise ConfigError(
+                    f"{flag} {value!r} is not {what}: Slurm's syntax only, no spaces, line breaks or shell "
+                    f"characters; e.g. {flag} {example}."
+                )
+        for flag, values, example in (
+            ("--sbatch-arg", self.sbatch_args, "--mem=8G"),
+            ("--mpi-arg", self.mpi_args, "--bind-to=none"),
+        ):
+            for value in values:
+                check_plain_value(flag, str(value), example)
+        for value in self.sbatch_args:
+            if not str(value).startswith("-"):
+                raise ConfigError(
+                    f"--sbatch-arg {value!r} is not an sbatch option; give one option, e.g. --sbatch-arg --mem=8G."
+                )
+
     def _check_hosts(self) -> None:
         """Options for several hosts: each belongs to a launcher; name the launcher when misplaced."""
+        if self.ip is not None:
+            try:
+                ipaddress.ip_address(self.ip)
+            except ValueError:
+                raise ConfigError(
+                    f"--ip {self.ip!r} is not an address; name one of this host's, e.g. --ip 10.0.0.5."
+                ) from None
         if self.launcher == "local" and self.ip not in (None, "127.0.0.1"):
             raise ConfigError(
                 f"--ip {self.ip} is for launchers on several hosts; the local launcher listens on 127.0.0.1 "
@@ -147,6 +202,7 @@ class StartConfig:
                 raise ConfigError(
                     f"{flag} {value!r} is an sbatch option; it needs --launcher slurm (this is {self.launcher!r})."
                 )
+        self._check_slurm_values()
         if self.mpi_args and self.launcher != "mpi":
             raise ConfigError(f"--mpi-arg {self.mpi_args!r} needs --launcher mpi (this is {self.launcher!r}).")
         if self.nodes is not None:

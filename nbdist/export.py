@@ -18,6 +18,7 @@ import datetime
 import os
 import pathlib
 import re
+import shlex
 import sys
 import textwrap
 from dataclasses import dataclass, field
@@ -27,6 +28,7 @@ from .errors import ConfigError
 from .history import Cell, History
 
 MARK = "# Exported by nbdist"  # the first line of every script it writes: only those are overwritten
+SCRIPT_NAME = re.compile(r"[A-Za-z0-9_.+-]+")  # a file name that an sbatch line and a shell read as itself
 
 
 @dataclass(slots=True)
@@ -129,7 +131,7 @@ MASTER_ADDR=$(scontrol show hostnames "$SLURM_JOB_NODELIST" | head -n 1)
 MASTER_PORT=$((20000 + SLURM_JOB_ID % 20000))
 export MASTER_ADDR MASTER_PORT OMP_NUM_THREADS={threads}
 # The notebook's Python (change it when the nodes use another environment).
-PYTHON={python}
+PYTHON={shlex.quote(python)}
 srun --ntasks-per-node=1 --kill-on-bad-exit=1 "$PYTHON" -m torch.distributed.run \\
     --nnodes="$SLURM_JOB_NUM_NODES" --nproc-per-node={per_node} \\
     --rdzv-backend=c10d --rdzv-endpoint="$MASTER_ADDR:$MASTER_PORT" --rdzv-id="$SLURM_JOB_ID" \\
@@ -139,11 +141,16 @@ srun --ntasks-per-node=1 --kill-on-bad-exit=1 "$PYTHON" -m torch.distributed.run
 
 def export(cluster: Any, path: str | os.PathLike[str], cells: str | None = None, force: bool = False) -> Export:
     """Write the script and its sbatch script beside it; return what was written."""
-    history: History = cluster.history
-    numbers = select(history, cells)
     target = pathlib.Path(path).expanduser()
     if target.suffix != ".py":
         raise ConfigError(f"export to {str(path)!r}: name a .py file, e.g. %dist_export train.py.")
+    if not SCRIPT_NAME.fullmatch(target.name):  # the name goes into the sbatch script's lines
+        raise ConfigError(
+            f"export to {str(path)!r}: the sbatch script names the file, so its name may hold only letters, "
+            "digits, '.', '_', '+' and '-'; e.g. %dist_export train.py."
+        )
+    history: History = cluster.history
+    numbers = select(history, cells)
     sbatch = target.with_suffix(".sbatch")
     for file in (target, sbatch):
         if (

@@ -16,12 +16,16 @@ import shlex
 from collections.abc import Sequence
 from typing import Any
 
+from .config import check_plain_value
 from .errors import ConfigError
 from .history import SCRIPT
 
 
 def script_cell(path: str | os.PathLike[str], args: Sequence[str] = ()) -> str:
     """The code that runs the script on a rank; ConfigError when it is missing or does not compile."""
+    check_plain_value("%dist_run", str(path), "train.py")
+    for arg in args:  # they go into the cell's first line, as its name in the history
+        check_plain_value(f"%dist_run {pathlib.Path(path).name} argument", str(arg), "--epochs 1")
     file = pathlib.Path(path).expanduser()
     if not file.is_file():
         near = difflib.get_close_matches(file.name, [p.name for p in file.parent.glob("*.py")], n=1)
