@@ -67,6 +67,104 @@ def kernels_bench() -> dict:
     return out
 
 
+def checks_bench(rounds: int = 7) -> dict:
+    """The cost of the index and length checks in the kernels that decode another rank's payload
+    (issue 31): each checked kernel against its unchecked form, defined here as it was before,
+    on the same 10M-entry bucket, alternating, median over rounds of each one's best of 5."""
+    import numba
+    from numba import njit
+
+    from nbdist.compression import kernels as K
+
+    numba.set_num_threads(1)
+    jit = njit(nogil=True, fastmath=True)  # the kernels' flags (their cache aside)
+
+    @jit
+    def scatter_add_unchecked(values, indices, scale, out):
+        f = np.float32(scale)
+        for j in range(indices.size):
+            out[indices[j]] += values[j] * f
+
+    @jit
+    def sign_unpack_add_unchecked(packed, scale, weight, out):
+        s = np.float32(weight * scale)
+        s2 = np.float32(2.0 * weight * scale)
+        full = out.size // 8
+        for b in range(full):
+            v = packed[b]
+            i = b * 8
+            for j in range(8):
+                out[i + j] += np.float32((v >> (7 - j)) & 1) * s2 - s
+        for i in range(full * 8, out.size):
+            out[i] += np.float32((packed[i >> 3] >> (7 - (i & 7))) & 1) * s2 - s
+        return out
+
+    @jit
+    def qsgd_dequantize_add_unchecked(levels, norms, s, weight, out):
+        for c in range(norms.size):
+            f = np.float32(weight * norms[c] / s)
+            start = c * K.QSGD_CHUNK
+            ls = levels[start : start + K.QSGD_CHUNK]
+            os_ = out[start : start + K.QSGD_CHUNK]
+            for i in range(ls.size):
+                os_[i] += np.float32(ls[i]) * f
+        return out
+
+    rng = np.random.default_rng(0)
+    x = rng.standard_normal(N).astype(np.float32)
+    dense = np.zeros(N, np.float32)
+    packed, q = np.empty(N // 8, np.uint8), np.empty(N, np.int8)
+    norms = np.empty(K.qsgd_chunks(N), np.float32)
+    K.qsgd_quantize(x, 127, 1, q, norms)
+    scale = K.sign_pack(x, packed)
+    cases = {}
+    for pct in (1, 10):  # top-k's 1% (the default), and a denser 10%
+        k = N * pct // 100
+        idx = np.sort(rng.choice(N, k, replace=False)).astype(np.int32)
+        vals = x[idx]
+        cases[f"scatter_add_{pct}pct"] = (
+            lambda v=vals, i=idx: K.scatter_add(v, i, 0.5, dense),
+            lambda v=vals, i=idx: scatter_add_unchecked(v, i, 0.5, dense),
+        )
+        parts = [(vals, idx), (x[idx[::-1].copy()], idx[::-1].copy())]
+
+        def decompress(add, parts=parts):  # TopK.decompress of two ranks' parts: zero, then each part
+            dense.fill(0.0)
+            for v, i in parts:
+                add(v, i, 0.5, dense)
+
+        cases[f"topk_decompress_2_ranks_{pct}pct"] = (
+            lambda d=decompress: d(K.scatter_add),
+            lambda d=decompress: d(scatter_add_unchecked),
+        )
+    cases["sign_unpack_add"] = (
+        lambda: K.sign_unpack_add(packed, scale, 0.5, dense),
+        lambda: sign_unpack_add_unchecked(packed, scale, 0.5, dense),
+    )
+    cases["qsgd_dequantize_add"] = (
+        lambda: K.qsgd_dequantize_add(q, norms, 127, 0.5, dense),
+        lambda: qsgd_dequantize_add_unchecked(q, norms, 127, 0.5, dense),
+    )
+    out = {}
+    for name, (checked, unchecked) in cases.items():
+        a, b = [], []
+        for _ in range(rounds):
+            a.append(best_of(checked, reps=5))
+            b.append(best_of(unchecked, reps=5))
+        med_a, med_b = sorted(a)[len(a) // 2], sorted(b)[len(b) // 2]
+        out[name] = {"checked_s": med_a, "unchecked_s": med_b, "cost_pct": 100.0 * (med_a / med_b - 1.0)}
+    return out
+
+
+def print_checks(checks: dict) -> None:
+    print("decoding another rank's payload on 10M entries, checked against unchecked (medians):")
+    for name, r in checks.items():
+        print(
+            f"  {name:30s} checked {r['checked_s'] * 1e3:7.2f} ms  unchecked {r['unchecked_s'] * 1e3:7.2f} ms"
+            f"  cost {r['cost_pct']:+.1f}%"
+        )
+
+
 JIT_PROBE = textwrap.dedent(
     """
     import time, numpy as np
@@ -294,7 +392,13 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--rounds", type=int, default=7)
     parser.add_argument("--ddp-only", action="store_true", help="only the DDP steps (no kernels, JIT or saved JSON)")
+    parser.add_argument("--checks-only", action="store_true", help="only the decoding checks' cost (saved JSON)")
     args = parser.parse_args()
+    if args.checks_only:
+        checks = checks_bench()
+        print_checks(checks)
+        save("compression_checks", checks)
+        return
     if args.ddp_only:
         print_ddp(ddp_bench(args.rounds))
         return
@@ -313,6 +417,8 @@ def main() -> None:
         r = kern[name]
         print(f"  {name:18s} {r['s'] * 1e3:8.1f} ms  {r['GB_per_s']:6.2f} GB/s  {r['vs_copy']:.2f}x copy")
     print(f"  top-k vs torch.topk: {kern['topk_speedup_vs_torch']:.1f}x faster")
+    checks = checks_bench()
+    print_checks(checks)
     jit = jit_bench()
     print(
         f"JIT: first process {jit['first_process_s']:.2f} s; warm cache overhead median {jit['warm_cache_overhead_s']['median']:.3f} s"
@@ -321,7 +427,7 @@ def main() -> None:
     )
     ddp = ddp_bench(args.rounds)
     print_ddp(ddp)
-    save("compression", {"kernels": kern, "jit": jit, "ddp": ddp})
+    save("compression", {"kernels": kern, "checks": checks, "jit": jit, "ddp": ddp})
 
 
 def print_ddp(ddp: dict) -> None:

@@ -8,6 +8,8 @@ error feedback), and turns the collective's result back into the mean gradient.
 
 from __future__ import annotations
 
+import contextlib
+from collections.abc import Iterator
 from typing import Any
 
 import numpy as np
@@ -94,16 +96,41 @@ def qsgd_dequantize_add(body: torch.Tensor, norms: torch.Tensor, s: int, weight:
         kernels.qsgd_dequantize_add(body.numpy(), norms.numpy(), s, weight, out.numpy())
 
 
+class CorruptPayload(ValueError):
+    """What another rank sent cannot be this bucket's payload (an index past its end, a short body)."""
+
+
+@contextlib.contextmanager
+def decoding(compressor: str, sender: int) -> Iterator[None]:
+    """Turn a kernel's refusal of one rank's part into one error naming both ranks and the compressor."""
+    try:
+        yield
+    except (IndexError, ValueError, RuntimeError) as exc:
+        said = exc.args[0] % exc.args[1:] if len(exc.args) > 1 and isinstance(exc.args[0], str) else str(exc)
+        here = torch.distributed.get_rank() if torch.distributed.is_initialized() else 0
+        raise CorruptPayload(
+            f"rank {here} received a corrupt {compressor} payload from rank {sender}: {said}. Every rank must "
+            "run the same model and compressor settings; if they do, the payload was damaged on the way."
+        ) from None
+
+
 def mean_of_parts(
-    parts: list[torch.Tensor], d: int, world: int, scratch: dict | None, add: Any, out: torch.Tensor | None = None
+    name: str,
+    parts: list[torch.Tensor],
+    d: int,
+    world: int,
+    scratch: dict | None,
+    add: Any,
+    out: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """Mean over ranks of payloads laid out as a float32 header (norm or scale) + a body;
     ``add(body, header, weight, out)`` adds weight x one rank's dense gradient to ``out``."""
     total = out_buffer(out, scratch, d, parts[0])
     total.zero_()
-    for part in parts:
-        header = float(part[:4].view(torch.float32)[0])
-        add(part[4:], header, 1.0 / world, total)
+    for sender, part in enumerate(parts):
+        with decoding(name, sender):
+            header = float(part[:4].view(torch.float32)[0])
+            add(part[4:], header, 1.0 / world, total)
     return total
 
 

@@ -134,8 +134,9 @@ class TopK(Compressor):
         total = base.out_buffer(out, scratch, d, parts[0])
         if not (out_zeroed and total is out):
             total.zero_()
-        for part in parts:
-            base.scatter_add(part[:k], part[k:].view(torch.int32), 1.0 / world, total)
+        for sender, part in enumerate(parts):
+            with base.decoding(self.name, sender):
+                base.scatter_add(part[:k], part[k:].view(torch.int32), 1.0 / world, total)
         return total
 
     def describe(self) -> str:
@@ -252,9 +253,10 @@ class QSGD(Compressor):
     ) -> torch.Tensor:
         head = 4 * kernels.qsgd_chunks(d)
         total = base.out_buffer(out, scratch, d, parts[0])
-        for i, part in enumerate(parts):  # the first part is written, the others added: no zeroing pass
-            decode = base.qsgd_dequantize if i == 0 else base.qsgd_dequantize_add
-            decode(part[head:], part[:head].view(torch.float32), self.levels, 1.0 / world, total)
+        for sender, part in enumerate(parts):  # the first part is written, the others added: no zeroing pass
+            decode = base.qsgd_dequantize if sender == 0 else base.qsgd_dequantize_add
+            with base.decoding(self.name, sender):
+                decode(part[head:], part[:head].view(torch.float32), self.levels, 1.0 / world, total)
         return total
 
     def describe(self) -> str:
@@ -296,7 +298,7 @@ class Sign(Compressor):
         out: torch.Tensor | None = None,
         out_zeroed: bool = False,
     ) -> torch.Tensor:
-        return base.mean_of_parts(parts, d, world, scratch, base.sign_unpack_add, out)
+        return base.mean_of_parts(self.name, parts, d, world, scratch, base.sign_unpack_add, out)
 
     def describe(self) -> str:
         return "signsgd" if self.error_feedback else "signsgd:noef"

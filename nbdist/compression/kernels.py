@@ -40,18 +40,31 @@ __all__ = [
 ]
 
 
+# The kernels that read what another rank sent (scatter, unpack, dequantize) check its indices
+# and lengths: numba does not, and a corrupt payload would write past the end of ``out`` and
+# crash the rank. They raise with a %-format and its values (compression/base.py words the error).
 @JIT
 def scatter(values: np.ndarray, indices: np.ndarray, out: np.ndarray) -> np.ndarray:
     """``out`` zeroed, then values placed at indices (repeats add up)."""
     out[:] = 0
-    for j in range(indices.size):
-        out[indices[j]] += values[j]
+    scatter_add(values, indices, 1.0, out)
     return out
 
 
 @JIT
 def scatter_add(values: np.ndarray, indices: np.ndarray, scale: float, out: np.ndarray) -> None:
     """out[indices] += values * scale (repeats add up): one rank's sparse part of a mean."""
+    n = out.size
+    if values.size < indices.size:
+        raise ValueError("%d indices came with %d values", indices.size, values.size)
+    lo, hi = 0, 0
+    for j in range(indices.size):  # a pass of its own vectorises: +5% on the scatter, a branch in it +14%
+        lo = min(lo, indices[j])
+        hi = max(hi, indices[j])
+    if lo < 0 or hi >= n:
+        for j in range(indices.size):
+            if indices[j] < 0 or indices[j] >= n:
+                raise IndexError("index %d (entry %d) is outside the bucket's %d entries", indices[j], j, n)
     f = np.float32(scale)
     for j in range(indices.size):
         out[indices[j]] += values[j] * f
@@ -120,6 +133,8 @@ def sign_pack(x: np.ndarray, out: np.ndarray) -> float:
 @JIT
 def sign_unpack(packed: np.ndarray, scale: float, out: np.ndarray) -> np.ndarray:
     """+scale / -scale per element of ``out`` from sign_pack's bits."""
+    if packed.size * 8 < out.size:
+        raise ValueError("%d bytes of signs hold fewer than the bucket's %d entries", packed.size, out.size)
     s = np.float32(scale)
     s2 = np.float32(2.0 * scale)
     full = out.size // 8
@@ -174,8 +189,17 @@ def qsgd_quantize(x: np.ndarray, s: int, seed: int, out: np.ndarray, norms: np.n
 
 
 @JIT
+def _check_qsgd(levels: np.ndarray, norms: np.ndarray, out: np.ndarray) -> None:
+    if levels.size != out.size or norms.size != (out.size + QSGD_CHUNK - 1) // QSGD_CHUNK:
+        raise ValueError(
+            "%d levels and %d norms do not describe the bucket's %d entries", levels.size, norms.size, out.size
+        )
+
+
+@JIT
 def qsgd_dequantize(levels: np.ndarray, norms: np.ndarray, s: int, out: np.ndarray, weight: float = 1.0) -> np.ndarray:
     """out = weight * dequantized levels (the first rank's share of a mean: no zeroing pass)."""
+    _check_qsgd(levels, norms, out)
     for c in range(norms.size):
         f = np.float32(weight * norms[c] / s)
         start = c * QSGD_CHUNK
@@ -189,6 +213,7 @@ def qsgd_dequantize(levels: np.ndarray, norms: np.ndarray, s: int, out: np.ndarr
 @JIT
 def qsgd_dequantize_add(levels: np.ndarray, norms: np.ndarray, s: int, weight: float, out: np.ndarray) -> np.ndarray:
     """out += weight * dequantized levels: one rank's share of a mean, in one pass."""
+    _check_qsgd(levels, norms, out)
     for c in range(norms.size):
         f = np.float32(weight * norms[c] / s)
         start = c * QSGD_CHUNK
@@ -207,6 +232,8 @@ def qsgd_chunks(d: int) -> int:
 @JIT
 def sign_unpack_add(packed: np.ndarray, scale: float, weight: float, out: np.ndarray) -> np.ndarray:
     """out += weight * (+scale / -scale per element): one rank's share of a mean, in one pass."""
+    if packed.size * 8 < out.size:
+        raise ValueError("%d bytes of signs hold fewer than the bucket's %d entries", packed.size, out.size)
     s = np.float32(weight * scale)
     s2 = np.float32(2.0 * weight * scale)
     full = out.size // 8

@@ -327,3 +327,34 @@ def test_the_gpu_path_trains_like_the_cpu_path_in_real_ddp(cluster):
     for spec in ("topk:0.1", "dgc:0.1", "signsgd"):  # deterministic: both paths send the same payloads
         for a, b in zip(r0["torch", spec], r0["auto", spec], strict=True):
             torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6)
+
+
+def test_a_corrupt_payload_raises_on_the_rank_that_reads_it_and_crashes_no_rank(cluster):
+    """An index past the end of the bucket in what rank 1 sent (a damaged payload) would make the
+    Numba scatter write out of bounds; the rank that decodes it raises, naming both ranks and the
+    compressor, and stays alive for the next cell (issue 31)."""
+    cluster.run(SETUP + LOOP).raise_for_error()
+    damage = textwrap.dedent(
+        """
+        from nbdist.compression.compressors import TopK
+        original = TopK.decompress
+
+        def damaged(self, parts, *args, **kwargs):
+            if dist.get_rank() == 0:
+                parts[1] = parts[1].clone()
+                parts[1][self.k(args[0]):].view(torch.int32)[0] = 10**9
+            return original(self, parts, *args, **kwargs)
+
+        TopK.decompress = damaged
+        try:
+            run(compression="topk:0.1")
+        finally:
+            TopK.decompress = original
+        """
+    )
+    result = cluster.run(damage, quiet=True)
+    assert [r.status.value for r in result.ranks] == ["error", "interrupted"], result  # rank 1 released
+    said = str(result[0].error["evalue"])
+    assert "rank 0 received a corrupt topk payload from rank 1: index 1000000000 (entry 0) is outside" in said
+    assert cluster.dead_ranks() == []
+    cluster.run("dist.all_reduce(torch.ones(1))").raise_for_error()  # the world goes on
