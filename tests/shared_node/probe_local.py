@@ -26,7 +26,11 @@ dist.all_reduce(torch.ones(1))
 
 def snapshot(cluster: nbdist.Cluster) -> dict:
     cluster.run("dist.all_reduce(torch.ones(1))", quiet=True).raise_for_error()
-    return {"sockets": listening(tree(os.getpid())), "ranks": [r.pid for r in cluster.ranks], "store": cluster.master_port}
+    return {
+        "sockets": listening(tree(os.getpid())),
+        "ranks": [r.pid for r in cluster.ranks],
+        "store": cluster.master_port,
+    }
 
 
 def main() -> None:
