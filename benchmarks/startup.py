@@ -12,13 +12,22 @@ four situations:
 - warming off: NBDIST_WARM=0, every engine a fresh interpreter importing torch (what every
   start was before the warm process forked engines).
 Alternated, median of N runs; `%dist_stop` timed too. JSON under results/.
+
+`--cache`: numba's cache empty (a fresh install, a read-only environment: NUMBA_CACHE_DIR an
+empty folder) against filled, in the warm situation: `%dist_start` + a collective, then, after
+READ_S, `%dist_restart` + a collective (the kernels compile in the warm process's idle time;
+issue 30 measured 16-19 s for that restart before they compiled in a child process of their own).
 """
 
 from __future__ import annotations
 
 import argparse
 import os
+import shutil
 import socket
+import subprocess
+import sys
+import tempfile
 import time
 
 from _common import run_cell, save, shell, stats
@@ -87,11 +96,81 @@ def nbdist_once(ip, mode: str, n: int) -> tuple[float, float, dict]:
     return took, stop, phases
 
 
+READ_S = 2.0  # seconds between the first cell's output and `%dist_restart`
+
+
+def cache_once(ip, cache_dir: str) -> tuple[float, float]:
+    """(%dist_start + a collective, %dist_restart + a collective), with NUMBA_CACHE_DIR=cache_dir."""
+    from nbdist import pool
+    from nbdist.config import default_threads
+
+    pool.shutdown()
+    os.environ["NUMBA_CACHE_DIR"] = cache_dir
+    try:
+        pool.warm(2, default_threads(2))
+        time.sleep(THINK_S)
+        tic = time.perf_counter()
+        run_cell(ip, "%dist_start -n 2")
+        run_cell(ip, "%%distributed\n" + collective(2))
+        start = time.perf_counter() - tic
+        time.sleep(READ_S)
+        tic = time.perf_counter()
+        run_cell(ip, "%dist_restart")
+        run_cell(ip, "%%distributed\n" + collective(2))
+        restart = time.perf_counter() - tic
+    finally:
+        run_cell(ip, "%dist_stop")
+        pool.shutdown()
+        os.environ.pop("NUMBA_CACHE_DIR", None)
+    return start, restart
+
+
+def cache_bench(ip, runs: int) -> dict:
+    filled = tempfile.mkdtemp(prefix="nbdist-numba-filled-")
+    code = "from nbdist.compression import kernels; kernels.warm_up()"
+    subprocess.run([sys.executable, "-c", code], env={**os.environ, "NUMBA_CACHE_DIR": filled}, check=True)
+    out: dict[str, dict[str, list[float]]] = {
+        "empty": {"start": [], "restart": []},
+        "filled": {"start": [], "restart": []},
+    }
+    try:
+        for i in range(runs):
+            empty = tempfile.mkdtemp(prefix="nbdist-numba-empty-")
+            try:
+                for name, folder in (("empty", empty), ("filled", filled)):
+                    start, restart = cache_once(ip, folder)
+                    out[name]["start"].append(start)
+                    out[name]["restart"].append(restart)
+            finally:
+                shutil.rmtree(empty, ignore_errors=True)
+            print(
+                f"run {i + 1}: empty cache start {out['empty']['start'][-1]:.2f} s, restart "
+                f"{out['empty']['restart'][-1]:.2f} s | filled start {out['filled']['start'][-1]:.2f} s, restart "
+                f"{out['filled']['restart'][-1]:.2f} s",
+                flush=True,
+            )
+    finally:
+        shutil.rmtree(filled, ignore_errors=True)
+    return {name: {k: stats(v) for k, v in d.items()} for name, d in out.items()}
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("-n", "--runs", type=int, default=5)
+    parser.add_argument("--cache", action="store_true", help="only numba's cache empty against filled (saved JSON)")
     args = parser.parse_args()
     ip = shell()
+    if args.cache:
+        res = cache_bench(ip, args.runs)
+        for name in ("empty", "filled"):
+            print(
+                f"median with numba's cache {name:6s}: %dist_start + collective {res[name]['start']['median']:.2f} s, "
+                f"%dist_restart + collective {res[name]['restart']['median']:.2f} s"
+            )
+        gap = max(res["empty"][k]["median"] - res["filled"][k]["median"] for k in ("start", "restart"))
+        print(f"target: empty within 0.5 s of filled -> {'met' if gap <= 0.5 else 'NOT met'} (+{gap:.2f} s)")
+        save("startup_cache", {"think_s": THINK_S, "read_s": READ_S, **res})
+        return
     raw: list[float] = []
     ours: dict[str, list[float]] = {}
     stops: list[float] = []

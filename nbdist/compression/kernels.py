@@ -13,9 +13,13 @@ thread per core already, and the parallel runtime adds start-up time to every pr
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from typing import Any
+
 import numpy as np
 from numba import njit
 
+from .. import compat
 from .rng import INV24, JIT, mix, uniform, uniforms
 from .topk_select import topk, topk_feedback_into, topk_into, topk_workspace
 
@@ -36,7 +40,9 @@ __all__ = [
     "topk_into",
     "topk_workspace",
     "uniforms",
+    "cached",
     "warm_up",
+    "warm_up_steps",
 ]
 
 
@@ -247,24 +253,47 @@ def sign_unpack_add(packed: np.ndarray, scale: float, weight: float, out: np.nda
     return out
 
 
-def warm_up() -> None:
-    """Call every kernel once, on tiny arrays of the types the hooks pass: each is loaded from
-    numba's cache (or compiled) and numba's typing registries are set up now, not at a training
-    step. The warm process (engine/warm.py) does it while idle, so forked ranks start warm."""
+def warm_up_steps() -> list[tuple[Any, Callable[[], Any]]]:
+    """(kernel, a call of it on tiny arrays of the types the hooks pass), one per kernel: each
+    call loads the kernel from numba's cache (or compiles it) and sets up numba's typing
+    registries now, not at a training step. The warm process (engine/warm.py) runs them while
+    idle, one at a time, so forked ranks start warm and a fork never waits behind a compile."""
     x = np.linspace(-1.0, 1.0, 64).astype(np.float32)
     out = np.empty(64, np.float32)
     levels, norms = np.empty(64, np.int8), np.empty(qsgd_chunks(64), np.float32)
     packed, idx = np.empty(8, np.uint8), np.arange(8, dtype=np.int32)
-    topk(x, 8, 0)
     vals, cand = np.empty(8, np.float32), np.empty(8, np.float32)
-    topk_feedback_into(x.copy(), out.copy(), np.empty(0, np.float32), 0.9, 8, 0, vals, idx.copy(), cand, idx.copy())
-    qsgd_quantize(x, 127, 0, levels, norms)
-    qsgd_dequantize(levels, norms, 127, out)
-    qsgd_dequantize(levels, norms, 127, out, 0.5)
-    qsgd_dequantize_add(levels, norms, 127, 0.5, out)
-    scale = sign_pack(x, packed)
-    sign_unpack(packed, scale, out)
-    sign_unpack_add(packed, scale, 0.5, out)
-    randomk_indices(64, 8, 0)
-    scatter(x[:8], idx, out)
-    scatter_add(x[:8], idx, 0.5, out)
+    scale = 0.5
+    return [
+        (topk_into, lambda: topk(x, 8, 0)),  # topk: topk_into with fresh arrays
+        (
+            topk_feedback_into,
+            lambda: topk_feedback_into(
+                x.copy(), out.copy(), np.empty(0, np.float32), 0.9, 8, 0, vals, idx.copy(), cand, idx.copy()
+            ),
+        ),
+        (qsgd_quantize, lambda: qsgd_quantize(x, 127, 0, levels, norms)),
+        (
+            qsgd_dequantize,
+            lambda: (qsgd_dequantize(levels, norms, 127, out), qsgd_dequantize(levels, norms, 127, out, 0.5)),
+        ),
+        (qsgd_dequantize_add, lambda: qsgd_dequantize_add(levels, norms, 127, 0.5, out)),
+        (sign_pack, lambda: sign_pack(x, packed)),
+        (sign_unpack, lambda: sign_unpack(packed, scale, out)),
+        (sign_unpack_add, lambda: sign_unpack_add(packed, scale, 0.5, out)),
+        (randomk_indices, lambda: randomk_indices(64, 8, 0)),
+        (scatter, lambda: scatter(x[:8], idx, out)),
+        (scatter_add, lambda: scatter_add(x[:8], idx, 0.5, out)),
+    ]
+
+
+def cached() -> bool:
+    """Whether every kernel the hooks use is in numba's cache, fresh (so warming up takes
+    ~0.35 s, not the ~16 s of compiling them all)."""
+    return all(compat.numba_cached(kernel) for kernel, _ in warm_up_steps())
+
+
+def warm_up() -> None:
+    """Load (or compile) every kernel now: all of ``warm_up_steps``."""
+    for _, step in warm_up_steps():
+        step()

@@ -26,7 +26,9 @@ import json
 import os
 import select
 import signal
+import subprocess
 import sys
+from collections.abc import Iterator
 
 
 def _become(job: dict) -> None:
@@ -54,23 +56,59 @@ def _job_waiting(timeout: float = 0.0) -> bool:
     return bool(select.select([sys.stdin.buffer], [], [], timeout)[0])
 
 
-def _preload_numba() -> None:
-    """Numba sets up its typing registries on the first call of any jitted function and loads
-    each kernel from its cache on that kernel's first call (about 0.35 s in all, with every
-    kernel cached): pay it here, once, while nobody waits, so no rank's first compressed step
-    does. Forks made after this inherit the loaded kernels.
+def _idle_work() -> Iterator[None]:
+    """What this process does while no engine waits, one short step per ``next()``; the server
+    loop forks any job that comes between two steps, so a start never waits behind this.
 
     The cell helpers (``nbdist.parallel``: DDP, FSDP, DCP checkpoints; 0.7 s after torch) are
-    imported here too, for the same reason: a rank restarted by recovery replays setup cells that
-    import them, and would pay it while training waits. Neither import starts a thread."""
+    imported first: a rank restarted by recovery replays setup cells that import them, and
+    would pay it while training waits. Then numba: it sets up its typing registries on the
+    first call of any jitted function and loads each kernel from its cache on that kernel's
+    first call (about 0.35 s in all, with every kernel cached), one kernel per step. Forks made
+    after this inherit the loaded kernels. With the cache empty or stale (a fresh install, an
+    upgrade), compiling every kernel takes ~16 s of a core: a niced child process fills the
+    cache instead, and this process loads the kernels once it is done. Nothing here starts a
+    thread (forking stays safe)."""
     import nbdist.parallel  # noqa: F401
+
+    yield
     from nbdist.compression import kernels
 
-    try:
-        kernels.warm_up()
-    except Exception:  # only an optimisation; the engine reports real errors when used
-        pass
+    if not kernels.cached():
+        compiler = _compile_in_background()
+        while compiler.poll() is None:
+            yield
+        if not kernels.cached():  # the cache cannot be written: ranks compile what they use
+            return
+    for _, step in kernels.warm_up_steps():
+        try:
+            step()
+        except Exception:  # only an optimisation; the engine reports real errors when used
+            return
+        yield
     gc.freeze()  # what numba built is shared by the forks too
+
+
+_COMPILER: list[subprocess.Popen] = []
+_DONE = object()
+
+
+def _compile_in_background() -> subprocess.Popen:
+    """A child that compiles every kernel into numba's cache, at low priority; it ends with this process."""
+    code = (
+        "import os; os.nice(10)\n"
+        "from nbdist.engine.parentwatch import watch_parent; watch_parent(interval=0.2)\n"
+        "from nbdist.compression import kernels; kernels.warm_up()\n"
+    )
+    proc = subprocess.Popen(
+        [sys.executable, "-c", code],
+        env={**os.environ, "NBDIST_PARENT_PID": str(os.getpid())},
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    _COMPILER.append(proc)
+    return proc
 
 
 def _reap() -> None:
@@ -117,18 +155,19 @@ def main() -> None:
     # for its pid (psutil, from the kernel) takes for a running process.
     signal.signal(signal.SIGCHLD, lambda signum, frame: _reap())
     pending = b""  # read from the pipe's fd directly: a buffered reader could hide a second job
-    numba_ready = False
+    idle: Iterator[None] | None = _idle_work()
     while True:
         while b"\n" not in pending:
-            ready = _job_waiting(timeout=0.5 if numba_ready else 0.2)
+            ready = _job_waiting(timeout=0.5 if idle is None else 0.1)
             _reap()
             if not ready:
-                if not numba_ready:  # idle: no engine waits for this
-                    _preload_numba()
-                    numba_ready = True
+                if idle is not None and next(idle, _DONE) is _DONE:  # no engine waits: one step
+                    idle = None
                 continue
             chunk = os.read(0, 1 << 16)
             if not chunk:  # the pool closed the pipe, or the kernel is gone
+                for proc in _COMPILER:
+                    proc.kill()
                 return
             pending += chunk
         line, pending = pending.split(b"\n", 1)
