@@ -3,20 +3,29 @@
 PY ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
+RUNTIME := $(VENV)/.runtime
 STAMP := $(VENV)/.installed
 
 .PHONY: demo test lint bench clean
 
-$(STAMP): pyproject.toml
+# What the demo needs: nbdist and its runtime dependencies (a user's install).
+$(RUNTIME): pyproject.toml
+	@echo "make: installing nbdist and its runtime dependencies into $(VENV) (about a minute the first time)"
 	$(PY) -m venv $(VENV)
 	$(BIN)/pip install --quiet --upgrade pip
 	# The CPU wheel of torch first, pinned, so pip never pulls a multi-GB CUDA build.
 	$(BIN)/pip install --quiet "torch==2.13.0"
+	$(BIN)/pip install --quiet -e .
+	touch $(RUNTIME)
+
+# What the tests add: pytest, Playwright, JupyterHub, the interop libraries (the dev extras).
+$(STAMP): $(RUNTIME)
+	@echo "make: adding the test dependencies (the dev extras) to $(VENV)"
 	$(BIN)/pip install --quiet -e ".[dev]"
 	touch $(STAMP)
 
-demo: $(STAMP)
-	OMP_NUM_THREADS=1 $(BIN)/python -m nbdist.demo
+demo: $(RUNTIME)
+	@OMP_NUM_THREADS=1 $(BIN)/python -m nbdist.demo
 
 test: $(STAMP)
 	$(BIN)/ruff check nbdist tests benchmarks notebooks deploy

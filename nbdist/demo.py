@@ -2,25 +2,36 @@
 
 from __future__ import annotations
 
-import pathlib
+import os
 import sys
+import tempfile
 import time
 
 
 def main() -> int:
     import nbformat
+    from jupyter_client.manager import KernelManager
     from nbclient import NotebookClient
     from nbclient.exceptions import CellExecutionError
 
-    path = pathlib.Path(__file__).resolve().parents[1] / "notebooks" / "00_quickstart.ipynb"
+    from .tutorials import source
+
+    path = source() / "00_quickstart.ipynb"
     nb = nbformat.read(path, as_version=4)
     print(f"running {path.name} on 2 CPU ranks (headless)...", flush=True)
     tic = time.perf_counter()
-    try:
-        NotebookClient(nb, timeout=300, kernel_name="python3").execute()
-    except CellExecutionError as exc:
-        print(f"the notebook failed: {exc}", file=sys.stderr)
-        return 1
+    with tempfile.TemporaryDirectory(prefix="nbdist-demo-") as sockets:
+        # the kernel talks to this process over unix sockets in a private folder, not TCP (ipykernel
+        # warns that TCP without CurveZMQ keys is plain text)
+        km = KernelManager(kernel_name="python3", transport="ipc", ip=os.path.join(sockets, "kernel"))
+        try:
+            NotebookClient(nb, timeout=300, km=km).execute()
+        except CellExecutionError as exc:
+            print(f"the notebook failed: {exc}", file=sys.stderr)
+            return 1
+        finally:
+            if km.has_kernel:  # the client shuts down only kernels it started itself
+                km.shutdown_kernel()
     for cell in nb.cells:
         if cell.cell_type != "code":
             continue
