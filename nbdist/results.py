@@ -123,6 +123,21 @@ class RankResult:
             summary=summary,
         )
 
+    def __repr__(self) -> str:
+        """One line: the rank, how it ended, its time, and its error's first line or how much it printed."""
+        took = f", {self.wall_s:.2f} s" if self.wall_s is not None else ""
+        if self.error:
+            first = ANSI.sub("", str(self.error.get("evalue") or "")).strip().splitlines()
+            where = f" (cell line {self.error['line']})" if self.error.get("line") else ""
+            return f"rank {self.rank}: {self.status}{took}, {self.error.get('ename')}: {first[0][:120] if first else ''}{where}"
+        lines = len(self.stdout.splitlines()) + len(self.stderr.splitlines())
+        return f"rank {self.rank}: {self.status}{took}, {lines} line(s) of output"
+
+    def text(self) -> str:
+        """Everything this rank printed, then its traceback, without terminal colours."""
+        parts = [self.stdout, self.stderr, *(ANSI.sub("", t) for t in (self.error or {}).get("traceback", []))]
+        return "\n".join(p.rstrip("\n") for p in parts if p)
+
     def broke_the_world(self) -> bool:
         """Did this rank's error come from a broken process group?"""
         return bool(self.error and _DIST_ERROR.search(self.error.get("evalue") or ""))
@@ -152,6 +167,23 @@ class RunResult:
     @property
     def failed(self) -> list[RankResult]:
         return [r for r in self.ranks if r.status != RankStatus.OK]
+
+    def __repr__(self) -> str:
+        """A line for the cell and a line per rank; ``show()`` prints each rank's whole text."""
+        failed = [r.rank for r in self.failed]
+        head = f"RunResult({len(self.ranks)} rank(s), {self.wall_s:.2f} s, " + (
+            f"not ok on rank(s) {', '.join(map(str, failed))})" if failed else "ok)"
+        )
+        return "\n".join([head, *(f"  {r!r}" for r in self.ranks)])
+
+    def show(self) -> None:
+        """Print each rank's whole output and traceback (ANSI colours removed), then the notes."""
+        for r in self.ranks:
+            print(f"---- {r!r}")
+            if r.text():
+                print(r.text())
+        for note in self.notes:
+            print(note)
 
     def __getitem__(self, rank: int) -> RankResult:
         for r in self.ranks:

@@ -63,17 +63,22 @@ def scatter_add(values: np.ndarray, indices: np.ndarray, scale: float, out: np.n
     n = out.size
     if values.size < indices.size:
         raise ValueError("%d indices came with %d values", indices.size, values.size)
-    lo, hi = 0, 0
-    for j in range(indices.size):  # a pass of its own vectorises: +5% on the scatter, a branch in it +14%
-        lo = min(lo, indices[j])
-        hi = max(hi, indices[j])
-    if lo < 0 or hi >= n:
+    if n == 0 and indices.size > 0:
+        raise IndexError("index %d (entry %d) is outside the bucket's %d entries", indices[0], 0, n)
+    f = np.float32(scale)
+    last = np.uint64(max(n, 1) - 1)
+    bad = False
+    for j in range(indices.size):
+        # Branch-free: an index outside the bucket (negative ones wrap to huge) writes to its last
+        # entry, and the call raises after the loop (the bucket is lost either way). +0-2% on the
+        # scatter; a branch in the loop cost +14%, a min/max pass of its own +5%.
+        u = np.uint64(np.int64(indices[j]))
+        bad |= u > last
+        out[min(u, last)] += values[j] * f
+    if bad:
         for j in range(indices.size):
             if indices[j] < 0 or indices[j] >= n:
                 raise IndexError("index %d (entry %d) is outside the bucket's %d entries", indices[j], j, n)
-    f = np.float32(scale)
-    for j in range(indices.size):
-        out[indices[j]] += values[j] * f
 
 
 # ------------------------------------------------------------------ random-k
