@@ -11,6 +11,7 @@ This module imports nothing heavy at import time (engines and light processes lo
 
 from __future__ import annotations
 
+import logging
 from dataclasses import dataclass
 from typing import Any
 
@@ -158,3 +159,32 @@ def numba_cached(dispatcher: Any) -> bool:
         return bool(dispatcher._cache._cache_file._load_index())
     except Exception:  # no cache, or numba's layout changed: take it as not cached
         return False
+
+
+UNREADABLE = logging.getLogger("nbdist.unreadable")  # messages a client dropped; silent unless configured
+UNREADABLE.addHandler(logging.NullHandler())
+UNREADABLE.propagate = False
+
+
+def drop_unreadable_messages(client: Any) -> None:
+    """Make an ipyparallel Client drop a message it cannot unpack instead of dying on it.
+
+    ipyparallel 9.2's ``unpack_message`` lets ``Session.feed_identities``' ValueError escape, and
+    its handler for a bad signature calls ``self.log``, which ``Client`` lacks: either exception
+    ends the stream's callback, and the notebook stops hearing from the ranks. A local user can
+    send such frames to the controller's loopback ports (ZMTP 1.0 framing needs no handshake),
+    which the controller forwards (tests/shared_node/test_other_user.py). Here a message without
+    a delimiter reaches ``deserialize`` as nothing, which fails inside the try; the failure is
+    logged to ``nbdist.unreadable`` and the message dropped."""
+    if not hasattr(client, "log"):
+        client.log = UNREADABLE
+    session = client.session
+    feed = session.feed_identities
+
+    def feed_identities(msg_list: Any, copy: bool = True) -> Any:
+        try:
+            return feed(msg_list, copy=copy)
+        except ValueError:
+            return [], []
+
+    session.feed_identities = feed_identities

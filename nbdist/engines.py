@@ -18,7 +18,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from . import procs
+from . import compat, procs
 from .config import StartConfig
 from .errors import ClusterError
 from .launchers import Launcher
@@ -76,6 +76,7 @@ class EngineSet:
         self._ipp.start_engines_sync(self.config.n)
         self._record_jobs()
         self.client = self._ipp.connect_client_sync()
+        compat.drop_unreadable_messages(self.client)
         ids = self._wait_for_engines(self.config.n, known=set(), old_launchers=set())
         self.ranks = [RankInfo(rank=i, engine_id=eid) for i, eid in enumerate(self._in_launch_order(ids))]
         return self.ranks

@@ -27,7 +27,7 @@ from typing import Any
 from . import net, slurm
 from .config import StartConfig
 from .errors import ClusterError, ConfigError
-from .launchers import IPP_LOG, Launcher, LocalLauncher, process_env
+from .launchers import IPP_LOG, Launcher, LocalLauncher, process_env, secure_controller
 from .pool import ENGINE_CMD
 
 # Engines end when the controller's heartbeat stops for HB_MISSES checks of (period + 0.5 s):
@@ -154,6 +154,7 @@ class _ManyHosts(Launcher):
             log=IPP_LOG,
             load_profile=False,
         )
+        secure_controller(profile_dir)
         env = process_env(config)
         env.update(
             NBDIST_CONTROLLER_IP=self.ip,

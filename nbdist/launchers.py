@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import logging
 import os
+import secrets
 import sys
 from typing import Any
 
@@ -97,6 +98,7 @@ class LocalLauncher(Launcher):
             log=IPP_LOG,
             load_profile=False,
         )
+        secure_controller(profile_dir)
         env = process_env(config)
         c = cluster.config
         c.LocalControllerLauncher.controller_cmd = [sys.executable, "-m", "nbdist.engine.controller"]
@@ -113,6 +115,23 @@ class LocalLauncher(Launcher):
         if self._server is not None:
             pool.close(self._server)
             self._server = None
+
+
+def secure_controller(profile_dir: str) -> None:
+    """Have the controller use CurveZMQ and keep signing messages: written to its profile's config
+    file (in the cluster's 0700 directory; nothing secret on a command line).
+
+    Signing alone does not protect the controller: a local user who cannot read the key can
+    still connect to its loopback ports, and libzmq accepts ZMTP 1.0 frames without a
+    handshake, which the controller forwards and its schedulers choke on (measured: the next
+    cell never reached the engines; tests/shared_node/test_other_user.py). Under CURVE a peer
+    that does not know the controller's public key (in the 0600 connection file) cannot finish
+    the handshake, so nothing it sends is read. ipyparallel drops the HMAC key when CURVE is on
+    unless the Session's key is configured: it is, so messages stay signed too."""
+    path = os.path.join(profile_dir, "ipcontroller_config.py")
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(fd, "w") as fh:
+        fh.write(f"c.IPController.enable_curve = True\nc.Session.key = b{secrets.token_hex(32)!r}\n")
 
 
 def process_env(config: StartConfig) -> dict[str, str]:

@@ -20,7 +20,16 @@ def attempt(fn):
         return {"ok": False, "error": f"{type(exc).__name__}: {str(exc).splitlines()[0][:200] if str(exc) else ''}"}
 
 
+def zmtp1(*frames: bytes) -> bytes:
+    """One message in ZMTP 1.0 framing (a length byte counting the flags byte, a flags byte, the body):
+    libzmq takes a peer whose first byte is not 0xFF for a 1.0 peer, which needs no handshake."""
+    return b"".join(bytes([len(f) + 1, int(i < len(frames) - 1)]) + f for i, f in enumerate(frames))
+
+
 def junk(port: int) -> bool:
+    """Random bytes, and messages a socket without CURVE would take in and pass on."""
+    with socket.create_connection(("127.0.0.1", port), timeout=5) as sock:
+        sock.sendall(zmtp1(b"") + zmtp1(b"junk", b"<IDS|MSG>", b"x") + zmtp1(b"garbage") * 5)
     with socket.create_connection(("127.0.0.1", port), timeout=5) as sock:
         sock.sendall(os.urandom(4096))
     return True
