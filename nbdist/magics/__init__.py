@@ -16,7 +16,7 @@ from IPython.core.magic_arguments import argument, magic_arguments
 from .. import cluster as api
 from ..config import BACKENDS, LAUNCHER_NAMES
 from ..errors import ClusterError, ConfigError
-from .common import USAGE, call, check_choice, names_and_ranks, parse, show
+from .common import USAGE, call, cell_options, check_choice, names_and_ranks, parse, show
 
 
 @magics_class
@@ -36,28 +36,45 @@ class DistMagics(Magics):
         default=None,
         help="number of ranks (default: one per allocated GPU or task in a Slurm job, one per GPU here, else 2)",
     )
-    @argument("--backend", default=None, help="gloo or nccl (default: nccl when every rank has a GPU)")
+    @argument(
+        "--backend", default=None, metavar="gloo|nccl", help="gloo or nccl (default: nccl when every rank has a GPU)"
+    )
     @argument(
         "--launcher",
         default=None,
+        metavar="local|slurm|srun|mpi",
         help="local (default), slurm (sbatch a job), srun (inside an allocation; the default there without -n), mpi",
     )
-    @argument("--timeout", type=float, default=45.0, help="seconds to wait for the world to form")
+    @argument("--timeout", type=float, default=45.0, metavar="S", help="seconds to wait for the world to form")
     @argument("--oversubscribe", action="store_true", help="allow more ranks than cores")
     @argument("--no-pin", action="store_true", help="let every rank run on every core (default: each rank its own)")
-    @argument("--nodes", type=int, default=None, help="nodes to spread the ranks over (slurm, srun)")
-    @argument("--ranks-per-node", type=int, default=None, help="ranks on each node, e.g. one per GPU (srun)")
-    @argument("--partition", default=None, help="Slurm partition (slurm)")
-    @argument("--time", default=None, help="Slurm time limit, e.g. 30 or 1:00:00 (slurm)")
-    @argument("--account", default=None, help="Slurm account (slurm)")
-    @argument("--gpus-per-node", type=int, default=None, help="GPUs per node (slurm)")
-    @argument("--sbatch-arg", action="append", default=[], help="one more sbatch option, e.g. --sbatch-arg=--mem=8G")
-    @argument("--mpi-arg", action="append", default=[], help="one more mpiexec option (mpi)")
-    @argument("--ip", default=None, help="address the controller listens on (default: the one that reaches the nodes)")
+    @argument("--nodes", type=int, default=None, metavar="K", help="nodes to spread the ranks over (slurm, srun)")
+    @argument(
+        "--ranks-per-node", type=int, default=None, metavar="R", help="ranks on each node, e.g. one per GPU (srun)"
+    )
+    @argument("--partition", default=None, metavar="P", help="Slurm partition (slurm)")
+    @argument("--time", default=None, metavar="T", help="Slurm time limit, e.g. 30 or 1:00:00 (slurm)")
+    @argument("--account", default=None, metavar="A", help="Slurm account (slurm)")
+    @argument("--gpus-per-node", type=int, default=None, metavar="G", help="GPUs per node (slurm)")
+    @argument(
+        "--sbatch-arg",
+        action="append",
+        default=[],
+        metavar="ARG",
+        help="one more sbatch option, e.g. --sbatch-arg=--mem=8G",
+    )
+    @argument("--mpi-arg", action="append", default=[], metavar="ARG", help="one more mpiexec option (mpi)")
+    @argument(
+        "--ip",
+        default=None,
+        metavar="ADDR",
+        help="address the controller listens on (default: the one that reaches the nodes)",
+    )
     @argument(
         "--max-restarts",
         type=int,
         default=0,
+        metavar="N",
         help="recover from this many rank deaths by itself: restart, replay --setup cells, load the checkpoint, re-run",
     )
     @argument(
@@ -68,7 +85,7 @@ class DistMagics(Magics):
     @line_magic
     def dist_start(self, line: str = "") -> None:
         """Start n ranked engines with an initialised torch.distributed world."""
-        args = parse(self.dist_start, line, "dist_start")
+        args = parse(self.dist_start, line)
         check_choice(args.backend, BACKENDS, "backend")
         check_choice(args.launcher, LAUNCHER_NAMES, "launcher")
         try:
@@ -132,11 +149,11 @@ class DistMagics(Magics):
             print(text)
 
     @magic_arguments()
-    @argument("--ranks", default=None, help="restart only these ranks (default: all)")
+    @argument("--ranks", default=None, metavar="SPEC", help="restart only these ranks (default: all)")
     @line_magic
     def dist_restart(self, line: str = "") -> None:
         """Replace the engines (all, or --ranks) and rebuild the world with the same ranks."""
-        args = parse(self.dist_restart, line, "dist_restart")
+        args = parse(self.dist_restart, line)
         seconds = call(lambda: api.current().restart(args.ranks))
         print(f"world rebuilt in {seconds:.1f} s; restarted ranks start with empty namespaces.")
 
@@ -194,27 +211,22 @@ class DistMagics(Magics):
     # ---------------------------------------------------------------- running code
 
     @magic_arguments()
-    @argument("--ranks", default=None, help="ranks to run on: 0, 0,2 or 1-3 (default: all)")
-    @argument("--timeout", type=float, default=None, help="seconds before ranks are released")
-    @argument("--noblock", action="store_true", help="return at once; collect with .wait()")
-    @argument("--quiet", action="store_true", help="show output of the first rank only")
-    @argument("--setup", action="store_true", help="a cell that builds state: replayed after an automatic restart")
+    @argument("--ranks", default=None, metavar="SPEC", help="ranks to run on: 0, 0,2 or 1-3 (default: all)")
+    @cell_options
     @cell_magic
     def distributed(self, line: str, cell: str) -> Any:
         """Run the cell on every rank (or --ranks), output tagged by rank."""
-        args = parse(self.distributed, line, "distributed")
+        args = parse(self.distributed, line, cell=True)
         return self._run(cell, args.ranks, args.timeout, not args.noblock, args.quiet, args.setup)
 
     @magic_arguments()
-    @argument("spec", help="ranks to run on: 0, 0,2 or 1-3")
-    @argument("--timeout", type=float, default=None)
-    @argument("--noblock", action="store_true")
-    @argument("--quiet", action="store_true")
+    @argument("spec", metavar="SPEC", help="ranks to run on: 0, 0,2 or 1-3")
+    @cell_options
     @cell_magic
     def rank(self, line: str, cell: str) -> Any:
         """%%rank SPEC: shorthand for %%distributed --ranks SPEC."""
-        args = parse(self.rank, line, "rank")
-        return self._run(cell, args.spec, args.timeout, not args.noblock, args.quiet)
+        args = parse(self.rank, line, cell=True)
+        return self._run(cell, args.spec, args.timeout, not args.noblock, args.quiet, args.setup)
 
     def _run(self, cell: str, ranks: Any, timeout: float | None, block: bool, quiet: bool, setup: bool = False) -> Any:
         cluster = call(api.current)

@@ -6,34 +6,50 @@ import shlex
 from typing import Any
 
 from IPython.core.error import UsageError
-from IPython.core.magic_arguments import parse_argstring
+from IPython.core.magic_arguments import argument, parse_argstring
 
 from ..config import did_you_mean
 from ..errors import ClusterError, ConfigError, NbdistError, RankError
 
+# Usage of the magics that parse their line by hand; the others' comes from their parsers (``usage``).
 USAGE = {
-    "dist_start": (
-        "%dist_start [-n N] [--backend gloo|nccl] [--launcher local|slurm|srun|mpi] [--timeout S] [--nodes K] [--ranks-per-node R] "
-        "[--partition P] [--time T] [--account A] [--gpus-per-node G] [--sbatch-arg ARG] [--mpi-arg ARG] [--ip ADDR] "
-        "[--max-restarts N] [--debug-collectives]"
-    ),
-    "distributed": "%%distributed [--ranks SPEC] [--timeout S] [--noblock] [--quiet] [--setup]",
-    "rank": "%%rank SPEC [--timeout S] [--noblock] [--quiet]   (SPEC: 0, 0,2 or 1-3)",
-    "dist_restart": "%dist_restart [--ranks SPEC]",
     "dist_mode": "%dist_mode on|off",
     "dist_push": "%dist_push NAME [NAME ...] [--ranks SPEC]",
     "dist_pull": "%dist_pull NAME [--ranks SPEC]",
     "dist_run": "%dist_run [--ranks SPEC] [--timeout S] [--noblock] [--quiet] script.py [script args ...]",
-    "dist_export": "%dist_export train.py [--cells 1-3,5] [--force] | %dist_export --list",
 }
 
 
-def parse(func: Any, line: str, name: str) -> Any:
+def usage(func: Any, cell: bool = False) -> str:
+    """A magic's usage on one line, from its own parser: it cannot drift from the options it takes."""
+    text = " ".join(func.parser.format_usage().split()).removeprefix("::").strip()
+    text = text.removeprefix("usage:").strip().replace(" [-h]", "")
+    return "%" + text if cell else text
+
+
+def cell_options(func: Any) -> Any:
+    """The options every magic that runs a cell takes (%%distributed, %%rank), declared once."""
+    for decorate in reversed(
+        (
+            argument("--timeout", type=float, default=None, metavar="S", help="seconds before ranks are released"),
+            argument("--noblock", action="store_true", help="return at once; collect with .wait()"),
+            argument("--quiet", action="store_true", help="show output of the first rank only"),
+            argument(
+                "--setup", action="store_true", help="a cell that builds state: replayed after an automatic restart"
+            ),
+        )
+    ):
+        func = decorate(func)
+    return func
+
+
+def parse(func: Any, line: str, cell: bool = False) -> Any:
+    """The magic's arguments; a bad line is one UsageError naming what is wrong and the usage."""
     try:
         return parse_argstring(func, line)
     except UsageError as exc:
         text = str(exc).replace("\n", " ").strip()
-        raise UsageError(f"{text}; type {USAGE[name]}") from None
+        raise UsageError(f"{text}; type {usage(func, cell)}") from None
 
 
 def check_choice(value: str | None, choices: tuple[str, ...], what: str) -> None:

@@ -12,7 +12,7 @@ from IPython.core.magic_arguments import argument, magic_arguments
 from .. import cluster as api
 from .. import export as exporting
 from ..scripts import run_script
-from .common import USAGE, call, parse, show
+from .common import USAGE, call, parse, show, usage
 
 _RUN_OPTIONS = {"--ranks": True, "--timeout": True, "--noblock": False, "--quiet": False}  # True: takes a value
 
@@ -56,21 +56,32 @@ class ScriptMagics(Magics):
         return show(result, block)
 
     @magic_arguments()
-    @argument("path", nargs="?", default=None, help="the script to write, e.g. train.py (train.sbatch goes beside it)")
-    @argument("--cells", default=None, help="the cells to export, numbered as --list shows: 1-3,5 (default: all)")
+    @argument(
+        "path",
+        nargs="?",
+        default=None,
+        metavar="train.py",
+        help="the script to write, e.g. train.py (train.sbatch goes beside it)",
+    )
+    @argument(
+        "--cells",
+        default=None,
+        metavar="1-3,5",
+        help="the cells to export, numbered as --list shows: 1-3,5 (default: all)",
+    )
     @argument("--list", action="store_true", help="list the session's cells with their numbers")
     @argument("--force", action="store_true", help="replace a file that %%dist_export did not write")
     @line_magic
     def dist_export(self, line: str = "") -> None:
         """Write the session's distributed cells as a script for torchrun, and an sbatch script beside it."""
-        args = parse(self.dist_export, line, "dist_export")
+        args = parse(self.dist_export, line)
         cluster = call(api.current)
         if args.list:
             lines = exporting.listing(cluster.history)
             print("\n".join(lines) if lines else "no cell has run on the ranks yet")
             return
         if not args.path:
-            raise UsageError(f"name the script to write; type {USAGE['dist_export']}")
+            raise UsageError(f"name the script to write; type {usage(self.dist_export)}")
         done = call(lambda: exporting.export(cluster, args.path, cells=args.cells, force=args.force))
         print(
             f"wrote {done.script} ({len(done.cells)} cell(s)) and {done.sbatch.name}; "

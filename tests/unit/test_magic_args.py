@@ -82,3 +82,48 @@ def test_dist_where_without_a_cluster_says_how_to_start(ip):
     if api._CURRENT is not None:
         pytest.skip("a cluster is running in this process")
     assert "%dist_start -n 2" in _usage(ip, "dist_where ")
+
+
+# Every option each magic takes, frozen (as torchtitan's test_no_new_cli_options.py does): adding or
+# removing one is a deliberate change here, in the docs, and in the notebooks that teach it.
+FROZEN = {
+    "dist_start": "-n --backend --launcher --timeout --oversubscribe --no-pin --nodes --ranks-per-node --partition "
+    "--time --account --gpus-per-node --sbatch-arg --mpi-arg --ip --max-restarts --debug-collectives",
+    "distributed": "--ranks --timeout --noblock --quiet --setup",
+    "rank": "spec --timeout --noblock --quiet --setup",
+    "dist_restart": "--ranks",
+    "dist_export": "path --cells --list --force",
+}
+
+
+def _magics():
+    from nbdist.magics import DistMagics
+    from nbdist.magics.scripts import ScriptMagics
+
+    return {name: getattr(DistMagics, name, None) or getattr(ScriptMagics, name) for name in FROZEN}
+
+
+def _options(func) -> list[str]:
+    return [a.option_strings[0] if a.option_strings else a.dest for a in func.parser._actions if a.dest != "help"]
+
+
+def test_no_magic_gains_or_loses_an_option_unnoticed():
+    for name, func in _magics().items():
+        assert _options(func) == FROZEN[name].split(), f"%{name}'s options changed: update FROZEN, the docs, USAGE"
+
+
+def test_each_magics_usage_comes_from_its_parser_and_names_every_option_with_help():
+    from nbdist.magics.common import usage
+
+    for name, func in _magics().items():
+        text = usage(func, cell=name in ("distributed", "rank"))
+        for option in FROZEN[name].split():
+            if option.startswith("-"):
+                assert option in text, f"{option} missing from {text}"
+        assert all(a.help for a in func.parser._actions), f"an option of %{name} has no help"
+    assert usage(_magics()["rank"], cell=True).startswith("%%rank [--timeout S]")
+
+
+def test_the_usage_a_bad_line_shows_lists_every_option(ip):
+    msg = _usage(ip, "dist_start --oversubscribe --no-pin --bogus")
+    assert "[--oversubscribe] [--no-pin]" in msg, "the usage an error shows lists every option"
