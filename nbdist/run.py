@@ -25,9 +25,8 @@ from collections.abc import Callable
 from datetime import datetime
 from typing import Any
 
-from . import compat, procs
+from . import compat, procs, wire
 from .config import RunConfig
-from .engine.metrics import KEY as METRICS_KEY
 from .engines import EngineSet
 from .errors import ClusterError
 from .output import Sink, TaggedPrinter
@@ -36,7 +35,6 @@ from .results import RankResult, RankState, RankStatus, Release, RunResult, clas
 
 OnDone = Callable[[RunResult, list[int]], None]  # (result, ranks killed) -> None
 Then = Callable[[RunResult], RunResult]  # what to make of a finished result (the Cluster's recovery)
-CHECKPOINT_KEY = "nbdist.checkpoint"  # parallel/checkpoint.py publishes the last save under it
 _SHOWN_TYPES = ("stream", "display_data", "execute_result", "error", "data_message")
 
 
@@ -285,7 +283,7 @@ class Watch:
                 seen.result = True
                 self.sink.result(rank, md["execute_result"])
             data = md.get("data") or {}
-            for key in sorted(k for k in data if k.startswith(METRICS_KEY) and k not in seen.data):
+            for key in sorted(k for k in data if k.startswith(wire.METRICS) and k not in seen.data):
                 seen.data.add(key)
                 rows = data[key].get("rows", [])
                 self.metrics[rank].extend(rows)
@@ -322,7 +320,7 @@ class Watch:
             rr.outputs = list(md.get("outputs") or [])
             rr.result = md.get("execute_result")
             rr.wall_s = _seconds_between(md.get("started"), md.get("completed"))
-            self.checkpoint = (md.get("data") or {}).get(CHECKPOINT_KEY, self.checkpoint)
+            self.checkpoint = (md.get("data") or {}).get(wire.CHECKPOINT, self.checkpoint)
             exc = _error_of(child)
             if i in self.gone and not child.done():
                 rr.status = RankStatus.DEAD

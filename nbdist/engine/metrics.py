@@ -16,10 +16,11 @@ import threading
 import time
 from typing import Any
 
+from .. import wire
 from . import gpu
 
 FLUSH_S = 0.4  # at most 2.5 batches a second: each costs the rank a message and the kernel its handling
-KEY = "nbdist.metrics."
+KEY = wire.METRICS
 _LOCK = threading.Lock()
 _BUFFER: list[dict[str, Any]] = []
 _LOCAL: list[dict[str, Any]] = []

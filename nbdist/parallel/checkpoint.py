@@ -35,12 +35,13 @@ import torch.distributed.checkpoint as dcp
 from torch.distributed.checkpoint.api import CheckpointException  # a BaseException, not an Exception
 from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
 
+from .. import wire
 from ..engine import control, metrics, preempt
 from ..engine.state import at_cell_end
 from ..errors import ConfigError
 from . import ckpt_rank
 
-KEY = "nbdist.checkpoint"  # what the notebook learns of the last save (run.py reads it)
+KEY = wire.CHECKPOINT  # what the notebook learns of the last save (run.py reads it)
 _STEP = re.compile(r"^step-(\d+)$")
 # The asynchronous save in flight on this rank, and why one failed, each with the world it began in: a
 # save of a world since rebuilt (a rank died) is dropped, not waited for; its step never became latest.
