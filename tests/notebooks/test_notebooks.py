@@ -71,8 +71,12 @@ def _execute(path: pathlib.Path, tmp_path: pathlib.Path) -> tuple[nbformat.Noteb
     client.execute()
     left = {p.pid for p in psutil.Process().children(recursive=True)} - before
     assert not [p for p in left if psutil.pid_exists(p)], "the notebook must stop its cluster"
+    # A print can reach the notebook as several stream messages (the kernel flushes on a timer, and under
+    # load a flush can fall inside one line): a cell's chunks are joined as they came, cells by a newline.
     return nb, "\n".join(
-        o.get("text", "") for c in nb.cells if c.cell_type == "code" for o in c.outputs if o.output_type == "stream"
+        "".join(o.get("text", "") for o in c.outputs if o.output_type == "stream")
+        for c in nb.cells
+        if c.cell_type == "code"
     )
 
 
