@@ -196,8 +196,8 @@ def jit_in_engines(think_s: float = 6.0) -> dict:
     """The same probe as the first code on the ranks of a fresh cluster: engines started
     cold, and engines served from warm processes (which load numba while idle)."""
     import nbdist
-    from nbdist import pool
     from nbdist.config import default_threads
+    from nbdist.launch import pool
 
     probe = JIT_PROBE.replace("print(", "overhead = (")
     out = {}

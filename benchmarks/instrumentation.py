@@ -17,7 +17,7 @@ import time
 
 from _common import save, stats
 
-from nbdist.output import Sink
+from nbdist.cells.output import Sink
 
 LOOP = """
 import time, statistics

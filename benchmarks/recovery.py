@@ -27,7 +27,7 @@ import psutil
 from _common import save, stats
 
 import nbdist
-from nbdist.output import Sink
+from nbdist.cells.output import Sink
 
 STEPS, KILL_AT, EVERY, SLEEP = 60, 22, 5, 0.02
 MODEL = """

@@ -4,7 +4,7 @@ Raw: `ipyparallel.Cluster(n=2).start_and_connect_sync()`, then `init_process_gro
 on each engine and one all_reduce. nbdist: `%dist_start -n N` through an IPython shell, then
 one `%%distributed` all_reduce cell, for 2 ranks and for 4 (oversubscribed on 2 cores), in
 four situations:
-- warm: the usual notebook, where `%load_ext nbdist` started the warm process (nbdist.pool)
+- warm: the usual notebook, where `%load_ext nbdist` started the warm process (nbdist.launch.pool)
   a few seconds (THINK_S) before the user ran `%dist_start`;
 - back-to-back: warming starts at the same moment as `%dist_start` (Run All);
 - cold: nothing warm before `%dist_start` (a script's first `nbdist.start`); the start begins
@@ -71,8 +71,8 @@ THINK_S = 4.0  # seconds between `%load_ext nbdist` and `%dist_start` in the war
 def nbdist_once(ip, mode: str, n: int) -> tuple[float, float, dict]:
     """(seconds to the first collective, seconds %dist_stop took, the start's phases)."""
     import nbdist
-    from nbdist import pool
     from nbdist.config import default_threads
+    from nbdist.launch import pool
 
     pool.shutdown()
     if mode == "warming off":
@@ -101,8 +101,8 @@ READ_S = 2.0  # seconds between the first cell's output and `%dist_restart`
 
 def cache_once(ip, cache_dir: str) -> tuple[float, float]:
     """(%dist_start + a collective, %dist_restart + a collective), with NUMBA_CACHE_DIR=cache_dir."""
-    from nbdist import pool
     from nbdist.config import default_threads
+    from nbdist.launch import pool
 
     pool.shutdown()
     os.environ["NUMBA_CACHE_DIR"] = cache_dir

@@ -22,19 +22,18 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from . import defaults
-from .config import RunConfig, StartConfig, format_cpus, parse_ranks
-from .doctor import render
-from .engine import gpu
-from .engines import EngineSet, RankInfo
+from .cells.history import History
+from .cells.output import Sink
+from .cells.run import PendingRun, execute
+from .config import RunConfig, StartConfig, parse_ranks
 from .errors import ClusterError
-from .history import History
-from .hosts import launcher_for
-from .output import Sink
-from .recovery import Recovery, recover
-from .rendezvous import World, build_world, choose_backend, configure_ranks, leave_world
-from .results import RankState, RankStatus, RunResult
-from .run import PendingRun, execute
+from .launch import defaults
+from .launch.hosts import launcher_for
+from .recovery import Recovery, Replay
+from .results import RankStatus, RunResult
+from .world import views
+from .world.engineset import EngineSet, RankInfo
+from .world.rendezvous import World, build_world, choose_backend, configure_ranks, leave_world
 
 _CURRENT: Cluster | None = None  # the active cluster (strong: it owns processes)
 
@@ -89,7 +88,6 @@ class Cluster:
         self.restarts = 0  # restarts of any rank, automatic or not (torchrun's TORCHELASTIC_RESTART_COUNT)
         self.recovery = Recovery(budget=self.config.max_restarts)  # --max-restarts, setup cells, last checkpoint
         self.history = History()  # the cells that ran, for %dist_export
-        self._to_recover: list[int] = []
         self._workdir = ""
         self._lock = threading.RLock()
 
@@ -241,46 +239,16 @@ class Cluster:
 
     def status(self) -> list[dict[str, Any]]:
         """One row per rank: rank, engine id, host, pid, device, GPU (name, memory held), cores, backend, state."""
-        states = self._engines().states()
-        gpus = self._gpu_info(states) if self.backend == "nccl" else {}
-        return [
-            {
-                "rank": r.rank,
-                "engine_id": r.engine_id,
-                "host": r.host,
-                "node_rank": r.node_rank,
-                "local_rank": r.local_rank,
-                "pid": r.pid,
-                "device": f"cuda:{r.gpu}" if self.backend == "nccl" else "cpu",
-                "gpu": gpus.get(r.rank, ""),
-                "cpus": format_cpus(r.cpus),
-                "backend": self.backend,
-                "state": str(states[r.rank]),
-            }
-            for r in self.ranks
-        ]
+        return views.status(self._engines(), self.backend)
 
-    def _gpu_info(self, states: dict[int, RankState]) -> dict[int, str]:
-        """'NVIDIA H100 80GB HBM3, 1234/81559 MiB' per idle rank; 'busy' for a rank still running a cell."""
-        engines = self._engines()
-        idle = [r.rank for r in self.ranks if states[r.rank] == RankState.IDLE]
-        futures = {rank: engines.apply(rank, gpu.info) for rank in idle}
-        out = {r.rank: "busy" for r in self.ranks if states[r.rank] == RankState.BUSY}
-        for rank, fut in futures.items():
-            try:
-                info = fut.get(timeout=2)
-            except Exception:
-                out[rank] = "busy"
-                continue
-            out[rank] = f"{info['name']}, {info['memory_mib']}/{info['total_mib']} MiB" if info else ""
-        return out
+    @property
+    def shape(self) -> views.WorldShape:
+        """Backend, ranks, hosts and threads per rank: what a job script for this world needs."""
+        return views.shape(self._engines(), self.backend, self.config.threads or 1)
 
     def where(self, wait: float = 1.0) -> list[str]:
-        """Where each rank is now: its cell lines, its last collective, the odd one marked (doctor.py)."""
-        engines = self._engines()
-        live = [r.rank for r in self.ranks if r.rank not in set(engines.dead_ranks())]
-        reports = engines.where(live, wait=wait)
-        return render(reports, {r.rank: r.where() for r in self.ranks})
+        """Where each rank is now: its cell lines, its last collective, the odd one marked (world/doctor.py)."""
+        return views.where(self._engines(), wait)
 
     def view(self, ranks: list[int]) -> Any:
         """An ipyparallel DirectView on these ranks' engines."""
@@ -310,13 +278,13 @@ class Cluster:
         cfg = RunConfig(ranks=parse_ranks(ranks, self.world_size), timeout=timeout, block=block, quiet=quiet)
         dead = engines.dead_ranks()
         if dead and self.recovery.left > 0:  # died between cells (a preempted rank left, say)
-            recover(self, dead, self.progress)
+            self.recovery.recover(dead, self._replay(), self.progress)
         self.last = self._execute(code, cfg, sink, setup)
         return self.last
 
     def _execute(self, code: str, cfg: RunConfig, sink: Sink | None, setup: bool) -> RunResult | PendingRun:
-        def then(result: RunResult) -> RunResult:
-            return self._after(result, code, cfg, sink, setup)
+        def then(result: RunResult, recover: list[int]) -> RunResult:
+            return self._after(result, recover, code, cfg, sink, setup)
 
         return execute(
             self._engines(),
@@ -329,14 +297,16 @@ class Cluster:
             then=then,
         )
 
-    def _after(self, result: RunResult, code: str, cfg: RunConfig, sink: Sink | None, setup: bool) -> RunResult:
-        """Remember the cell and the last checkpoint; recover from deaths while the budget lasts."""
+    def _after(
+        self, result: RunResult, dead: list[int], code: str, cfg: RunConfig, sink: Sink | None, setup: bool
+    ) -> RunResult:
+        """Remember the cell and the last checkpoint; recover ``dead`` (from ``_repair``) while the budget lasts."""
         self.recovery.checkpoint = result.checkpoint or self.recovery.checkpoint
         if result.ok:  # setup cells among them are what recovery replays
             self.history.add(code, cfg.ranks, setup)
-        dead, self._to_recover, line = self._to_recover, [], ""
+        line = ""
         try:
-            line = recover(self, dead, self.progress) if dead else ""
+            line = self.recovery.recover(dead, self._replay(), self.progress) if dead else ""
         except ClusterError as exc:
             result.notes.append(str(exc))
         if not line:
@@ -356,14 +326,25 @@ class Cluster:
         engines = self._engines()
         return engines.pull(name, parse_ranks(ranks, self.world_size))
 
-    def _repair(self, result: RunResult, killed: list[int]) -> None:
-        """After a release or a broken collective, make the world usable again and say how in the notes."""
+    def _replay(self) -> Replay:
+        return Replay(
+            restart=self.restart,
+            engines=self._engines(),
+            setup=self.history.setup_cells(),
+            grace=self.config.grace,
+            watchdog=self.config.watchdog,
+            timeout=self.config.timeout,
+        )
+
+    def _repair(self, result: RunResult, killed: list[int]) -> list[int]:
+        """After a release or a broken collective, make the world usable again and say how in the notes;
+        return the ranks left for automatic recovery (``_after`` recovers them and runs the cell again)."""
         dead = sorted({r.rank for r in result.ranks if r.status == RankStatus.DEAD} | set(killed))
         listed = ", ".join(map(str, dead))
         tic = time.perf_counter()
-        self._to_recover = self.recovery.wants(result, killed)
-        if self._to_recover:
-            return  # recovery.py restarts them, replays the setup cells and runs the cell again
+        to_recover = self.recovery.wants(result, killed)
+        if to_recover:
+            return to_recover  # recovery.py restarts them, replays the setup cells and runs the cell again
         if dead and self.recovery.budget and not killed:
             result.notes.append(
                 f"rank(s) {listed} died and the automatic restarts are spent ({self.recovery.budget} of "
@@ -390,6 +371,7 @@ class Cluster:
                 )
             except Exception as exc:
                 result.notes.append(f"rebuilding the process group failed ({exc}); run %dist_restart.")
+        return []
 
 
 def _print_line(line: str) -> None:

@@ -11,8 +11,32 @@ from dataclasses import dataclass, field
 from .errors import ConfigError
 
 BACKENDS = ("gloo", "nccl")
-LAUNCHER_NAMES = ("local", "slurm", "srun", "mpi")  # the names the CLI knows; launchers.LAUNCHERS runs them
-MULTI_HOST = ("slurm", "srun", "mpi")
+
+
+@dataclass(frozen=True, slots=True)
+class LauncherSpec:
+    """A launcher as the options see it. ``LAUNCHERS`` is the one list: each launcher class (launch/) takes
+    its entry (``Launcher.spec``), and the magic's help, the checks below and ``launcher_for`` read it."""
+
+    name: str
+    summary: str  # what it starts, for help texts and errors
+    multi_host: bool = True  # engines may run on other hosts
+    options: tuple[str, ...] = ()  # the StartConfig fields that only launchers listing them accept
+
+
+LAUNCHERS = {
+    spec.name: spec
+    for spec in (
+        LauncherSpec("local", "every rank on this machine, on 127.0.0.1", multi_host=False),
+        LauncherSpec(
+            "slurm",
+            "sbatch a job",
+            options=("nodes", "partition", "time", "account", "gpus_per_node", "sbatch_args"),
+        ),
+        LauncherSpec("srun", "srun --overlap inside an allocation", options=("nodes", "ranks_per_node")),
+        LauncherSpec("mpi", "mpiexec", options=("mpi_args",)),
+    )
+}
 # Values that reach an sbatch script: Slurm's own syntax, nothing a script line or a shell reads more in.
 SLURM_VALUES = {
     "--partition": (
@@ -99,7 +123,7 @@ class StartConfig:
 
     n: int = 2  # number of ranks
     backend: str | None = None  # "gloo" or "nccl"; None: nccl when every rank has a GPU of its own
-    launcher: str = "local"  # how engines start (launchers.py)
+    launcher: str = "local"  # how engines start: a name in LAUNCHERS
     timeout: float = 45.0  # seconds for engines to register and for the world to form
     oversubscribe: bool = False  # allow more ranks than cores
     heartbeat_ms: int = 100  # the controller's heartbeat: how fast a dead engine is noticed
@@ -128,15 +152,15 @@ class StartConfig:
             raise ConfigError(f"n ({self.n!r}) must be a whole number of ranks, such as -n 2.")
         if self.n < 1:
             raise ConfigError(f"n ({self.n}) must be at least 1; use -n 2 for two ranks.")
+        if self.launcher not in LAUNCHERS:
+            raise ConfigError(f"launcher {self.launcher!r} is not known; {did_you_mean(self.launcher, tuple(LAUNCHERS))}")
         cores = self.cores or os.cpu_count() or 1
-        if self.launcher == "local" and self.n > cores and not self.oversubscribe:
+        if not LAUNCHERS[self.launcher].multi_host and self.n > cores and not self.oversubscribe:
             raise ConfigError(
                 f"n ({self.n}) is more than this machine's {cores} cores; use -n {cores}, or pass --oversubscribe."
             )
         if self.backend is not None and self.backend not in BACKENDS:
             raise ConfigError(f"backend {self.backend!r} is not known; {did_you_mean(self.backend, BACKENDS)}")
-        if self.launcher not in LAUNCHER_NAMES:
-            raise ConfigError(f"launcher {self.launcher!r} is not known; {did_you_mean(self.launcher, LAUNCHER_NAMES)}")
         self._check_hosts()
         if not self.timeout or self.timeout <= 0:
             raise ConfigError(f"timeout ({self.timeout!r}) must be a positive number of seconds, such as 45.")
@@ -150,7 +174,7 @@ class StartConfig:
             raise ConfigError(f"watchdog ({self.watchdog!r}) must be positive seconds, or None to turn it off.")
         if self.threads is None:
             per_host = self.ranks_per_node or (-(-self.n // self.nodes) if self.nodes else self.n)
-            self.threads = default_threads(per_host if self.launcher in MULTI_HOST else self.n, cores)
+            self.threads = default_threads(per_host if LAUNCHERS[self.launcher].multi_host else self.n, cores)
         elif self.threads < 1:
             raise ConfigError(f"threads ({self.threads}) must be at least 1.")
 
@@ -185,36 +209,24 @@ class StartConfig:
                 raise ConfigError(
                     f"--ip {self.ip!r} is not an address; name one of this host's, e.g. --ip 10.0.0.5."
                 ) from None
-        if self.launcher == "local" and self.ip not in (None, "127.0.0.1"):
+        if not LAUNCHERS[self.launcher].multi_host and self.ip not in (None, "127.0.0.1"):
+            several = ", ".join(name for name, spec in LAUNCHERS.items() if spec.multi_host)
             raise ConfigError(
-                f"--ip {self.ip} is for launchers on several hosts; the local launcher listens on 127.0.0.1 "
-                "only. Use --launcher slurm, srun or mpi, or leave --ip out."
+                f"--ip {self.ip} is for launchers on several hosts; the {self.launcher} launcher listens on 127.0.0.1 "
+                f"only. Use --launcher {several}, or leave --ip out."
             )
-        slurm_only = {
-            "--partition": self.partition,
-            "--time": self.time,
-            "--account": self.account,
-            "--gpus-per-node": self.gpus_per_node,
-            "--sbatch-arg": self.sbatch_args or None,
-        }
-        for flag, value in slurm_only.items():
-            if value is not None and self.launcher != "slurm":
-                raise ConfigError(
-                    f"{flag} {value!r} is an sbatch option; it needs --launcher slurm (this is {self.launcher!r})."
-                )
+        for name in sorted({option for spec in LAUNCHERS.values() for option in spec.options}):
+            value = getattr(self, name)
+            takers = [spec for spec in LAUNCHERS.values() if name in spec.options]
+            if value not in (None, []) and self.launcher not in [spec.name for spec in takers]:
+                flag = "--" + name.removesuffix("s" if name.endswith("_args") else "").replace("_", "-")
+                which = " or ".join(f"--launcher {spec.name} ({spec.summary})" for spec in takers)
+                raise ConfigError(f"{flag} {value!r} needs {which}; this is {self.launcher!r}.")
         self._check_slurm_values()
-        if self.mpi_args and self.launcher != "mpi":
-            raise ConfigError(f"--mpi-arg {self.mpi_args!r} needs --launcher mpi (this is {self.launcher!r}).")
         if self.nodes is not None:
-            if self.launcher not in ("slurm", "srun"):
-                raise ConfigError(f"--nodes {self.nodes} needs --launcher slurm or srun (this is {self.launcher!r}).")
             if not 1 <= self.nodes <= self.n:
                 raise ConfigError(f"--nodes {self.nodes} must be between 1 and the number of ranks ({self.n}).")
         if self.ranks_per_node is not None:
-            if self.launcher != "srun":
-                raise ConfigError(
-                    f"--ranks-per-node {self.ranks_per_node} needs --launcher srun (this is {self.launcher!r})."
-                )
             if not 1 <= self.ranks_per_node <= self.n:
                 raise ConfigError(
                     f"--ranks-per-node {self.ranks_per_node} must be between 1 and the number of ranks ({self.n})."

@@ -19,21 +19,35 @@ the user's to see, and a hang would hang again.
 from __future__ import annotations
 
 import time
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from .cells.history import Cell
+from .cells.output import Sink
+from .cells.run import execute
 from .config import RunConfig
-from .engine import runtime
 from .errors import ClusterError
-from .output import Sink
 from .results import RankStatus, RunResult
-from .run import execute
+from .world.engineset import EngineSet
+
+
+@dataclass(frozen=True, slots=True)
+class Replay:
+    """What a recovery is given, explicitly: how to restart ranks (``Cluster.restart``), the engines to run
+    on, the setup cells to replay in order, and the run settings the replayed cells and the restore use."""
+
+    restart: Callable[[list[int]], float]
+    engines: EngineSet
+    setup: Sequence[Cell]
+    grace: float
+    watchdog: float | None
+    timeout: float
 
 
 @dataclass(slots=True)
 class Recovery:
-    """A cluster's recovery state: the budget left and the last checkpoint's whereabouts (the setup cells
-    to replay come from the cluster's history)."""
+    """A cluster's recovery state: the budget left and the last checkpoint's whereabouts."""
 
     budget: int = 0
     used: int = 0
@@ -49,62 +63,67 @@ class Recovery:
             return []
         return sorted(r.rank for r in result.ranks if r.status == RankStatus.DEAD and r.rank not in killed)
 
-
-def recover(cluster: Any, dead: list[int], say: Any) -> str:
-    """Restart ``dead``, rebuild the world, replay the setup cells, restore the checkpoint; return what
-    was done as one line (``say`` gets it too). Raises ClusterError naming the step that failed."""
-    rec: Recovery = cluster.recovery
-    rec.used += 1
-    tic = time.perf_counter()
-    listed = ", ".join(map(str, dead))
-    try:
-        cluster.restart(dead)
-    except Exception as exc:
-        raise ClusterError(f"automatic recovery could not restart rank(s) {listed}: {exc}; run %dist_restart.") from exc
-    setup = cluster.history.setup_cells()
-    for i, cell in enumerate(setup, 1):
-        result = execute(
-            cluster.engines,
-            cell.code,
-            RunConfig(ranks=cell.ranks),
-            grace=cluster.config.grace,
-            watchdog=cluster.config.watchdog,
-            on_done=lambda r, k: None,
-            sink=Sink(),
+    def recover(self, dead: list[int], replay: Replay, say: Callable[[str], None]) -> str:
+        """Restart ``dead``, rebuild the world, replay the setup cells, restore the checkpoint; return what
+        was done as one line (``say`` gets it too). Raises ClusterError naming the step that failed."""
+        self.used += 1
+        tic = time.perf_counter()
+        listed = ", ".join(map(str, dead))
+        try:
+            replay.restart(dead)
+        except Exception as exc:
+            raise ClusterError(
+                f"automatic recovery could not restart rank(s) {listed}: {exc}; run %dist_restart."
+            ) from exc
+        for i, cell in enumerate(replay.setup, 1):
+            result = execute(
+                replay.engines,
+                cell.code,
+                RunConfig(ranks=cell.ranks),
+                grace=replay.grace,
+                watchdog=replay.watchdog,
+                on_done=lambda r, k: [],
+                sink=Sink(),
+            )
+            assert isinstance(result, RunResult)  # a blocking run
+            if not result.ok:
+                why = result.failed[0].failure().summary
+                raise ClusterError(
+                    f"automatic recovery: setup cell {i} of {len(replay.setup)} failed when replayed: {why}"
+                )
+        restored = _restore(replay, self.checkpoint)
+        what = [f"restarted rank(s) {listed}", "rebuilt the process group"]
+        if replay.setup:
+            what.append(f"replayed {len(replay.setup)} setup cell(s)")
+        else:
+            what.append("no cell is marked %%distributed --setup, so restarted ranks start empty")
+        if restored is not None:
+            what.append(f"restored step {restored} from {self.checkpoint['path']}")  # type: ignore[index]
+        line = (
+            f"rank(s) {listed} died during the cell; {', '.join(what)} in {time.perf_counter() - tic:.1f} s, "
+            f"and ran the cell again (automatic restarts left: {self.left} of {self.budget})."
         )
-        assert isinstance(result, RunResult)  # a blocking run
-        if not result.ok:
-            why = result.failed[0].failure().summary
-            raise ClusterError(f"automatic recovery: setup cell {i} of {len(setup)} failed when replayed: {why}")
-    restored = _restore(cluster, rec.checkpoint)
-    what = [f"restarted rank(s) {listed}", "rebuilt the process group"]
-    if setup:
-        what.append(f"replayed {len(setup)} setup cell(s)")
-    else:
-        what.append("no cell is marked %%distributed --setup, so restarted ranks start empty")
-    if restored is not None:
-        what.append(f"restored step {restored} from {rec.checkpoint['path']}")  # type: ignore[index]
-    line = (
-        f"rank(s) {listed} died during the cell; {', '.join(what)} in {time.perf_counter() - tic:.1f} s, "
-        f"and ran the cell again (automatic restarts left: {rec.left} of {rec.budget})."
-    )
-    say(line)
-    return line
+        say(line)
+        return line
 
 
-def _restore(cluster: Any, checkpoint: dict[str, Any] | None) -> int | None:
+def restore_on_rank(path: str, names: dict[str, Any]) -> int | None:
+    """Runs on a rank: load the latest checkpoint under ``path`` into the variables ``names``."""
+    from .parallel.checkpoint import restore_latest
+
+    return restore_latest(path, names)
+
+
+def _restore(replay: Replay, checkpoint: dict[str, Any] | None) -> int | None:
     """Load the latest checkpoint on every rank at once (DCP loads collectively); its step or None."""
     if not checkpoint:
         return None
-    engines = cluster.engines
-    futures = [
-        engines.apply(r, runtime.restore_checkpoint, checkpoint["path"], checkpoint["names"])
-        for r in range(cluster.world_size)
-    ]
+    engines = replay.engines
+    futures = [engines.apply(r, restore_on_rank, checkpoint["path"], checkpoint["names"]) for r in range(len(engines.ranks))]
     steps = []
     for rank, fut in enumerate(futures):
         try:
-            steps.append(fut.get(timeout=cluster.config.timeout))
+            steps.append(fut.get(timeout=replay.timeout))
         except Exception as exc:
             raise ClusterError(f"automatic recovery: rank {rank} could not load {checkpoint['path']}: {exc}") from exc
     return steps[0]

@@ -36,9 +36,9 @@ def no_leaked_processes():
 
     before = _nbdist_processes()
     yield
-    import nbdist.pool
+    import nbdist.launch.pool
 
-    nbdist.pool.shutdown()  # warm engines nobody took (started by %load_ext) end with the session
+    nbdist.launch.pool.shutdown()  # warm engines nobody took (started by %load_ext) end with the session
     deadline = time.monotonic() + 10
     leaked = _nbdist_processes() - before
     while leaked and time.monotonic() < deadline:
@@ -70,12 +70,12 @@ def ip():
 def wait_gone(pids: list[int], within: float) -> list[int]:
     """Wait up to `within` seconds for these processes to end; return those still running.
 
-    Reads /proc through nbdist.procs.alive, which treats a process that ends between two looks
+    Reads /proc through nbdist.launch.procs.alive, which treats a process that ends between two looks
     (or a zombie) as gone instead of raising.
     """
     import time
 
-    from nbdist.procs import alive
+    from nbdist.launch.procs import alive
 
     deadline = time.monotonic() + within
     left = [p for p in pids if alive(p)]

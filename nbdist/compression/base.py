@@ -15,7 +15,11 @@ from typing import Any
 import numpy as np
 import torch
 
+from ..errors import ConfigError
 from . import kernels, torch_kernels
+
+# Every compressor a spec can name ('topk:0.01'), filled by the classes themselves (``spec_names``).
+REGISTRY: dict[str, type[Compressor]] = {}
 
 ALL_GATHER = "all_gather"
 ALL_REDUCE = "all_reduce"
@@ -173,6 +177,7 @@ class Compressor:
     """
 
     name = "base"
+    spec_names: tuple[str, ...] = ()  # the names a spec uses for it ("topk"); a class that sets them registers
     collective = ALL_GATHER
     error_feedback = False
     shared_seed = False  # True: the same random draw on every rank
@@ -228,11 +233,32 @@ class Compressor:
     def describe(self) -> str:
         return self.name
 
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        for spec_name in cls.__dict__.get("spec_names", ()):
+            REGISTRY[spec_name] = cls
+
+    @classmethod
+    def from_spec(cls, name: str, arg: str | None) -> Compressor:
+        """The compressor ``name[:arg]`` names (``make_hook``); ConfigError for an argument it cannot take."""
+        return cls()
+
+
+def spec_number(name: str, arg: str | None, default: float, kind: type = float) -> Any:
+    """A spec's parameter as a number (``default`` when absent); ConfigError naming the spec when it is not one."""
+    if arg is None:
+        return kind(default)
+    try:
+        return kind(arg)
+    except ValueError:
+        raise ConfigError(f"{name}:{arg} has a parameter that is not a number; write e.g. {name}:{default}.") from None
+
 
 class Identity(Compressor):
     """No compression; divides before the all-reduce exactly as torch's allreduce_hook does."""
 
     name, collective, warm_up = "none", ALL_REDUCE, False
+    spec_names = ("none",)
 
     def compress(self, x: torch.Tensor, *, seed: int, world: int, scratch: dict | None = None) -> Payload:
         return Payload(x.div_(world), x)

@@ -1,7 +1,7 @@
 """The compressors behind the hooks: the pure part of each (no communication), testable alone.
 
-Sparse (TopK, DGC, RandomK), quantised (QSGD, Sign) and cast (fp16, bf16); the interface
-they share and the device dispatch are in base.py.
+Sparse (TopK, DGC, RandomK) and cast (fp16, bf16); the quantised ones (QSGD, Sign) are in
+quantizers.py; the interface they share, the device dispatch and the registry are in base.py.
 """
 
 from __future__ import annotations
@@ -12,8 +12,9 @@ from typing import Any
 import numpy as np
 import torch
 
+from ..errors import ConfigError
 from . import base, kernels, torch_kernels
-from .base import ALL_GATHER, ALL_REDUCE, Compressor, Identity, Payload
+from .base import ALL_GATHER, ALL_REDUCE, Compressor, Identity, Payload, spec_number
 
 _NO_VELOCITY = np.empty(0, np.float32)  # topk_feedback_into's "no momentum"
 
@@ -21,27 +22,34 @@ __all__ = [
     "ALL_GATHER",
     "ALL_REDUCE",
     "DGC",
-    "NAMES",
-    "QSGD",
     "Cast",
     "Compressor",
     "Identity",
     "Payload",
     "RandomK",
-    "Sign",
     "TopK",
-    "parse",
-    "powersgd_bytes",
 ]
+
+
+def _ratio(name: str, arg: str | None) -> float:
+    ratio = spec_number(name, arg, 0.01)
+    if not 0 < ratio <= 1:
+        raise ConfigError(f"{name} ratio ({ratio}) must be in (0, 1]; e.g. {name}:0.01 keeps 1%.")
+    return float(ratio)
 
 
 class TopK(Compressor):
     """The k = ratio * d largest entries by magnitude; values + int32 indices, all_gather."""
 
     name, error_feedback = "topk", True
+    spec_names = ("topk",)
 
     def __init__(self, ratio: float = 0.01) -> None:
         self.ratio = ratio
+
+    @classmethod
+    def from_spec(cls, name: str, arg: str | None) -> Compressor:
+        return cls(_ratio(name, arg))
 
     def k(self, d: int) -> int:
         return max(1, min(d, int(math.ceil(self.ratio * d))))
@@ -156,10 +164,22 @@ class DGC(TopK):
     """
 
     name = "dgc"
+    spec_names = ("dgc",)
 
     def __init__(self, ratio: float = 0.01, momentum: float = 0.9) -> None:
         super().__init__(ratio)
         self.momentum = momentum
+
+    @classmethod
+    def from_spec(cls, name: str, arg: str | None) -> Compressor:
+        ratio_arg, _, momentum_arg = (arg or "").partition(":")
+        ratio, momentum = spec_number(name, ratio_arg or None, 0.01), spec_number(name, momentum_arg or None, 0.9)
+        if not 0 < ratio <= 1 or not 0 <= momentum < 1:
+            raise ConfigError(
+                f"dgc:{arg} needs a ratio in (0, 1] and a momentum in [0, 1); e.g. dgc:0.01 "
+                "(1%, momentum 0.9) or dgc:0.01:0.95."
+            )
+        return cls(ratio, momentum)
 
     def describe(self) -> str:
         return f"dgc:{self.ratio:g}:{self.momentum:g}"
@@ -169,7 +189,11 @@ class RandomK(Compressor):
     """k entries at indices drawn from a seed every rank shares, so values can be all-reduced."""
 
     name, collective, error_feedback = "randomk", ALL_REDUCE, True
+    spec_names = ("randomk",)
 
+    @classmethod
+    def from_spec(cls, name: str, arg: str | None) -> Compressor:
+        return cls(_ratio(name, arg))
     shared_seed = True  # every rank must pick the same indices
 
     def __init__(self, ratio: float = 0.01) -> None:
@@ -210,109 +234,20 @@ class RandomK(Compressor):
         return f"randomk:{self.ratio:g}"
 
 
-class QSGD(Compressor):
-    """Unbiased stochastic rounding to s levels: an int8 per entry plus one float32 norm
-    per 512 entries (kernels.QSGD_CHUNK), all_gather."""
-
-    name = "qsgd"
-
-    def __init__(self, levels: int = 127) -> None:
-        if not 1 <= levels <= 127:
-            raise ValueError(f"qsgd levels ({levels}) must be 1..127 to fit int8")
-        self.levels = levels
-
-    def compress(self, x: torch.Tensor, *, seed: int, world: int, scratch: dict | None = None) -> Payload:
-        d = x.numel()
-        head = 4 * kernels.qsgd_chunks(d)
-        # the wire: float32 norms, then int8 levels; fresh, not reused while in flight
-        if base.uses_torch_ops(x):
-            levels, norms = torch_kernels.qsgd_quantize(x, self.levels, seed)
-            wire = torch.cat([norms.view(torch.int8), levels])
-        else:
-            wire = torch.empty(head + d, dtype=torch.int8)
-            kernels.qsgd_quantize(
-                x.numpy(), self.levels, seed, wire[head:].numpy(), wire[:head].view(torch.float32).numpy()
-            )
-
-        def sent() -> torch.Tensor:
-            dense = base.dense_buffer(scratch, "sent", d, x).zero_()
-            base.qsgd_dequantize_add(wire[head:], wire[:head].view(torch.float32), self.levels, 1.0, dense)
-            return dense
-
-        return Payload(wire, sent)
-
-    def decompress(
-        self,
-        parts: list[torch.Tensor],
-        d: int,
-        world: int,
-        context: Any = None,
-        scratch: dict | None = None,
-        out: torch.Tensor | None = None,
-        out_zeroed: bool = False,
-    ) -> torch.Tensor:
-        head = 4 * kernels.qsgd_chunks(d)
-        total = base.out_buffer(out, scratch, d, parts[0])
-        for sender, part in enumerate(parts):  # the first part is written, the others added: no zeroing pass
-            decode = base.qsgd_dequantize if sender == 0 else base.qsgd_dequantize_add
-            with base.decoding(self.name, sender):
-                decode(part[head:], part[:head].view(torch.float32), self.levels, 1.0 / world, total)
-        return total
-
-    def describe(self) -> str:
-        return f"qsgd:{self.levels}"
-
-
-class Sign(Compressor):
-    """1 bit per element plus a scale (mean |x|); with error feedback this is EF-signSGD."""
-
-    name = "signsgd"
-
-    def __init__(self, error_feedback: bool = True) -> None:
-        self.error_feedback = error_feedback
-
-    def compress(self, x: torch.Tensor, *, seed: int, world: int, scratch: dict | None = None) -> Payload:
-        d = x.numel()
-        if base.uses_torch_ops(x):
-            packed, scale = torch_kernels.sign_pack(x)
-        else:
-            bits = np.empty((d + 7) // 8, np.uint8)  # goes on the wire: fresh
-            scale = kernels.sign_pack(x.numpy(), bits)
-            packed = torch.from_numpy(bits)
-
-        def sent() -> torch.Tensor:
-            dense = base.dense_buffer(scratch, "sent", d, x).zero_()
-            base.sign_unpack_add(packed, scale, 1.0, dense)
-            return dense
-
-        head = torch.tensor([scale], dtype=torch.float32).view(torch.uint8).to(x.device)
-        return Payload(torch.cat([head, packed]), sent)
-
-    def decompress(
-        self,
-        parts: list[torch.Tensor],
-        d: int,
-        world: int,
-        context: Any = None,
-        scratch: dict | None = None,
-        out: torch.Tensor | None = None,
-        out_zeroed: bool = False,
-    ) -> torch.Tensor:
-        return base.mean_of_parts(self.name, parts, d, world, scratch, base.sign_unpack_add, out)
-
-    def describe(self) -> str:
-        return "signsgd" if self.error_feedback else "signsgd:noef"
-
-
 class Cast(Compressor):
     """fp16 or bf16 on the wire, all-reduced (works on gloo)."""
 
     collective = ALL_REDUCE
     warm_up = False  # nearly lossless and stateless: torch's fp16/bf16 hooks start at once too
+    spec_names = ("fp16", "bf16")
 
     def __init__(self, dtype: torch.dtype) -> None:
         self.dtype = dtype
         self.name = "fp16" if dtype == torch.float16 else "bf16"
+
+    @classmethod
+    def from_spec(cls, name: str, arg: str | None) -> Compressor:
+        return cls(torch.float16 if name == "fp16" else torch.bfloat16)
 
     def compress(self, x: torch.Tensor, *, seed: int, world: int, scratch: dict | None = None) -> Payload:
         # torch's fp16_compress_hook / bf16_compress_hook exactly: cast, divide, all-reduce, copy back
@@ -332,29 +267,3 @@ class Cast(Compressor):
         if out is None:
             return result.float()
         return out.copy_(result)
-
-
-NAMES = ("none", "fp16", "bf16", "topk", "dgc", "randomk", "qsgd", "signsgd", "powersgd")
-
-
-def parse(spec: str) -> tuple[str, str | None]:
-    """'topk:0.01' -> ('topk', '0.01'); names are checked by the caller."""
-    name, _, arg = spec.partition(":")
-    return name.strip().lower(), (arg.strip() or None)
-
-
-def powersgd_bytes(shapes: list[tuple[int, ...]], rank: int, min_compression_rate: float = 2.0) -> tuple[int, int]:
-    """(bytes before, bytes after) for PowerSGD as torch's hook does it: matrices (rows x rest)
-    become P (rows x r) and Q (rest x r); vectors, and matrices too small to gain
-    ``min_compression_rate``, are all-reduced as they are. float32."""
-    before = after = 0
-    for shape in shapes:
-        n = math.prod(shape)
-        before += 4 * n
-        if len(shape) <= 1:
-            after += 4 * n
-            continue
-        rows, cols = shape[0], n // shape[0]
-        compressed = (rows + cols) * rank
-        after += 4 * (compressed if compressed * min_compression_rate < n else n)
-    return before, after

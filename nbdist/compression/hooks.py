@@ -9,6 +9,7 @@ without its process group. Stateful compressors run a plain all-reduce for the f
 
 # No `from __future__ import annotations` here: DDP's register_comm_hook compares the
 # hook's annotations with dist.GradBucket and Future[Tensor] as objects, not strings.
+import math
 import time
 from typing import Any
 
@@ -16,7 +17,6 @@ import torch
 import torch.distributed as dist
 
 from .base import ALL_REDUCE, Compressor, Identity, dense_buffer, mix_seed
-from .compressors import powersgd_bytes
 
 KEEP_RECORDS = 20_000  # per hook state; older records are dropped in halves (``dropped`` counts them)
 
@@ -243,3 +243,20 @@ def powersgd_hook(state: PowerSGDHookState, bucket: dist.GradBucket) -> torch.fu
         return f.value()
 
     return powerSGD_hook(state.psgd, bucket).then(done)
+
+
+def powersgd_bytes(shapes: list[tuple[int, ...]], rank: int, min_compression_rate: float = 2.0) -> tuple[int, int]:
+    """(bytes before, bytes after) for PowerSGD as torch's hook does it: matrices (rows x rest)
+    become P (rows x r) and Q (rest x r); vectors, and matrices too small to gain
+    ``min_compression_rate``, are all-reduced as they are. float32."""
+    before = after = 0
+    for shape in shapes:
+        n = math.prod(shape)
+        before += 4 * n
+        if len(shape) <= 1:
+            after += 4 * n
+            continue
+        rows, cols = shape[0], n // shape[0]
+        compressed = (rows + cols) * rank
+        after += 4 * (compressed if compressed * min_compression_rate < n else n)
+    return before, after

@@ -98,7 +98,7 @@ def preflight() -> None:
     import json
     import socket
 
-    from nbdist import net
+    from nbdist.launch import net
 
     workdir, path = os.environ.get("NBDIST_CLUSTER_DIR", ""), connection_file()
     if not workdir or not path or not await_connection_file(30):  # (ipengine reports a missing file itself)

@@ -19,7 +19,7 @@ def cancel_jobs() -> None:
             jobs = [line.strip() for line in fh if line.strip()]
     except OSError:
         return
-    from nbdist import slurm
+    from nbdist.launch import slurm
 
     slurm.cancel(jobs)
 

@@ -23,7 +23,8 @@ import time
 import traceback
 from typing import Any
 
-from .. import compat, net
+from .. import compat
+from ..launch import net
 from . import adapters, collectives, gpu, hosted, launched, preempt, world
 from .state import CELL_END, STATE
 
@@ -108,13 +109,6 @@ def _address() -> str:
         return net.route_source(controller)
     except OSError:
         return net.LOOPBACK
-
-
-def restore_checkpoint(path: str, names: dict[str, str]) -> int | None:
-    """Automatic recovery: load the latest checkpoint under ``path`` into the variables ``names``."""
-    from ..parallel.checkpoint import restore_latest
-
-    return restore_latest(path, names)
 
 
 def local_info() -> dict[str, Any]:

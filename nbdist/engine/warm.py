@@ -1,6 +1,6 @@
 """The warm process (a fork server): import torch and ipyparallel's engine once, fork engines from it.
 
-Started by ``nbdist.pool`` while nobody waits for it (right after ``%load_ext nbdist``).
+Started by ``nbdist.launch.pool`` while nobody waits for it (right after ``%load_ext nbdist``).
 Importing torch takes about 1 s of one core; two engines importing it at once on a
 2-core laptop take twice that, next to the controller's own start. Here it happens once,
 and every engine is a ``fork()`` of a process that already has it: copy-on-write, a few

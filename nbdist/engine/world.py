@@ -11,7 +11,8 @@ import os
 import socket
 from typing import Any
 
-from .. import compat, net
+from .. import compat
+from ..launch import net
 from . import collectives, control, gpu, hosted, launched, preempt
 from .state import STATE
 

@@ -14,7 +14,7 @@ from IPython.core.magic import Magics, cell_magic, line_magic, magics_class, nee
 from IPython.core.magic_arguments import argument, magic_arguments
 
 from .. import cluster as api
-from ..config import BACKENDS, LAUNCHER_NAMES
+from ..config import BACKENDS, LAUNCHERS
 from ..errors import ClusterError, ConfigError
 from .common import USAGE, call, cell_options, check_choice, names_and_ranks, parse, show
 
@@ -42,12 +42,18 @@ class DistMagics(Magics):
     @argument(
         "--launcher",
         default=None,
-        metavar="local|slurm|srun|mpi",
-        help="local (default), slurm (sbatch a job), srun (inside an allocation; the default there without -n), mpi",
+        metavar="|".join(LAUNCHERS),
+        help=", ".join(f"{spec.name} ({spec.summary})" for spec in LAUNCHERS.values())
+        + "; default: srun inside a Slurm allocation when -n is left out, else local",
     )
     @argument("--timeout", type=float, default=45.0, metavar="S", help="seconds to wait for the world to form")
     @argument("--oversubscribe", action="store_true", help="allow more ranks than cores")
-    @argument("--no-pin", action="store_true", help="let every rank run on every core (default: each rank its own)")
+    @argument(
+        "--no-pin",
+        dest="pin",
+        action="store_false",
+        help="let every rank run on every core (default: each rank its own)",
+    )
     @argument("--nodes", type=int, default=None, metavar="K", help="nodes to spread the ranks over (slurm, srun)")
     @argument(
         "--ranks-per-node", type=int, default=None, metavar="R", help="ranks on each node, e.g. one per GPU (srun)"
@@ -58,12 +64,15 @@ class DistMagics(Magics):
     @argument("--gpus-per-node", type=int, default=None, metavar="G", help="GPUs per node (slurm)")
     @argument(
         "--sbatch-arg",
+        dest="sbatch_args",
         action="append",
         default=[],
         metavar="ARG",
         help="one more sbatch option, e.g. --sbatch-arg=--mem=8G",
     )
-    @argument("--mpi-arg", action="append", default=[], metavar="ARG", help="one more mpiexec option (mpi)")
+    @argument(
+        "--mpi-arg", dest="mpi_args", action="append", default=[], metavar="ARG", help="one more mpiexec option (mpi)"
+    )
     @argument(
         "--ip",
         default=None,
@@ -87,7 +96,7 @@ class DistMagics(Magics):
         """Start n ranked engines with an initialised torch.distributed world."""
         args = parse(self.dist_start, line)
         check_choice(args.backend, BACKENDS, "backend")
-        check_choice(args.launcher, LAUNCHER_NAMES, "launcher")
+        check_choice(args.launcher, tuple(LAUNCHERS), "launcher")
         try:
             old = api.current()
         except ClusterError:
@@ -96,25 +105,7 @@ class DistMagics(Magics):
             print(f"stopping the running cluster ({old.world_size} ranks) first")
             old.stop()
         try:
-            cluster = api.start(
-                n=args.n,
-                backend=args.backend,
-                launcher=args.launcher,
-                timeout=args.timeout,
-                oversubscribe=args.oversubscribe,
-                pin=not args.no_pin,
-                nodes=args.nodes,
-                ranks_per_node=args.ranks_per_node,
-                partition=args.partition,
-                time=args.time,
-                account=args.account,
-                gpus_per_node=args.gpus_per_node,
-                sbatch_args=args.sbatch_arg,
-                mpi_args=args.mpi_arg,
-                ip=args.ip,
-                max_restarts=args.max_restarts,
-                debug_collectives=args.debug_collectives,
-            )
+            cluster = api.start(**vars(args))  # each option's dest is a StartConfig field (a test checks)
         except ConfigError as exc:
             raise UsageError(str(exc)) from None
         except ClusterError as exc:
@@ -178,7 +169,7 @@ class DistMagics(Magics):
     @line_magic
     def dist_bench(self, line: str = "") -> Any:
         """All-reduce bandwidth sweep (4 KiB to 64 MiB) beside memcpy, and the scaling report."""
-        from ..bench import bench, figure
+        from ..tools.bench import bench, figure
 
         report = call(bench)
         for r in report["allreduce"]:
@@ -285,8 +276,8 @@ _LOADED: dict[int, DistMagics] = {}
 
 
 def load(ipython: Any) -> None:
-    from .. import pool
     from ..config import default_threads
+    from ..launch import pool
     from .scripts import ScriptMagics
 
     magics = DistMagics(ipython)
@@ -300,7 +291,7 @@ def load(ipython: Any) -> None:
 
 
 def unload(ipython: Any) -> None:
-    from .. import pool
+    from ..launch import pool
 
     pool.shutdown()
     magics = _LOADED.pop(id(ipython), None)

@@ -10,8 +10,8 @@ from IPython.core.magic import Magics, line_magic, magics_class
 from IPython.core.magic_arguments import argument, magic_arguments
 
 from .. import cluster as api
-from .. import export as exporting
-from ..scripts import run_script
+from ..tools import export as exporting
+from ..tools.scripts import run_script
 from .common import USAGE, call, parse, show, usage
 
 _RUN_OPTIONS = {"--ranks": True, "--timeout": True, "--noblock": False, "--quiet": False}  # True: takes a value
@@ -82,7 +82,7 @@ class ScriptMagics(Magics):
             return
         if not args.path:
             raise UsageError(f"name the script to write; type {usage(self.dist_export)}")
-        done = call(lambda: exporting.export(cluster, args.path, cells=args.cells, force=args.force))
+        done = call(lambda: exporting.export(cluster.history, cluster.shape, args.path, cells=args.cells, force=args.force))
         print(
             f"wrote {done.script} ({len(done.cells)} cell(s)) and {done.sbatch.name}; "
             f"run it with: {done.command}, or on Slurm: sbatch {done.sbatch.name}"

@@ -1,12 +1,11 @@
-"""Notebook views of cluster state (the live dashboard). Widgets read results; they never import torch."""
+"""Notebook views of cluster state (the live dashboard). Widgets draw what they are given: they import
+nothing of nbdist's and never torch. A rank's state arrives as its word (``RankState``'s values)."""
 
 from __future__ import annotations
 
-from ..results import RankState
-
 STATE_COLOURS: dict[str, str] = {
-    RankState.IDLE: "#2e7d32",
-    RankState.BUSY: "#f9a825",
-    RankState.DEAD: "#c62828",
-    RankState.FAILED: "#c62828",
+    "idle": "#2e7d32",
+    "busy": "#f9a825",
+    "dead": "#c62828",
+    "failed": "#c62828",
 }

@@ -14,7 +14,7 @@ import socket
 import pytest
 import yaml
 
-from nbdist import defaults, gpus
+from nbdist.launch import defaults, gpus
 from tests.hubsetup import DEPLOY_CONFIG, ROOT
 
 batchspawner = pytest.importorskip("batchspawner", reason="batchspawner is a dev dependency (pip install -e '.[dev]')")

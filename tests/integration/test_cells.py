@@ -17,8 +17,8 @@ import time
 
 import pytest
 
+from nbdist.cells.output import Sink
 from nbdist.errors import RankError, RunTimeout
-from nbdist.output import Sink
 from tests.conftest import run_cell
 
 PROOF = "z = torch.ones(1) * (dist.get_rank() + 1)\ndist.all_reduce(z)\nproof = z.item()"
@@ -316,7 +316,7 @@ def test_logged_metrics_arrive_tagged_by_rank_while_the_cell_runs(cluster, tmp_p
 
 
 def test_bench_sweep_and_scaling_report(cluster):
-    from nbdist.bench import bench, figure
+    from nbdist.tools.bench import bench, figure
 
     report = bench(cluster, sizes=[4096, 1 << 20], scaling=True)
     rows = report["allreduce"]

@@ -76,11 +76,11 @@ def test_fault4_killed_rank_is_named_and_restart_brings_the_world_back(ip, tmp_p
 
 
 KERNEL_CODE = """
-import nbdist, nbdist.pool, json
+import nbdist, nbdist.launch.pool, json
 from nbdist.config import default_threads
-nbdist.pool.warm(3, default_threads(2))  # two serve the engines, one stays warm
+nbdist.launch.pool.warm(3, default_threads(2))  # two serve the engines, one stays warm
 c = nbdist.start(n=2)
-print(json.dumps(c.pids() + nbdist.pool.pids()))
+print(json.dumps(c.pids() + nbdist.launch.pool.pids()))
 """
 
 

@@ -1,4 +1,4 @@
-"""The warm process (nbdist.pool, engine/warm.py): engines forked from a process that imported torch once."""
+"""The warm process (nbdist.launch.pool, engine/warm.py): engines forked from a process that imported torch once."""
 
 from __future__ import annotations
 
@@ -9,8 +9,8 @@ import psutil
 import pytest
 
 import nbdist
-from nbdist import pool
 from nbdist.config import default_threads
+from nbdist.launch import pool
 from tests.conftest import wait_gone
 
 

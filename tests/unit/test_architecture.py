@@ -94,9 +94,9 @@ def _cycle(graph: dict[str, set[str]]) -> list[str] | None:
 
 def test_the_checker_sees_function_level_and_relative_imports():
     assert "nbdist.cluster" in GRAPH["nbdist"]  # imported inside nbdist.__getattr__
-    assert "nbdist.engine.runtime" in GRAPH["nbdist.rendezvous"]  # from .engine import runtime
+    assert "nbdist.engine.runtime" in GRAPH["nbdist.world.rendezvous"]  # from .engine import runtime
     assert "nbdist.compat" in GRAPH["nbdist.engine.runtime"]  # from .. import compat
-    assert "nbdist.widgets.dashboard" in GRAPH["nbdist.output"]  # imported inside a method
+    assert "nbdist.widgets.dashboard" in GRAPH["nbdist.cells.output"]  # imported inside a method
 
 
 def test_the_cycle_finder_finds_one():
@@ -111,13 +111,88 @@ def test_no_import_cycle_among_nbdist_modules():
 
 def test_the_core_points_down():
     """magics -> cluster -> run -> engines -> launchers; nothing below imports what is above it."""
-    order = ["nbdist.magics", "nbdist.cluster", "nbdist.run", "nbdist.rendezvous", "nbdist.engines"]
+    order = ["nbdist.magics", "nbdist.cluster", "nbdist.cells.run", "nbdist.world.rendezvous", "nbdist.world.engineset"]
     for i, upper in enumerate(order):
         for lower in order[i + 1 :]:
             assert upper not in _reach(lower), f"{lower} reaches {upper}"
-    for low in ("nbdist.errors", "nbdist.results", "nbdist.release", "nbdist.compat", "nbdist.config"):
-        assert not _reach(low) & {"nbdist.cluster", "nbdist.run", "nbdist.engines", "nbdist.magics"}, low
+    for low in ("nbdist.errors", "nbdist.results", "nbdist.cells.release", "nbdist.compat", "nbdist.config"):
+        assert not _reach(low) & {"nbdist.cluster", "nbdist.cells.run", "nbdist.world.engineset", "nbdist.magics"}, low
     assert GRAPH["nbdist.compat"] == set(), "compat.py is a leaf"
+
+
+# The folders and what each may import (docs/architecture.md draws them). SHARED are the words every
+# layer uses; they import only each other. A module outside every folder is one of the API's own
+# (cluster.py, recovery.py, __init__, demo), which may import any folder below the magics.
+SHARED = {"errors", "config", "compat", "wire", "results", "doctor"}
+FOLDERS = {
+    "magics": {"tools", "cluster", "cells", "world", "launch", "widgets"},  # faces: parse, call the API
+    "tools": {"cluster", "recovery", "cells", "world", "launch", "engine", "parallel", "compression"},
+    "cells": {"world", "launch", "widgets"},  # a cell's path: run, release, output, history
+    "world": {"launch", "engine"},  # the engines with ranks, the process group, views of both
+    "launch": set(),  # processes on hosts: knows nothing of ranks, cells or torch.distributed
+    "engine": {"launch.net", "launch.slurm"},  # the rank side: no helper, widget, magic or kernel-side module
+    "parallel": {"engine", "compression"},  # helpers called inside cells, on the ranks
+    "compression": set(),  # kernels and hooks: numpy, numba, torch
+    "widgets": set(),  # draw what they are given; not even the shared words
+    "tutorials": set(),
+}
+# Named exceptions, each with its reason.
+EXCEPTIONS = {
+    # the warm process's entry point imports what every rank will use, so the forks share it
+    ("engine.warm", "parallel"): "preload",
+    ("engine.warm", "compression.kernels"): "preload",
+}
+
+
+def _folder(name: str) -> str:
+    parts = name.split(".")
+    return parts[1] if len(parts) > 1 and parts[1] in FOLDERS else ""
+
+
+def _allowed(name: str, target: str) -> bool:
+    short, tshort = name.removeprefix("nbdist."), target.removeprefix("nbdist.")
+    folder, tfolder = _folder(name), _folder(target)
+    if folder == "widgets":
+        return tfolder == "widgets"
+    if folder and folder == tfolder:
+        return True
+    if tshort in SHARED:
+        return True
+    if short in SHARED:
+        return False
+    if not folder:  # the API (cluster, recovery, demo) and the front door, which loads the magics
+        return name == "nbdist" or tfolder not in ("magics", "tools")
+    if any(short.startswith(m) and tshort.startswith(t) for m, t in EXCEPTIONS):
+        return True
+    return tfolder in FOLDERS[folder] or tshort in FOLDERS[folder]
+
+
+def _folder_violations(graph: dict[str, set[str]]) -> list[str]:
+    return [f"{a} imports {b}" for a in sorted(graph) for b in sorted(graph[a]) if not _allowed(a, b)]
+
+
+def test_each_folder_imports_only_what_its_rule_allows():
+    bad = _folder_violations(GRAPH)
+    assert not bad, "imports against the folder rules (tests/unit/test_architecture.py FOLDERS):\n" + "\n".join(bad)
+
+
+def test_the_folder_rules_catch_an_arrow_that_runs_up():
+    assert _folder_violations({"nbdist.engine.runtime": {"nbdist.parallel.checkpoint"}})
+    assert _folder_violations({"nbdist.engine.metrics": {"nbdist.widgets.dashboard"}})
+    assert _folder_violations({"nbdist.launch.pool": {"nbdist.world.engineset"}})
+    assert _folder_violations({"nbdist.world.engineset": {"nbdist.cells.run"}})
+    assert _folder_violations({"nbdist.widgets": {"nbdist.results"}})
+    assert _folder_violations({"nbdist.results": {"nbdist.cluster"}})
+    assert _folder_violations({"nbdist.cluster": {"nbdist.magics"}})
+    assert _folder_violations({"nbdist.cluster": {"nbdist.tools.bench"}})
+    assert _folder_violations({"nbdist.config": {"nbdist.launch.net"}})
+    assert _folder_violations({"nbdist.engine.runtime": {"nbdist.launch.pool"}})
+    assert not _folder_violations({"nbdist.engine.warm": {"nbdist.parallel"}})
+
+
+def test_the_top_level_holds_the_api_and_the_shared_words_only():
+    top = {n.removeprefix("nbdist.") for n in MODULES if n.count(".") == 1 and not _folder(n)}
+    assert top <= SHARED | {"cluster", "recovery", "demo"}, sorted(top - SHARED)
 
 
 def _reach(start: str) -> set[str]:

@@ -8,7 +8,9 @@ import pytest
 import torch
 
 from nbdist.compression import make_hook
-from nbdist.compression.compressors import DGC, QSGD, Identity, RandomK, Sign, TopK, powersgd_bytes
+from nbdist.compression.compressors import DGC, Identity, RandomK, TopK
+from nbdist.compression.hooks import powersgd_bytes
+from nbdist.compression.quantizers import QSGD, Sign
 from nbdist.errors import ConfigError
 
 
@@ -152,3 +154,20 @@ def test_the_one_pass_feedback_equals_the_torch_ops_and_decompresses_into_the_ze
         into = comp.decompress([payload.tensor, other], d, 2, out=mine, out_zeroed=True)
         assert into is mine
         assert torch.equal(mine, comp.decompress([payload.tensor, other], d, 2))
+
+
+def test_every_spec_name_is_a_class_that_parses_its_own_parameter():
+    """One registry, taken from the classes (``spec_names``): make_hook, NAMES and the error all read it."""
+    from nbdist.compression import NAMES, make_hook
+    from nbdist.compression.base import REGISTRY, Compressor
+    from nbdist.errors import ConfigError
+
+    assert set(NAMES) == {*REGISTRY, "powersgd"}
+    for name, cls in REGISTRY.items():
+        assert issubclass(cls, Compressor) and name in cls.spec_names
+        _, state = make_hook(name)
+        assert type(state.compressor) is cls and state.compressor.describe().split(":")[0] == name
+    assert make_hook("dgc:0.02:0.5")[1].compressor.describe() == "dgc:0.02:0.5"
+    assert make_hook("randomk:0.1")[1].compressor.describe() == "randomk:0.1"
+    with pytest.raises(ConfigError, match="did you mean 'topk'"):
+        make_hook("topkk:0.01")

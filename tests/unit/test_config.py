@@ -7,8 +7,8 @@ import pytest
 from nbdist.config import StartConfig, default_threads, did_you_mean, parse_ranks
 from nbdist.engine.launched import worker_env, world_env
 from nbdist.errors import ConfigError
-from nbdist.launchers import LocalLauncher
-from nbdist.rendezvous import choose_backend, plan_cpus, plan_gpus, plan_local_ranks
+from nbdist.launch.launchers import LocalLauncher
+from nbdist.world.rendezvous import choose_backend, plan_cpus, plan_gpus, plan_local_ranks
 
 
 @pytest.mark.parametrize(

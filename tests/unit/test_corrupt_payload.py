@@ -18,7 +18,8 @@ CHILD = textwrap.dedent(
     import torch
     from nbdist.compression import kernels
     from nbdist.compression.base import CorruptPayload
-    from nbdist.compression.compressors import DGC, QSGD, Sign, TopK
+    from nbdist.compression.compressors import DGC, TopK
+    from nbdist.compression.quantizers import QSGD, Sign
 
     said = {}
 

@@ -183,6 +183,14 @@ def test_state_strip_shows_each_rank():
     assert "#c62828" in html  # failed is red
 
 
+def test_every_rank_state_has_a_colour():
+    """The widgets take a state as its word and import nothing of nbdist's: the two lists must agree."""
+    from nbdist.results import RankState
+    from nbdist.widgets import STATE_COLOURS
+
+    assert set(STATE_COLOURS) == {state.value for state in RankState}
+
+
 def test_rows_without_a_step_are_numbered_and_nan_free():
     store = MetricStore()
     store.add(0, [{"t": 0, "step": None, "x": 5.0}, {"t": 0, "step": None, "x": 6.0}])

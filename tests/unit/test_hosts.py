@@ -6,22 +6,22 @@ import socket
 
 import pytest
 
-from nbdist import defaults, gpus, net, slurm
 from nbdist.config import StartConfig
 from nbdist.errors import ConfigError
-from nbdist.hosts import batch_script
-from nbdist.rendezvous import plan_local_ranks, plan_node_ranks
+from nbdist.launch import defaults, gpus, net, slurm
+from nbdist.launch.hosts import batch_script
+from nbdist.world.rendezvous import plan_local_ranks, plan_node_ranks
 
 
 @pytest.mark.parametrize(
     "options, message",
     [
         ({"launcher": "local", "ip": "10.0.0.1"}, "--ip 10.0.0.1 is for launchers on several hosts"),
-        ({"launcher": "local", "partition": "gpu"}, "--partition 'gpu' is an sbatch option; it needs --launcher slurm"),
-        ({"launcher": "mpi", "time": "10"}, "--time '10' is an sbatch option"),
+        ({"launcher": "local", "partition": "gpu"}, "--partition 'gpu' needs --launcher slurm (sbatch a job); this is 'local'"),
+        ({"launcher": "mpi", "time": "10"}, "--time '10' needs --launcher slurm"),
         ({"launcher": "srun", "sbatch_args": ["--mem=1G"]}, "--sbatch-arg"),
         ({"launcher": "slurm", "mpi_args": ["-x"]}, "--mpi-arg ['-x'] needs --launcher mpi"),
-        ({"launcher": "local", "nodes": 2}, "--nodes 2 needs --launcher slurm or srun"),
+        ({"launcher": "local", "nodes": 2}, "--nodes 2 needs --launcher slurm (sbatch a job) or --launcher srun"),
         ({"launcher": "slurm", "nodes": 3}, "--nodes 3 must be between 1 and the number of ranks (2)"),
         ({"launcher": "slurm", "gpus_per_node": -1}, "--gpus-per-node (-1) must be 0 or more"),
         ({"launcher": "sluurm"}, "did you mean 'slurm'?"),
@@ -121,12 +121,12 @@ def test_with_gpus_one_rank_per_gpu_and_the_line_says_why(monkeypatch):
 
 
 def test_srun_places_ranks_per_node_with_overcommit():
-    from nbdist.hosts import _engine_launchers
+    from nbdist.launch.hosts import _engine_launchers
 
     steps = _engine_launchers()[1](n=4, mpi_cmd=["srun"], mpi_args=["--overlap"], ranks_per_node=2)
     args = steps.find_args()
     assert args[:6] == ["srun", "--nodes=2", "--ntasks-per-node=2", "--distribution=block", "--overcommit", "-n"]
-    with pytest.raises(ConfigError, match="--ranks-per-node 2 needs --launcher srun \\(this is .local.\\)"):
+    with pytest.raises(ConfigError, match="--ranks-per-node 2 needs --launcher srun .*; this is .local."):
         StartConfig(n=2, ranks_per_node=2)
 
 
@@ -193,3 +193,19 @@ def test_a_rank_that_cannot_reach_master_addr_says_so_in_one_line():
     assert "\n" not in text
     assert f"cannot reach MASTER_ADDR {addr}:{port} (" in text and "refused" in text.lower()
     assert "--ip" in text
+
+
+def test_one_list_of_launchers_names_each_class_the_checks_and_the_help():
+    """config.LAUNCHERS is the one list: a class per entry, each carrying its entry, and the magic's help from it."""
+    from nbdist.config import LAUNCHERS
+    from nbdist.launch.hosts import LAUNCHER_CLASSES
+    from nbdist.magics import DistMagics
+
+    assert set(LAUNCHER_CLASSES) == set(LAUNCHERS)
+    for name, cls in LAUNCHER_CLASSES.items():
+        assert cls.spec is LAUNCHERS[name] and cls().name == name
+    help_text = DistMagics.dist_start.parser.format_help()
+    for spec in LAUNCHERS.values():
+        assert spec.name in help_text and spec.summary in " ".join(help_text.split())
+    taken = {option for spec in LAUNCHERS.values() for option in spec.options}
+    assert taken <= set(StartConfig.__dataclass_fields__), taken - set(StartConfig.__dataclass_fields__)

@@ -127,3 +127,19 @@ def test_each_magics_usage_comes_from_its_parser_and_names_every_option_with_hel
 def test_the_usage_a_bad_line_shows_lists_every_option(ip):
     msg = _usage(ip, "dist_start --oversubscribe --no-pin --bogus")
     assert "[--oversubscribe] [--no-pin]" in msg, "the usage an error shows lists every option"
+
+
+def test_each_dist_start_option_lands_on_its_start_config_field():
+    """%dist_start hands its parsed options to nbdist.start as they are: each dest is a StartConfig field."""
+    from nbdist.config import StartConfig
+    from nbdist.magics import DistMagics
+
+    parser = DistMagics.dist_start.parser
+    dests = {a.dest for a in parser._actions if a.dest != "help"}
+    assert dests <= set(StartConfig.__dataclass_fields__), dests - set(StartConfig.__dataclass_fields__)
+    args = parser.parse_args(
+        "-n 3 --oversubscribe --no-pin --launcher slurm --partition gpu --sbatch-arg=--mem=1G --time 5".split()
+    )
+    config = StartConfig(**{k: v for k, v in vars(args).items() if v is not None})
+    assert (config.n, config.pin, config.partition, config.sbatch_args, config.time) == (3, False, "gpu", ["--mem=1G"], "5")
+    assert parser.parse_args([]).pin is True

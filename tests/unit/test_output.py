@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
+from nbdist.cells.output import TaggedPrinter
 from nbdist.errors import RankError, RunTimeout
-from nbdist.output import TaggedPrinter
 from nbdist.results import RankResult, RunResult, remote_error
 
 

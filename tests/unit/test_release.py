@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from nbdist.release import Action, ReleasePolicy
+from nbdist.cells.release import Action, ReleasePolicy
 from nbdist.results import Release
 
 

@@ -10,6 +10,7 @@ import torch
 from nbdist.compression import base
 from nbdist.compression import compressors as C
 from nbdist.compression import kernels as K
+from nbdist.compression import quantizers as Q
 from nbdist.compression import torch_kernels as T
 
 DEVICES = ["cpu"] + (["cuda"] if torch.cuda.is_available() else [])
@@ -82,7 +83,7 @@ def torch_backend(monkeypatch):
 
 
 @pytest.mark.parametrize(
-    "make", [lambda: C.TopK(0.05), lambda: C.Sign(), lambda: C.QSGD(127)], ids=["topk", "sign", "qsgd"]
+    "make", [lambda: C.TopK(0.05), lambda: Q.Sign(), lambda: Q.QSGD(127)], ids=["topk", "sign", "qsgd"]
 )
 def test_compressors_on_the_torch_path_decode_like_the_numba_path(make, torch_backend, monkeypatch):
     g = torch.from_numpy(np.random.default_rng(6).standard_normal(3000).astype(np.float32))
@@ -93,12 +94,12 @@ def test_compressors_on_the_torch_path_decode_like_the_numba_path(make, torch_ba
     mean_n = comp.decompress([payload_t.tensor, payload_t.tensor], 3000, 2)  # the other path decodes it
     torch.testing.assert_close(mean_t, mean_n, rtol=1e-6, atol=1e-6)
     torch.testing.assert_close(mean_t, payload_t.sent, rtol=1e-6, atol=1e-6)  # the mean of two equal parts
-    if not isinstance(comp, C.QSGD):  # deterministic compressors: the same payload on both paths
+    if not isinstance(comp, Q.QSGD):  # deterministic compressors: the same payload on both paths
         payload_n = comp.compress(g.clone(), seed=1, world=2)
         torch.testing.assert_close(payload_t.sent, payload_n.sent, rtol=1e-6, atol=1e-6)
 
 
-@pytest.mark.parametrize("comp", [C.TopK(0.05), C.Sign(True)], ids=lambda c: c.describe())
+@pytest.mark.parametrize("comp", [C.TopK(0.05), Q.Sign(True)], ids=lambda c: c.describe())
 def test_error_feedback_telescopes_on_the_torch_path(comp, torch_backend):
     rng = np.random.default_rng(0)
     residual = torch.zeros(500)

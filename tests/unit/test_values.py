@@ -8,11 +8,13 @@ import subprocess
 import pytest
 
 import nbdist
+from nbdist.cells.history import History
 from nbdist.config import StartConfig
 from nbdist.errors import ConfigError
-from nbdist.export import export, sbatch_text
-from nbdist.hosts import batch_script
-from nbdist.scripts import script_cell
+from nbdist.launch.hosts import batch_script
+from nbdist.tools.export import export, sbatch_text
+from nbdist.tools.scripts import script_cell
+from nbdist.world.views import WorldShape
 
 SLURM = {"launcher": "slurm", "n": 2}
 
@@ -83,7 +85,7 @@ def test_dist_run_refuses_a_path_or_argument_that_would_add_lines_to_the_cell(tm
 @pytest.mark.parametrize("name", ["my train.py", "$(id).py", "a;b.py", "x\ny.py"])
 def test_dist_export_refuses_a_file_name_the_sbatch_script_would_misread(tmp_path, name):
     with pytest.raises(ConfigError, match="its name may hold only letters") as info:
-        export(None, tmp_path / name)
+        export(History(), WorldShape("gloo", 2, 1, 1), tmp_path / name)
     assert "\n" not in str(info.value)
     assert list(tmp_path.iterdir()) == [], "nothing written"
 

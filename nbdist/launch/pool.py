@@ -30,7 +30,8 @@ from typing import Any
 
 from ipyparallel.cluster.launcher import LocalEngineLauncher, LocalEngineSetLauncher
 
-from . import compat, procs
+from .. import compat
+from . import procs
 
 ENGINE_CMD = [sys.executable, "-m", "nbdist.engine"]
 _WARM_CMD = [sys.executable, "-m", "nbdist.engine.warm"]

@@ -15,8 +15,8 @@ import secrets
 import sys
 from typing import Any
 
+from ..config import LAUNCHERS, LauncherSpec, StartConfig
 from . import pool
-from .config import StartConfig
 from .net import LOOPBACK
 from .pool import ENGINE_CMD, WarmEngineSetLauncher
 
@@ -29,9 +29,17 @@ IPP_LOG.setLevel(logging.ERROR)
 class Launcher:
     """How a cluster's processes start. Defaults describe one host; launchers for several override them."""
 
-    name = ""
-    multi_host = False  # engines may run on other hosts: no local pids, signals go through ipyparallel
+    spec: LauncherSpec  # its entry in config.LAUNCHERS: name, summary, multi_host, the options it takes
     rank_vars: tuple[str, ...] = ()  # env vars that carry each engine's launch rank (SLURM_PROCID, ...)
+
+    @property
+    def name(self) -> str:
+        return self.spec.name
+
+    @property
+    def multi_host(self) -> bool:
+        """Engines may run on other hosts: no local pids, signals go through ipyparallel."""
+        return self.spec.multi_host
 
     def cluster(self, config: StartConfig, profile_dir: str) -> Any:
         """An ipyparallel.Cluster, configured but not started, for ``config.n`` engines."""
@@ -72,7 +80,7 @@ class Launcher:
 class LocalLauncher(Launcher):
     """Controller and engines on this machine, all on 127.0.0.1; engines served warm when they can be."""
 
-    name = "local"
+    spec = LAUNCHERS["local"]
 
     def __init__(self) -> None:
         self._server: int | None = None  # a fork server this start began itself (pool.py)

@@ -22,10 +22,10 @@ import shlex
 import sys
 import textwrap
 from dataclasses import dataclass, field
-from typing import Any
 
-from .errors import ConfigError
-from .history import Cell, History
+from ..cells.history import Cell, History
+from ..errors import ConfigError
+from ..world.views import WorldShape
 
 MARK = "# Exported by nbdist"  # the first line of every script it writes: only those are overwritten
 SCRIPT_NAME = re.compile(r"[A-Za-z0-9_.+-]+")  # a file name that an sbatch line and a shell read as itself
@@ -139,8 +139,11 @@ srun --ntasks-per-node=1 --kill-on-bad-exit=1 "$PYTHON" -m torch.distributed.run
 """
 
 
-def export(cluster: Any, path: str | os.PathLike[str], cells: str | None = None, force: bool = False) -> Export:
-    """Write the script and its sbatch script beside it; return what was written."""
+def export(
+    history: History, shape: WorldShape, path: str | os.PathLike[str], cells: str | None = None, force: bool = False
+) -> Export:
+    """Write the cells of ``history`` as a script for a world of ``shape``, and its sbatch script beside it;
+    return what was written."""
     target = pathlib.Path(path).expanduser()
     if target.suffix != ".py":
         raise ConfigError(f"export to {str(path)!r}: name a .py file, e.g. %dist_export train.py.")
@@ -149,7 +152,6 @@ def export(cluster: Any, path: str | os.PathLike[str], cells: str | None = None,
             f"export to {str(path)!r}: the sbatch script names the file, so its name may hold only letters, "
             "digits, '.', '_', '+' and '-'; e.g. %dist_export train.py."
         )
-    history: History = cluster.history
     numbers = select(history, cells)
     sbatch = target.with_suffix(".sbatch")
     for file in (target, sbatch):
@@ -167,17 +169,16 @@ def export(cluster: Any, path: str | os.PathLike[str], cells: str | None = None,
     if scripts:
         notes.append(f"left out cell(s) {_ranks(scripts)}: %dist_run of a script that already runs under torchrun.")
     kept = [(i, c) for i, c in chosen if not c.script]
-    hosts = sorted({r.host for r in cluster.ranks})
-    nodes, per_node = len(hosts), cluster.world_size // max(1, len(hosts))
-    text = script_text(kept, cluster.backend, cluster.world_size, target.name, history.pushed)
+    nodes, per_node = shape.nodes, shape.world_size // max(1, shape.nodes)
+    text = script_text(kept, shape.backend, shape.world_size, target.name, history.pushed)
     target.parent.mkdir(parents=True, exist_ok=True)
     target.write_text(text)
-    threads = int(getattr(cluster.config, "threads", None) or os.environ.get("OMP_NUM_THREADS") or 1)
-    sbatch.write_text(sbatch_text(target.name, nodes, per_node, cluster.backend, threads, sys.executable))
+    threads = shape.threads or int(os.environ.get("OMP_NUM_THREADS") or 1)
+    sbatch.write_text(sbatch_text(target.name, nodes, per_node, shape.backend, threads, sys.executable))
     sbatch.chmod(0o755)
     if "NOTE:" in text:
         notes.append(next(ln for ln in text.splitlines() if "NOTE:" in ln).lstrip("# "))
-    command = f"torchrun --nproc-per-node {cluster.world_size} {target.name}"
+    command = f"torchrun --nproc-per-node {shape.world_size} {target.name}"
     return Export(target, sbatch, [i for i, _ in kept], command, notes)
 
 

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from . import compat
+from .. import compat
 
 
 def alive(pid: int) -> bool:

@@ -11,7 +11,8 @@ does) and ``Watch.follow`` watches it from the calling thread:
   stop are killed; an engine's watcher breaks its process group if it is stuck in a
   collective (see engine/runtime.py);
 * when the cell is over, ``on_done(result, killed)`` is called: the Cluster's repair
-  policy, which rebuilds the process group or restarts dead ranks.
+  policy, which rebuilds the process group or restarts dead ranks, and returns the ranks
+  left for automatic recovery; ``then(result, those ranks)`` makes the final result.
 """
 
 from __future__ import annotations
@@ -25,16 +26,17 @@ from collections.abc import Callable
 from datetime import datetime
 from typing import Any
 
-from . import compat, procs, wire
-from .config import RunConfig
-from .engines import EngineSet
-from .errors import ClusterError
+from .. import compat, wire
+from ..config import RunConfig
+from ..errors import ClusterError
+from ..launch import procs
+from ..results import RankResult, RankState, RankStatus, Release, RunResult, classify, remote_error
+from ..world.engineset import EngineSet
 from .output import Sink, TaggedPrinter
 from .release import Action, ReleasePolicy
-from .results import RankResult, RankState, RankStatus, Release, RunResult, classify, remote_error
 
-OnDone = Callable[[RunResult, list[int]], None]  # (result, ranks killed) -> None
-Then = Callable[[RunResult], RunResult]  # what to make of a finished result (the Cluster's recovery)
+OnDone = Callable[[RunResult, list[int]], list[int]]  # (result, ranks killed) -> ranks to recover
+Then = Callable[[RunResult, list[int]], RunResult]  # (result, ranks to recover) -> the result (Cluster's recovery)
 _SHOWN_TYPES = ("stream", "display_data", "execute_result", "error", "data_message")
 
 
@@ -52,8 +54,8 @@ class PendingRun:
     def wait(self, timeout: float | None = None, show: bool = True) -> RunResult:
         """Follow the cell to its end (releasing ranks after ``timeout`` seconds from its start)."""
         if self._result is None:
-            result = self._watch.follow(timeout=timeout, stream=show)
-            self._result = self._then(result) if self._then else result
+            result, recover = self._watch.follow(timeout=timeout, stream=show)
+            self._result = self._then(result, recover) if self._then else result
         return self._result
 
     def result(self, timeout: float | None = None) -> RunResult:
@@ -78,8 +80,8 @@ def execute(
     """Run ``code`` on ``cfg.ranks``. Blocking: follow it and return the RunResult; else a PendingRun.
 
     ``grace`` and ``watchdog`` are the release policy's (see release.py); ``on_done`` is
-    called with every finished result, before it is returned; ``then`` last, and what it
-    returns is the result.
+    called with every finished result, before it is returned; ``then`` last, with the ranks
+    ``on_done`` returned, and what it returns is the result.
     """
     dead = [r for r in engines.dead_ranks() if r in cfg.ranks]
     if dead:
@@ -93,8 +95,8 @@ def execute(
     watch = Watch(engines, cfg.ranks, ar, sink, grace=grace, watchdog=watchdog, on_done=on_done)
     if not cfg.block:
         return PendingRun(watch, then)
-    result = watch.follow(timeout=cfg.timeout, stream=True)
-    return then(result) if then else result
+    result, recover = watch.follow(timeout=cfg.timeout, stream=True)
+    return then(result, recover) if then else result
 
 
 class _CtrlC:
@@ -165,13 +167,13 @@ class Watch:
             child.iopub_callbacks.append(self._poke)
             child.add_done_callback(lambda f: self.wake.put(1))
 
-    def follow(self, timeout: float | None, stream: bool) -> RunResult:
+    def follow(self, timeout: float | None, stream: bool) -> tuple[RunResult, list[int]]:
         """Watch until every rank is done, releasing or killing ranks as the policy says.
 
         Wakes on output and completions (at least every 50 ms), shows new output when
         ``stream``, and asks the policy what to do. Ctrl-C releases the running ranks and
         is raised again once they stopped and the world was repaired. Returns the result
-        after ``on_done`` has seen it.
+        after ``on_done`` has seen it, and the ranks ``on_done`` left to recover.
         """
         policy = ReleasePolicy(grace=self.grace, watchdog=self.watchdog, timeout=timeout, started=self.tic)
         ctrl_c = _CtrlC(self.wake)
@@ -181,12 +183,12 @@ class Watch:
             ctrl_c.restore()
         self._finish_output(stream)
         result = self._collect(policy.released, killed)
-        self.on_done(result, killed)
+        recover = self.on_done(result, killed)
         if interrupted:
             for note in result.notes:
                 print(note, file=sys.stderr)
             raise KeyboardInterrupt
-        return result
+        return result, recover
 
     def _loop(self, policy: ReleasePolicy, ctrl_c: _CtrlC, stream: bool) -> tuple[list[int], bool]:
         """Until no rank runs: (the ranks killed, whether Ctrl-C was pressed)."""

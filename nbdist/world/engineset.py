@@ -18,11 +18,12 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from . import compat, procs
-from .config import StartConfig
-from .errors import ClusterError
-from .launchers import Launcher
-from .results import RankState, remote_error
+from .. import compat
+from ..config import StartConfig
+from ..errors import ClusterError
+from ..launch import procs
+from ..launch.launchers import Launcher
+from ..results import RankState, remote_error
 
 log = logging.getLogger("nbdist")
 
@@ -107,7 +108,7 @@ class EngineSet:
         """Engine ids sorted by launch rank (SLURM_PROCID, the MPI rank), when the launcher gives one."""
         if not self.launcher.rank_vars:
             return ids
-        from .engine.runtime import launch_rank
+        from ..engine.runtime import launch_rank
 
         ranks = self.client[ids].apply_sync(launch_rank, list(self.launcher.rank_vars))
         order = sorted(range(len(ids)), key=lambda i: (ranks[i] is None, ranks[i] or 0, i))

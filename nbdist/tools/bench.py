@@ -1,4 +1,4 @@
-"""nbdist.bench: the all_reduce bandwidth sweep and the scaling report, measured on the cluster.
+"""nbdist.tools.bench: the all_reduce bandwidth sweep and the scaling report, measured on the cluster.
 
 algbw = bytes / time; busbw = algbw x 2(n-1)/n, the traffic a ring all-reduce puts on each
 link, comparable across world sizes (the convention of NCCL's tests). The memcpy bandwidth
@@ -10,8 +10,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from .cluster import Cluster, current
-from .engine import benchfns
+from ..cluster import Cluster, current
+from . import benchfns
 
 DEFAULT_SIZES = [4 << 10 << (2 * i) for i in range(8)]  # 4 KiB, 16 KiB, ..., 64 MiB
 

@@ -13,9 +13,9 @@ import socket
 import time
 from dataclasses import dataclass
 
-from .engine import runtime, world
-from .engines import EngineSet, RankInfo
-from .errors import ClusterError, ConfigError
+from ..engine import runtime, world
+from ..errors import ClusterError, ConfigError
+from .engineset import EngineSet, RankInfo
 
 
 @dataclass(frozen=True, slots=True)

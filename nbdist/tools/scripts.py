@@ -14,11 +14,14 @@ import os
 import pathlib
 import shlex
 from collections.abc import Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from .config import check_plain_value
-from .errors import ConfigError
-from .history import SCRIPT
+from ..cells.history import SCRIPT
+from ..config import check_plain_value
+from ..errors import ConfigError
+
+if TYPE_CHECKING:
+    from ..cluster import Cluster
 
 
 def script_cell(path: str | os.PathLike[str], args: Sequence[str] = ()) -> str:
@@ -48,6 +51,6 @@ def script_cell(path: str | os.PathLike[str], args: Sequence[str] = ()) -> str:
     )
 
 
-def run_script(cluster: Any, path: str | os.PathLike[str], args: Sequence[str] = (), **run: Any) -> Any:
+def run_script(cluster: Cluster, path: str | os.PathLike[str], args: Sequence[str] = (), **run: Any) -> Any:
     """Run the script on the cluster's ranks (``run``: Cluster.run's ranks, timeout, block, quiet, sink)."""
     return cluster.run(script_cell(path, args), **run)

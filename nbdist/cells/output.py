@@ -10,7 +10,7 @@ from __future__ import annotations
 import sys
 from typing import Any
 
-from .results import RankState
+from ..results import RankState
 
 SHOW_LIMIT = 100_000  # characters shown per rank and stream in one cell (docs/faults.md, row 9)
 
@@ -100,7 +100,7 @@ class TaggedPrinter(Sink):
         if self.dashboard is None:
             if not in_kernel():
                 return
-            from .widgets.dashboard import Dashboard
+            from ..widgets.dashboard import Dashboard
 
             self.dashboard = Dashboard()
             self.dashboard.states.update(self._states)

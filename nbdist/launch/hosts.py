@@ -24,9 +24,9 @@ import sys
 import tempfile
 from typing import Any
 
+from ..config import LAUNCHERS, StartConfig
+from ..errors import ClusterError, ConfigError
 from . import net, slurm
-from .config import StartConfig
-from .errors import ClusterError, ConfigError
 from .launchers import IPP_LOG, Launcher, LocalLauncher, process_env, secure_controller
 from .pool import ENGINE_CMD
 
@@ -107,7 +107,6 @@ def _engine_launchers() -> tuple[type, type]:
 class _ManyHosts(Launcher):
     """What the launchers for several hosts share: the controller's address, its environment, a shared dir."""
 
-    multi_host = True
     rank_vars: tuple[str, ...] = ("SLURM_PROCID",)
 
     def __init__(self) -> None:
@@ -196,7 +195,7 @@ class _ManyHosts(Launcher):
 class SlurmLauncher(_ManyHosts):
     """Engines as one sbatch job; the controller stays with the kernel."""
 
-    name = "slurm"
+    spec = LAUNCHERS["slurm"]
 
     def engine_set(self) -> type:
         return _engine_launchers()[0]
@@ -236,7 +235,7 @@ class SlurmLauncher(_ManyHosts):
 class SrunLauncher(_ManyHosts):
     """Inside an allocation: engines as one ``srun --overlap`` step of the kernel's own job."""
 
-    name = "srun"
+    spec = LAUNCHERS["srun"]
 
     def engine_set(self) -> type:
         return _engine_launchers()[1]
@@ -271,7 +270,7 @@ class SrunLauncher(_ManyHosts):
 class MpiLauncher(_ManyHosts):
     """Engines through mpiexec; rank = MPI rank."""
 
-    name = "mpi"
+    spec = LAUNCHERS["mpi"]
     rank_vars = ("OMPI_COMM_WORLD_RANK", "PMIX_RANK", "PMI_RANK")
 
     def engine_set(self) -> type:
@@ -303,18 +302,14 @@ class MpiLauncher(_ManyHosts):
         c.environment = env
 
 
+LAUNCHER_CLASSES: dict[str, type[Launcher]] = {
+    cls.spec.name: cls for cls in (LocalLauncher, SlurmLauncher, SrunLauncher, MpiLauncher)
+}
+
+
 def launcher_for(config: StartConfig) -> Launcher:
-    """The launcher named by ``config.launcher``."""
-    launchers: dict[str, type[Launcher]] = {
-        "local": LocalLauncher,
-        "slurm": SlurmLauncher,
-        "srun": SrunLauncher,
-        "mpi": MpiLauncher,
-    }
-    klass = launchers.get(config.launcher)
-    if klass is None:
-        raise ConfigError(f"launcher {config.launcher!r} is not known; use --launcher local, slurm, srun or mpi.")
-    return klass()
+    """The launcher named by ``config.launcher`` (StartConfig checked the name against config.LAUNCHERS)."""
+    return LAUNCHER_CLASSES[config.launcher]()
 
 
 def batch_script(config: StartConfig) -> str:

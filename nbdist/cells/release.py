@@ -21,7 +21,7 @@ import time
 from collections.abc import Callable
 from enum import Enum
 
-from .results import Release
+from ..results import Release
 
 ESCALATE_S = 3.0  # after a release, seconds before ranks that did not stop are killed
 

@@ -1,4 +1,4 @@
-"""Measurements run on every rank at once by nbdist.bench (through ipyparallel's apply)."""
+"""Measurements run on every rank at once by nbdist.tools.bench (through ipyparallel's apply)."""
 
 from __future__ import annotations
 
@@ -59,7 +59,7 @@ def train_throughput(
     old = torch.get_num_threads()
     mine = sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else []
     if threads:
-        from .runtime import pin
+        from ..engine.runtime import pin
 
         pin(None)  # a rank is pinned to its own cores: measuring "one process on all cores" needs them all
         torch.set_num_threads(threads)

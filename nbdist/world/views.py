@@ -1,0 +1,72 @@
+"""What the world looks like now, as ``%dist_status`` and ``%dist_where`` show it: one row per rank, and
+where each rank is (the doctor's view over the ranks' own reports)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from ..config import format_cpus
+from ..doctor import render
+from ..engine import gpu
+from ..results import RankState
+from .engineset import EngineSet
+
+
+@dataclass(frozen=True, slots=True)
+class WorldShape:
+    """The world as a job script needs it: backend, ranks, hosts and threads per rank."""
+
+    backend: str
+    world_size: int
+    nodes: int
+    threads: int
+
+
+def shape(engines: EngineSet, backend: str, threads: int) -> WorldShape:
+    return WorldShape(backend, len(engines.ranks), max(1, len({r.host for r in engines.ranks})), threads)
+
+
+def status(engines: EngineSet, backend: str) -> list[dict[str, Any]]:
+    """One row per rank: rank, engine id, host, pid, device, GPU (name, memory held), cores, backend, state."""
+    states = engines.states()
+    gpus = _gpu_info(engines, states) if backend == "nccl" else {}
+    return [
+        {
+            "rank": r.rank,
+            "engine_id": r.engine_id,
+            "host": r.host,
+            "node_rank": r.node_rank,
+            "local_rank": r.local_rank,
+            "pid": r.pid,
+            "device": f"cuda:{r.gpu}" if backend == "nccl" else "cpu",
+            "gpu": gpus.get(r.rank, ""),
+            "cpus": format_cpus(r.cpus),
+            "backend": backend,
+            "state": str(states[r.rank]),
+        }
+        for r in engines.ranks
+    ]
+
+
+def _gpu_info(engines: EngineSet, states: dict[int, RankState]) -> dict[int, str]:
+    """'NVIDIA H100 80GB HBM3, 1234/81559 MiB' per idle rank; 'busy' for a rank still running a cell."""
+    idle = [r.rank for r in engines.ranks if states[r.rank] == RankState.IDLE]
+    futures = {rank: engines.apply(rank, gpu.info) for rank in idle}
+    out = {r.rank: "busy" for r in engines.ranks if states[r.rank] == RankState.BUSY}
+    for rank, fut in futures.items():
+        try:
+            info = fut.get(timeout=2)
+        except Exception:
+            out[rank] = "busy"
+            continue
+        out[rank] = f"{info['name']}, {info['memory_mib']}/{info['total_mib']} MiB" if info else ""
+    return out
+
+
+def where(engines: EngineSet, wait: float = 1.0) -> list[str]:
+    """Where each rank is now: its cell lines, its last collective, the odd one marked (doctor.py)."""
+    dead = set(engines.dead_ranks())
+    live = [r.rank for r in engines.ranks if r.rank not in dead]
+    reports = engines.where(live, wait=wait)
+    return render(reports, {r.rank: r.where() for r in engines.ranks})
