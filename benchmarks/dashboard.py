@@ -108,7 +108,7 @@ def main() -> None:
         done = steps
         board.refresh()  # the first (building) refresh is not what a running cell pays
         restyle = timed(board.refresh, args.reps, before=Arrivals(board, steps, rng))
-        points_mb = payload_mb(board._widget)
+        points_mb = payload_mb(board.live_figure)
 
         def rebuild() -> None:
             layout = panels(board.store)
@@ -117,7 +117,7 @@ def main() -> None:
         rebuild_s = timed(rebuild, args.reps)
         naive_s = timed(lambda: naive_figure(raw), max(1, args.reps // 3))
         naive_mb = payload_mb(naive_figure(raw))
-        longest = max(len(t.x) for t in board._widget.data if t.x is not None)
+        longest = max(len(t.x) for t in board.live_figure.data if t.x is not None)
         out[str(steps)] = {
             "restyle_ms": restyle * 1e3,
             "rebuild_ms": rebuild_s * 1e3,

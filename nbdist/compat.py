@@ -22,7 +22,9 @@ CHECKED = {
     "torch": ("2.13", "2.14.99"),
     "ipyparallel": ("9.2", "9.99"),
     "ipython": ("9.18", "9.99"),
-    "lightning": ("2.4", "2.99"),  # probed on 2.6.6; pytorch-lightning and lightning-fabric are its twins
+    "lightning": ("2.4", "2.99"),
+    "numba": ("0.60", "0.99"),
+    "python": ("3.10", "3.14"),  # probed on 2.6.6; pytorch-lightning and lightning-fabric are its twins
 }
 
 
@@ -72,6 +74,41 @@ PRIVATE_APIS = (
         "process_group_backend the world lacks fails in one line (when moved, the adapter says so and steps aside)",
     ),
     PrivateAPI(
+        "ipyparallel LocalProcessLauncher._start_waiting",
+        "ipyparallel",
+        "launch.pool: a warm engine, forked by nbdist, is then watched by its launcher as if it had started it",
+    ),
+    PrivateAPI(
+        "ipyparallel BatchSystemLauncher._run_command (overridden)",
+        "ipyparallel",
+        "launch.hosts: sbatch's refusal in Slurm's own words (ipyparallel sends stderr to the kernel's terminal)",
+    ),
+    PrivateAPI(
+        "ipyparallel Client.log (absent) and Session.feed_identities (wrapped)",
+        "ipyparallel",
+        "world.engineset: a message the notebook's client cannot unpack is dropped, not fatal to its stream",
+    ),
+    PrivateAPI(
+        "numba Dispatcher._cache._cache_file._load_index",
+        "numba",
+        "compression.kernels / engine.warm: whether the kernels' on-disk cache is fresh (else compile in the background)",
+    ),
+    PrivateAPI(
+        "torch ProcessGroup._get_sequence_number_for_group",
+        "torch",
+        "engine.collectives: the group's collective count, DDP's C++ calls included, for %dist_where",
+    ),
+    PrivateAPI(
+        "argparse ArgumentParser._actions",
+        "python",
+        "magics.common: every option a magic's parser declares (the usage tests freeze them)",
+    ),
+    PrivateAPI(
+        "CPython sys._current_frames",
+        "python",
+        "engine.runtime: the main thread's stack, read by the rank's watcher thread for %dist_where",
+    ),
+    PrivateAPI(
         "torch.distributed.fsdp._fully_shard._fsdp_collectives.DefaultAllGather/DefaultReduceScatter",
         "torch",
         "parallel.instrument: FSDP2's collectives, subclassed to time them",
@@ -95,6 +132,17 @@ def launcher_popen(launcher: Any) -> Any:
 def set_launcher_popen(launcher: Any, popen: Any) -> None:
     """Hand a process nbdist started itself (a warm engine) to a local launcher, as its own."""
     launcher._popen_process = popen
+
+
+def start_waiting(launcher: Any) -> None:
+    """Have a local launcher watch its process (for exit) as ``LocalProcessLauncher.start`` does itself."""
+    launcher._start_waiting()
+
+
+def route_run_command(cls: type) -> type:
+    """Make a batch launcher class submit through its ``run_command`` (ipyparallel calls ``_run_command``)."""
+    cls._run_command = cls.run_command  # type: ignore[attr-defined]
+    return cls
 
 
 def skip_controller_settle_sleep() -> None:
@@ -124,6 +172,28 @@ def cell_filenames(shell: Any) -> dict[str, Any]:
 
 
 # ----------------------------------------------------------------------------- torch
+
+
+def parser_actions(parser: Any) -> list[Any]:
+    """The actions (options and positionals) an argparse parser declares, help included."""
+    return list(parser._actions)
+
+
+def thread_frames() -> dict[int, Any]:
+    """Each thread's current frame, by thread id (CPython's ``sys._current_frames``)."""
+    import sys
+
+    return sys._current_frames()
+
+
+def group_sequence_number(group: Any) -> int:
+    """How many collectives this process group has issued (its sequence number), C++ callers included."""
+    return int(group._get_sequence_number_for_group())
+
+
+def lightning_script_launcher(module: Any) -> Any:
+    """Lightning's ``_SubprocessScriptLauncher`` as the strategy module ``module`` imported it."""
+    return module._SubprocessScriptLauncher
 
 
 def abort_process_group() -> None:

@@ -32,6 +32,7 @@ from collections.abc import Callable
 from types import ModuleType
 from typing import Any
 
+from .. import compat
 from . import hosted
 from .state import STATE
 
@@ -58,7 +59,7 @@ def lightning_ddp(module: ModuleType) -> None:
     """DDPStrategy: fork/spawn start methods run on the world; a backend it lacks fails."""
     cls = module.DDPStrategy
     original = cls._configure_launcher
-    script_launcher = module._SubprocessScriptLauncher
+    script_launcher = compat.lightning_script_launcher(module)
 
     def _configure_launcher(self: Any) -> None:
         original(self)

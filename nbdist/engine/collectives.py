@@ -17,6 +17,8 @@ import threading
 import time
 from typing import Any
 
+from .. import compat
+
 OPS = (
     "all_reduce",
     "broadcast",
@@ -40,6 +42,7 @@ OPS = (
 )
 LAST: dict[str, Any] = {"op": None, "shapes": [], "count": 0, "since": None, "done": True}
 _LOCAL = threading.local()
+_RECORDED: set[Any] = set()  # the wrappers record() made (a collective is wrapped once)
 
 
 def install() -> None:
@@ -49,7 +52,7 @@ def install() -> None:
 
     for name in OPS:
         fn = getattr(c10d, name, None)
-        if fn is None or getattr(fn, "_nbdist_recorded", False):
+        if fn is None or fn in _RECORDED:
             continue
         wrapped = _recorded(name, fn)
         setattr(c10d, name, wrapped)
@@ -70,7 +73,7 @@ def _recorded(name: str, fn: Any) -> Any:
             _LOCAL.inside = False
             LAST["done"] = True
 
-    call._nbdist_recorded = True  # type: ignore[attr-defined]
+    _RECORDED.add(call)
     return call
 
 
@@ -94,7 +97,7 @@ def describe() -> dict[str, Any] | None:
         import torch.distributed as dist
 
         if dist.is_initialized():
-            group_seq = int(dist.group.WORLD._get_sequence_number_for_group())  # type: ignore[union-attr]
+            group_seq = compat.group_sequence_number(dist.group.WORLD)
     except Exception:  # a broken group
         pass
     if LAST["op"] is None and group_seq is None:

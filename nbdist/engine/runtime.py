@@ -28,6 +28,8 @@ from ..launch import net
 from . import adapters, collectives, gpu, hosted, launched, preempt, world
 from .state import CELL_END, STATE
 
+_HOOKED: set[int] = set()  # shells whose cell events carry nbdist's hooks
+
 
 def configure(
     *,
@@ -141,7 +143,7 @@ def _install_cell_hooks() -> None:
     except ImportError:  # pragma: no cover
         return
     shell = get_ipython()
-    if shell is None or getattr(shell, "_nbdist_hooks", False):
+    if shell is None or id(shell) in _HOOKED:
         return
 
     def pre(info: Any = None) -> None:
@@ -163,7 +165,7 @@ def _install_cell_hooks() -> None:
 
     shell.events.register("pre_run_cell", pre)
     shell.events.register("post_run_cell", post)
-    shell._nbdist_hooks = True
+    _HOOKED.add(id(shell))
 
 
 def _preload_namespace() -> None:
@@ -212,7 +214,7 @@ def where(frame: Any) -> dict[str, Any]:
 
 
 def _write_report(reason: str) -> None:
-    frame = sys._current_frames().get(STATE["main_ident"])
+    frame = compat.thread_frames().get(STATE["main_ident"])
     busy = STATE["busy_since"] is not None
     report = {"rank": STATE["rank"], "reason": reason, "time": time.time(), "busy": busy}
     if frame is not None and busy:

@@ -24,10 +24,11 @@ import sys
 import tempfile
 from typing import Any
 
+from .. import compat
 from ..config import LAUNCHERS, StartConfig
 from ..errors import ClusterError, ConfigError
-from . import net, slurm
-from .launchers import IPP_LOG, Launcher, LocalLauncher, process_env, secure_controller
+from . import net, procs, slurm
+from .launchers import IPP_LOG, Launcher, LocalLauncher, secure_controller
 from .pool import ENGINE_CMD
 
 # Engines end when the controller's heartbeat stops for HB_MISSES checks of (period + 0.5 s):
@@ -53,6 +54,7 @@ def _engine_launchers() -> tuple[type, type]:
     from ipyparallel.cluster.launcher import MPIEngineSetLauncher, SlurmEngineSetLauncher
     from traitlets import Integer, List, Unicode
 
+    @compat.route_run_command
     class SbatchEngines(SlurmEngineSetLauncher):  # type: ignore[misc]
         """One sbatch job of n engines; --nodes shrinks for a job of fewer engines (a restart)."""
 
@@ -69,7 +71,7 @@ def _engine_launchers() -> tuple[type, type]:
             self.batch_template = SBATCH_TEMPLATE % {"options": escaped}
             super().write_batch_script(n)
 
-        def _run_command(self, command: list[str], **kwargs: Any) -> str:
+        def run_command(self, command: list[str], **kwargs: Any) -> str:
             """Slurm's own words when it refuses (ipyparallel lets stderr go to the kernel's terminal)."""
             done = subprocess.run(command, stdin=subprocess.DEVNULL, capture_output=True, text=True, **kwargs)
             if done.returncode != 0:
@@ -154,7 +156,7 @@ class _ManyHosts(Launcher):
             load_profile=False,
         )
         secure_controller(profile_dir)
-        env = process_env(config)
+        env = procs.process_env(config.threads or 1)
         env.update(
             NBDIST_CONTROLLER_IP=self.ip,
             NBDIST_CLUSTER_DIR=workdir,  # this cluster's directory (under workdir_base)

@@ -16,7 +16,7 @@ import sys
 from typing import Any
 
 from ..config import LAUNCHERS, LauncherSpec, StartConfig
-from . import pool
+from . import pool, procs
 from .net import LOOPBACK
 from .pool import ENGINE_CMD, WarmEngineSetLauncher
 
@@ -107,7 +107,7 @@ class LocalLauncher(Launcher):
             load_profile=False,
         )
         secure_controller(profile_dir)
-        env = process_env(config)
+        env = procs.process_env(config.threads or 1)
         c = cluster.config
         c.LocalControllerLauncher.controller_cmd = [sys.executable, "-m", "nbdist.engine.controller"]
         c.LocalEngineSetLauncher.engine_cmd = list(ENGINE_CMD)
@@ -140,13 +140,3 @@ def secure_controller(profile_dir: str) -> None:
     fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
     with os.fdopen(fd, "w") as fh:
         fh.write(f"c.IPController.enable_curve = True\nc.Session.key = b{secrets.token_hex(32)!r}\n")
-
-
-def process_env(config: StartConfig) -> dict[str, str]:
-    """Environment of the controller and engines: the kernel to watch, threads per rank, unbuffered output."""
-    return {
-        "NBDIST_PARENT_PID": str(os.getpid()),
-        "OMP_NUM_THREADS": str(config.threads),
-        "NUMBA_NUM_THREADS": str(config.threads),
-        "PYTHONUNBUFFERED": "1",
-    }

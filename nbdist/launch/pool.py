@@ -144,13 +144,7 @@ def warm(n: int, threads: int) -> int | None:
     global _atexit
     if not enabled() or n < 1:
         return None
-    env = os.environ.copy()
-    env.update(
-        NBDIST_PARENT_PID=str(os.getpid()),
-        OMP_NUM_THREADS=str(threads),
-        NUMBA_NUM_THREADS=str(threads),
-        PYTHONUNBUFFERED="1",
-    )
+    env = {**os.environ, **procs.process_env(threads)}
     key = _key(env)
     with _lock:
         _drop_dead()
@@ -230,7 +224,7 @@ class WarmEngineLauncher(LocalEngineLauncher):
         self.pid = pid
         self.process = psutil.Process(pid)
         self.notify_start(pid)
-        self._start_waiting()
+        compat.start_waiting(self)
         return None
 
 

@@ -1,4 +1,4 @@
-"""Processes nbdist started, by id: alive or not, children, and ending them.
+"""Processes nbdist started, by id: alive or not, children, ending them, and the environment each gets.
 
 nbdist never ends a process by name; every function here takes pids the caller
 started (or their descendants, which the controller forks).
@@ -6,6 +6,7 @@ started (or their descendants, which the controller forks).
 
 from __future__ import annotations
 
+import os
 from typing import Any
 
 from .. import compat
@@ -89,3 +90,14 @@ def reap(pids: list[int], timeout: float = 3.0) -> None:
         except psutil.NoSuchProcess:
             pass
     psutil.wait_procs(left, timeout=timeout)
+
+
+def process_env(threads: int) -> dict[str, str]:
+    """What every process nbdist starts (controller, engines, the warm process) gets on top of the kernel's
+    environment: the kernel's pid to watch, threads per rank, unbuffered output."""
+    return {
+        "NBDIST_PARENT_PID": str(os.getpid()),
+        "OMP_NUM_THREADS": str(threads),
+        "NUMBA_NUM_THREADS": str(threads),
+        "PYTHONUNBUFFERED": "1",
+    }

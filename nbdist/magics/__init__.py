@@ -233,13 +233,13 @@ class DistMagics(Magics):
         self.mode = word == "on"
         assert self.shell is not None  # set by IPython when the magics are registered
         transformers = self.shell.input_transformers_cleanup
-        if self.mode and self._transform not in transformers:
-            transformers.insert(0, self._transform)
-        if not self.mode and self._transform in transformers:
-            transformers.remove(self._transform)
+        if self.mode and self.mode_transform not in transformers:
+            transformers.insert(0, self.mode_transform)
+        if not self.mode and self.mode_transform in transformers:
+            transformers.remove(self.mode_transform)
         print("every cell now runs on all ranks" if self.mode else "cells run locally again")
 
-    def _transform(self, lines: list[str]) -> list[str]:
+    def mode_transform(self, lines: list[str]) -> list[str]:
         if not self.mode or not lines:
             return lines
         first = next((ln for ln in lines if ln.strip()), "")
@@ -295,5 +295,5 @@ def unload(ipython: Any) -> None:
 
     pool.shutdown()
     magics = _LOADED.pop(id(ipython), None)
-    if magics is not None and magics._transform in ipython.input_transformers_cleanup:
-        ipython.input_transformers_cleanup.remove(magics._transform)
+    if magics is not None and magics.mode_transform in ipython.input_transformers_cleanup:
+        ipython.input_transformers_cleanup.remove(magics.mode_transform)

@@ -21,6 +21,7 @@ from __future__ import annotations
 import html
 import json
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -335,15 +336,25 @@ class Dashboard:
                     note.text = text
                 self._titles = titles
 
-    def show(self) -> None:
-        """Display in the notebook (live while the cell runs)."""
+    @property
+    def live_figure(self) -> Any:
+        """The live plotly FigureWidget (None before the first refresh and after ``close``)."""
+        return self._widget
+
+    @property
+    def headline_widget(self) -> Any:
+        """The live headline (an ipywidgets.HTML) while shown, else None."""
+        return self._head
+
+    def show(self, display: Callable[..., Any] | None = None) -> None:
+        """Display in the notebook (live while the cell runs); ``display``: IPython's, unless given."""
         import ipywidgets
-        from IPython.display import display
+        from IPython.display import display as ipython_display
 
         self._head = ipywidgets.HTML(self.headline_html())
         self.refresh()
         self._box = ipywidgets.VBox([self._head, self._widget])
-        self._handle = display(self._box, display_id=True)
+        self._handle = (display or ipython_display)(self._box, display_id=True)
 
     def close(self) -> None:
         """Replace the live widget by a static figure of the final state."""

@@ -8,6 +8,7 @@ follows a re-check. The same accessors also run for real in the integration test
 from __future__ import annotations
 
 import inspect
+import platform
 from importlib.metadata import version
 
 import pytest
@@ -26,7 +27,7 @@ def _tuple(v: str) -> tuple[int, ...]:
 @pytest.mark.parametrize("package", sorted(compat.CHECKED))
 def test_installed_versions_are_the_ones_compat_was_checked_against(package):
     low, high = compat.CHECKED[package]
-    have = version(package)
+    have = platform.python_version() if package == "python" else version(package)
     assert _tuple(low) <= _tuple(have) <= _tuple(high), (
         f"{package} {have} is outside {low}..{high}, the range nbdist.compat was checked against: "
         "run the suite, re-check each entry of compat.PRIVATE_APIS for it, then widen CHECKED."
@@ -124,3 +125,76 @@ def test_probe_lightning_ddp_launcher():
         assert "def _configure_launcher" in source, f"{name}.DDPStrategy has no _configure_launcher: see compat.py"
         for attr in ("self._start_method", "self._process_group_backend"):
             assert attr in source, f"{name}.DDPStrategy no longer sets {attr}: see engine/adapters.py"
+
+
+def test_probe_start_waiting():
+    from ipyparallel.cluster.launcher import LocalProcessLauncher
+
+    source = inspect.getsource(LocalProcessLauncher.start)
+    assert "self._start_waiting()" in source, "LocalProcessLauncher.start no longer calls _start_waiting: see compat"
+    assert callable(LocalProcessLauncher._start_waiting)
+
+
+def test_probe_route_run_command():
+    from ipyparallel.cluster.launcher import BatchSystemLauncher
+
+    assert "self._run_command(" in inspect.getsource(BatchSystemLauncher.start), "see compat.route_run_command"
+
+    class Batch(BatchSystemLauncher):
+        def run_command(self, command, **kwargs):
+            return "said"
+
+    compat.route_run_command(Batch)
+    assert Batch._run_command is Batch.run_command
+
+
+def test_probe_drop_unreadable_messages():
+    from ipyparallel import Client
+    from jupyter_client.session import Session
+
+    assert not hasattr(Client, "log"), "ipyparallel's Client has a log now: see compat.drop_unreadable_messages"
+    import ipyparallel.client.client as client_module
+
+    assert list(inspect.signature(Session.feed_identities).parameters)[1:3] == ["msg_list", "copy"]
+    assert "session.feed_identities(" in inspect.getsource(client_module), "see compat.drop_unreadable_messages"
+    session = Session(key=b"k")
+    client = type("C", (), {"session": session})()
+    compat.drop_unreadable_messages(client)
+    assert client.session.feed_identities([b"no delimiter"]) == ([], [])
+    assert client.log is compat.UNREADABLE
+
+
+def test_probe_numba_cached():
+    from nbdist.compression import kernels
+
+    kernel, step = kernels.warm_up_steps()[0]
+    step()  # loaded from numba's cache, or compiled and written to it
+    assert callable(kernel._cache._cache_file._load_index), "numba's cache layout moved: see compat.numba_cached"
+    assert isinstance(compat.numba_cached(kernel), bool)
+    assert compat.numba_cached(object()) is False  # anything else: not cached, never an exception
+
+
+def test_probe_group_sequence_number(tmp_path):
+    import torch.distributed as dist
+
+    dist.init_process_group("gloo", init_method=f"file://{tmp_path}/store", rank=0, world_size=1)
+    try:
+        before = compat.group_sequence_number(dist.group.WORLD)
+        dist.barrier()
+        assert compat.group_sequence_number(dist.group.WORLD) > before
+    finally:
+        dist.destroy_process_group()
+
+
+def test_probe_thread_frames():
+    import threading
+
+    assert threading.get_ident() in compat.thread_frames()
+
+
+def test_probe_parser_actions():
+    import argparse
+
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--x")
+    assert [a.dest for a in compat.parser_actions(parser)] == ["help", "x"]

@@ -124,24 +124,20 @@ def test_compression_ratio_in_the_bytes_title_and_the_headline():
 
 def test_live_updates_restyle_the_traces_and_rebuild_only_when_a_rank_appears():
     board = Dashboard(refresh_s=0)
-    board._handle = object()  # as if displayed: render() works on the widget without a frontend
-    import ipywidgets
-
-    board._head = ipywidgets.HTML()
     board.store.add(0, _rows(0.02, 0, steps=10))
-    board.render()
-    widget = board._widget
+    board.show(display=lambda box, display_id: object())  # displayed without a frontend: builds the figure
+    widget = board.live_figure
     assert board.rebuilds == 1
     for start in range(10, 50, 10):
         board.store.add(0, [dict(r, step=r["step"] + start) for r in _rows(0.02, 0, steps=10)])
         board.render()
-    assert board._widget is widget and board.rebuilds == 1 and board.renders == 5
+    assert board.live_figure is widget and board.rebuilds == 1 and board.renders == 4
     loss = next(t for t in widget.data if t.name == "rank 0")
     assert len(loss.x) == 50 and loss.x[-1] == 49  # the new points arrived in the same trace
-    assert 'data-name="step"' in board._head.value and ">49<" in board._head.value
+    assert 'data-name="step"' in board.headline_widget.value and ">49<" in board.headline_widget.value
     board.store.add(1, _rows(0.02, 1, steps=5))
     board.render()
-    assert board.rebuilds == 2 and board._widget is not widget
+    assert board.rebuilds == 2 and board.live_figure is not widget
 
 
 def test_gpu_memory_is_dashed_beside_cpu_memory_and_a_cpu_rank_logs_none():

@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 from IPython.core.error import UsageError
 
+from nbdist import compat
 from nbdist.magics.common import names_and_ranks
 
 
@@ -41,11 +42,10 @@ def test_dist_mode_word(ip):
     assert "takes on or off" in _usage(ip, "dist_mode maybe")
 
 
-def test_no_cluster_says_how_to_start(ip):
+def test_no_cluster_says_how_to_start(ip, monkeypatch):
     import nbdist.cluster as api
 
-    if api._CURRENT is not None:
-        pytest.skip("a cluster is running in this process")
+    monkeypatch.setattr(api, "_CURRENT", None)  # no cluster, whatever ran before in this process
     assert "%dist_start -n 2" in _usage(ip, "dist_status ")
 
 
@@ -63,12 +63,12 @@ def test_dist_mode_transformer(ip):
     magics = _LOADED[id(ip)]
     ip.run_line_magic("dist_mode", "on")
     try:
-        assert magics._transform(["x = 1\n"]) == ["%%distributed\n", "x = 1\n"]
-        assert magics._transform(["%dist_mode off\n"]) == ["%dist_mode off\n"]
-        assert magics._transform(["%%rank 0\n", "x\n"]) == ["%%rank 0\n", "x\n"]
+        assert magics.mode_transform(["x = 1\n"]) == ["%%distributed\n", "x = 1\n"]
+        assert magics.mode_transform(["%dist_mode off\n"]) == ["%dist_mode off\n"]
+        assert magics.mode_transform(["%%rank 0\n", "x\n"]) == ["%%rank 0\n", "x\n"]
     finally:
         ip.run_line_magic("dist_mode", "off")
-    assert magics._transform not in ip.input_transformers_cleanup
+    assert magics.mode_transform not in ip.input_transformers_cleanup
 
 
 def test_negative_max_restarts_is_refused_in_one_line(ip):
@@ -76,11 +76,10 @@ def test_negative_max_restarts_is_refused_in_one_line(ip):
     assert "max_restarts (-1) must be a whole number, 0 or more" in msg
 
 
-def test_dist_where_without_a_cluster_says_how_to_start(ip):
+def test_dist_where_without_a_cluster_says_how_to_start(ip, monkeypatch):
     import nbdist.cluster as api
 
-    if api._CURRENT is not None:
-        pytest.skip("a cluster is running in this process")
+    monkeypatch.setattr(api, "_CURRENT", None)  # no cluster, whatever ran before in this process
     assert "%dist_start -n 2" in _usage(ip, "dist_where ")
 
 
@@ -104,7 +103,7 @@ def _magics():
 
 
 def _options(func) -> list[str]:
-    return [a.option_strings[0] if a.option_strings else a.dest for a in func.parser._actions if a.dest != "help"]
+    return [a.option_strings[0] if a.option_strings else a.dest for a in compat.parser_actions(func.parser) if a.dest != "help"]
 
 
 def test_no_magic_gains_or_loses_an_option_unnoticed():
@@ -120,7 +119,7 @@ def test_each_magics_usage_comes_from_its_parser_and_names_every_option_with_hel
         for option in FROZEN[name].split():
             if option.startswith("-"):
                 assert option in text, f"{option} missing from {text}"
-        assert all(a.help for a in func.parser._actions), f"an option of %{name} has no help"
+        assert all(a.help for a in compat.parser_actions(func.parser)), f"an option of %{name} has no help"
     assert usage(_magics()["rank"], cell=True).startswith("%%rank [--timeout S]")
 
 
@@ -135,7 +134,7 @@ def test_each_dist_start_option_lands_on_its_start_config_field():
     from nbdist.magics import DistMagics
 
     parser = DistMagics.dist_start.parser
-    dests = {a.dest for a in parser._actions if a.dest != "help"}
+    dests = {a.dest for a in compat.parser_actions(parser) if a.dest != "help"}
     assert dests <= set(StartConfig.__dataclass_fields__), dests - set(StartConfig.__dataclass_fields__)
     args = parser.parse_args(
         "-n 3 --oversubscribe --no-pin --launcher slurm --partition gpu --sbatch-arg=--mem=1G --time 5".split()
