@@ -6,7 +6,7 @@ BIN := $(VENV)/bin
 RUNTIME := $(VENV)/.runtime
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test lint bench clean
+.PHONY: demo test lint bench clean system
 
 # What the demo needs: nbdist and its runtime dependencies (a user's install).
 $(RUNTIME): pyproject.toml
@@ -27,7 +27,12 @@ $(STAMP): $(RUNTIME)
 demo: $(RUNTIME)
 	@OMP_NUM_THREADS=1 $(BIN)/python -m nbdist.demo
 
-test: $(STAMP)
+# System packages the tests use (Chromium, Slurm, munge, Open MPI, sudo, acl, configurable-http-proxy):
+# installed as root with apt-get and npm when missing; elsewhere the tests that need them skip and say so.
+system:
+	@sh tests/system-packages.sh
+
+test: $(STAMP) system
 	$(BIN)/ruff check nbdist tests benchmarks notebooks deploy
 	$(BIN)/mypy
 	OMP_NUM_THREADS=1 $(BIN)/python -m pytest -q -p no:cacheprovider tests

@@ -67,31 +67,6 @@ def ip():
     return shell
 
 
-def wait_gone(pids: list[int], within: float) -> list[int]:
-    """Wait up to `within` seconds for these processes to end; return those still running.
-
-    Reads /proc through nbdist.launch.procs.alive, which treats a process that ends between two looks
-    (or a zombie) as gone instead of raising.
-    """
-    import time
-
-    from nbdist.launch.procs import alive
-
-    deadline = time.monotonic() + within
-    left = [p for p in pids if alive(p)]
-    while left and time.monotonic() < deadline:
-        time.sleep(0.1)
-        left = [p for p in left if alive(p)]
-    return left
-
-
-def run_cell(shell, code: str):
-    """Run a notebook cell through IPython; raise the cell's error like Run All would stop."""
-    result = shell.run_cell(code)
-    result.raise_error()
-    return result.result
-
-
 # ---------------------------------------------------------------- a real two-node Slurm (root only)
 
 

@@ -17,7 +17,6 @@ import os
 import pathlib
 import shutil
 import signal
-import socket
 import stat
 import subprocess
 import sys
@@ -26,6 +25,8 @@ import time
 import uuid
 from contextlib import contextmanager
 from typing import Any
+
+from tests.helpers import free_port
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 DEPLOY_CONFIG = ROOT / "deploy" / "jupyterhub" / "jupyterhub_config.py"
@@ -43,34 +44,16 @@ def unavailable() -> str:
         except ImportError:
             return f"{module} is not installed in this environment (pip install -e '.[dev]')"
     if not proxy_command():
-        return "configurable-http-proxy is missing and `npm install -g configurable-http-proxy` failed"
-    missing = [cmd for cmd in ("sudo", "setfacl", "useradd") if not shutil.which(cmd) and not _apt("sudo", "acl")]
+        return "configurable-http-proxy is not installed (`make test` installs it as root: tests/system-packages.sh)"
+    missing = [cmd for cmd in ("sudo", "setfacl", "useradd") if not shutil.which(cmd)]
     if missing:
-        return f"cannot install {', '.join(missing)} with apt-get"
+        return f"{', '.join(missing)} not found (`make test` installs sudo and acl as root: tests/system-packages.sh)"
     return ""
 
 
 def proxy_command() -> str:
-    """configurable-http-proxy, installed from the npm registry when missing."""
-    found = shutil.which("configurable-http-proxy")
-    if found or not shutil.which("npm"):
-        return found or ""
-    subprocess.run(["npm", "install", "-g", "--silent", "configurable-http-proxy@5"], capture_output=True)
+    """configurable-http-proxy ('' when missing)."""
     return shutil.which("configurable-http-proxy") or ""
-
-
-def _apt(*packages: str) -> bool:
-    if not shutil.which("apt-get"):
-        return False
-    env = dict(os.environ, DEBIAN_FRONTEND="noninteractive")
-    done = subprocess.run(["apt-get", "install", "-y", "-qq", *packages], env=env, capture_output=True)
-    return done.returncode == 0
-
-
-def _free_port(host: str) -> int:
-    with socket.socket() as s:
-        s.bind((host, 0))
-        return s.getsockname()[1]
 
 
 @contextmanager
@@ -131,7 +114,7 @@ class Hub:
     def __init__(self, cluster_ip: str, slurm_env: dict[str, str]) -> None:
         self.dir = tempfile.mkdtemp(prefix="nbdist-hub-")
         self.cluster_ip = cluster_ip
-        self.url = f"http://127.0.0.1:{_free_port('127.0.0.1')}"
+        self.url = f"http://127.0.0.1:{free_port('127.0.0.1')}"
         self.env = dict(
             os.environ,
             **slurm_env,
@@ -143,14 +126,14 @@ class Hub:
 
     def write_config(self) -> str:
         path = os.path.join(self.dir, "test_config.py")
-        proxy_api = _free_port("127.0.0.1")
+        proxy_api = free_port("127.0.0.1")
         with open(path, "w") as fh:
             fh.write(
                 f"""c = get_config()
 load_subconfig({str(DEPLOY_CONFIG)!r})
 # What only a test adds: its own ports and files, a dummy password, the test cluster's SLURM_CONF.
 c.JupyterHub.bind_url = {self.url!r}
-c.JupyterHub.hub_port = {_free_port(self.cluster_ip)}
+c.JupyterHub.hub_port = {free_port(self.cluster_ip)}
 c.ConfigurableHTTPProxy.api_url = "http://127.0.0.1:{proxy_api}"
 c.ConfigurableHTTPProxy.command = [{proxy_command()!r}]
 c.ConfigurableHTTPProxy.pid_file = {os.path.join(self.dir, "proxy.pid")!r}

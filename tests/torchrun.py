@@ -3,17 +3,12 @@
 from __future__ import annotations
 
 import os
-import socket
 import subprocess
 import sys
 
+from tests.helpers import free_port
+
 HANG_S = 300  # only to catch a hang; DeepSpeed's first run JIT-builds its CPU comm op (about 30 s)
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def torchrun(script: str, *args: str, cwd: str, nproc: int = 2) -> subprocess.CompletedProcess:

@@ -9,73 +9,10 @@ import textwrap
 import pytest
 import torch
 
-from tests.conftest import run_cell
-
-SETUP = textwrap.dedent(
-    """
-    import torch
-    from torch.utils.data import TensorDataset
-
-    def make_model():
-        torch.manual_seed(0)
-        return torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.Tanh(), torch.nn.Linear(16, 1))
-
-    def make_data(n=64):
-        g = torch.Generator().manual_seed(1)
-        x = torch.randn(n, 8, generator=g)
-        y = (x.sum(1, keepdim=True) > 0).float()
-        return TensorDataset(x, y)
-    """
-)
-
-
-def _local(code: str) -> dict:
-    ns: dict = {}
-    exec(code, ns)
-    return ns
-
+from tests.helpers import SETUP, check_ddp_against_one_process, local, run_cell
 
 def test_ddp_matches_one_process_with_the_combined_batch(cluster):
     check_ddp_against_one_process(cluster)
-
-
-def check_ddp_against_one_process(cluster) -> None:
-    """DDP over 2 ranks for 5 steps equals one process on the combined batch (also across hosts)."""
-    b, steps = 4, 5
-    cluster.run(SETUP).raise_for_error()
-    cluster.run(
-        textwrap.dedent(
-            f"""
-            from nbdist.parallel import apply_ddp, shard
-            loader = shard(make_data(), batch_size={b}, shuffle=False)
-            model = apply_ddp(make_model())
-            opt = torch.optim.SGD(model.parameters(), lr=0.1)
-            for step, (x, y) in zip(range({steps}), loader):
-                opt.zero_grad()
-                torch.nn.functional.mse_loss(model(x), y).backward()
-                opt.step()
-            params = [p.detach().clone() for p in model.module.parameters()]
-            """
-        )
-    ).raise_for_error()
-    replicas = cluster.pull("params")
-    for p0, p1 in zip(*replicas, strict=True):
-        assert torch.equal(p0, p1), "DDP replicas must stay bit-identical"
-
-    ref = _local(SETUP)
-    model, data = ref["make_model"](), ref["make_data"]()
-    opt = torch.optim.SGD(model.parameters(), lr=0.1)
-    shards = [list(range(r, 64, 2)) for r in range(2)]  # rank r reads samples r, r+2, ...
-    for step in range(steps):
-        idx = [i for r in range(2) for i in shards[r][step * b : (step + 1) * b]]
-        x, y = data[idx]
-        opt.zero_grad()
-        torch.nn.functional.mse_loss(model(x), y).backward()
-        opt.step()
-    # Same maths: DDP averages the two ranks' mean gradients, which is the mean over 2b.
-    # Only float32 summation order differs, so a few ulps: 1e-6 absolute.
-    for p_ddp, p_ref in zip(replicas[0], model.parameters(), strict=True):
-        torch.testing.assert_close(p_ddp, p_ref.detach(), rtol=0, atol=1e-6)
 
 
 def test_accumulation_with_no_sync_equals_the_full_batch(cluster):

@@ -6,7 +6,7 @@ import textwrap
 
 import torch
 
-from tests.dist.test_ddp import SETUP
+from tests.helpers import SETUP
 
 SPECS = ("fp16", "bf16", "topk:0.1", "dgc:0.1", "randomk:0.1", "qsgd:127", "signsgd", "powersgd:1")
 

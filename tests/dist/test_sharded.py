@@ -6,7 +6,7 @@ import textwrap
 
 import torch
 
-from tests.dist.test_ddp import SETUP, _local
+from tests.helpers import SETUP, local
 
 
 def test_fsdp_gives_the_same_losses_and_parameters_as_ddp(cluster):
@@ -78,7 +78,7 @@ def test_pipeline_gpipe_and_1f1b_match_the_unsplit_model(cluster):
             """
         )
     ).raise_for_error()
-    ref = _local("import torch\n" + PIPE)
+    ref = local("import torch\n" + PIPE)
     model = ref["make_deep"]()
     # The schedules average the micro-batch losses' gradients; with 4 equal micro-batches
     # that is the full-batch mean loss's gradient.
@@ -131,7 +131,7 @@ def test_tensor_parallel_layers_match_the_dense_layers(cluster):
             """
         )
     ).raise_for_error()
-    ref = _local("import torch\n" + TP)
+    ref = local("import torch\n" + TP)
     x = ref["X"].clone().requires_grad_()
     out = ref["fc2"](torch.relu(ref["fc1"](x)))
     out.square().sum().backward()

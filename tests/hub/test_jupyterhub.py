@@ -78,7 +78,7 @@ def test_a_hub_spawns_the_notebook_on_two_nodes_and_dist_start_uses_both(two_nod
             ddp = (
                 f"import sys; sys.path.insert(0, {repo!r})\n"
                 "import nbdist\n"
-                "from tests.dist.test_ddp import check_ddp_against_one_process\n"
+                "from tests.helpers import check_ddp_against_one_process\n"
                 "c = nbdist.current()\n"
                 "check_ddp_against_one_process(c)\n"
                 "print('HOSTS', sorted(r.host for r in c.ranks), c.backend, 'DDP equal to one process')"

@@ -19,7 +19,7 @@ import pytest
 
 from nbdist.cells.output import Sink
 from nbdist.errors import RankError, RunTimeout
-from tests.conftest import run_cell
+from tests.helpers import run_cell, touch_code, wait_for
 
 PROOF = "z = torch.ones(1) * (dist.get_rank() + 1)\ndist.all_reduce(z)\nproof = z.item()"
 HANG_S = 60.0  # a drill that takes longer than this waited for torch's timeout, not for nbdist
@@ -152,18 +152,21 @@ def test_fault2_rank_fails_while_others_wait_in_a_collective(cluster):
     assert_usable(cluster)
 
 
-def test_fault3_ctrl_c_reaches_ranks_blocked_in_collectives(cluster):
+def test_fault3_ctrl_c_reaches_ranks_blocked_in_collectives(cluster, tmp_path):
+    here = tmp_path / "in-collective"
+
     def interrupt():
-        time.sleep(1.0)
+        wait_for(f"{here}-0", f"{here}-1")  # each rank is at its collective's line (the next one blocks)
         os.kill(os.getpid(), signal.SIGINT)
 
     threading.Thread(target=interrupt, daemon=True).start()
     tic = time.perf_counter()
     with pytest.raises(KeyboardInterrupt):
         cluster.run(
-            "if dist.get_rank() == 0:\n    dist.all_reduce(torch.ones(1))\nelse:\n    dist.broadcast(torch.ones(3), src=1)\n    dist.barrier()"
+            touch_code(here) + "if dist.get_rank() == 0:\n    dist.all_reduce(torch.ones(1))\n"
+            "else:\n    dist.broadcast(torch.ones(3), src=1)\n    dist.barrier()"
         )
-    took = time.perf_counter() - tic - 1.0
+    took = time.perf_counter() - tic
     assert took < HANG_S, f"Ctrl-C did not reach the ranks in their collectives (took {took:.0f} s)"
     assert cluster.dead_ranks() == []
     assert_usable(cluster)

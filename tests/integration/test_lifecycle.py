@@ -18,7 +18,7 @@ import pytest
 
 import nbdist
 from nbdist.errors import ClusterError
-from tests.conftest import run_cell, wait_gone
+from tests.helpers import run_cell, touch_code, wait_for, wait_gone
 
 
 def _children() -> set[int]:
@@ -39,16 +39,20 @@ def test_fault4_killed_rank_is_named_and_restart_brings_the_world_back(ip, tmp_p
         old_engine = cluster.ranks[1].engine_id
         victim = cluster.ranks[1].pid
 
+        here = tmp_path / "sleeping"
+        killed_at: list[float] = []
+
         def kill():
-            time.sleep(0.8)
+            wait_for(here)  # rank 1 is about to sleep; rank 0 waits in all_reduce for it
+            killed_at.append(time.perf_counter())
             os.kill(victim, signal.SIGKILL)
 
         threading.Thread(target=kill, daemon=True).start()
-        tic = time.perf_counter()
         r = cluster.run(
-            "import time\nif dist.get_rank() == 0:\n    dist.all_reduce(torch.ones(1))\nelse:\n    time.sleep(60)"
+            "import time\nif dist.get_rank() == 0:\n    dist.all_reduce(torch.ones(1))\nelse:\n"
+            f"    {touch_code(here, per_rank=False).strip()}\n    time.sleep(60)"
         )
-        named_after = time.perf_counter() - tic - 0.8
+        named_after = time.perf_counter() - killed_at[0]
         assert r[1].status == "dead"
         assert named_after < 30, f"the cell waited {named_after:.0f} s for a dead rank (rank 1 would sleep 60 s)"
         assert any("rank(s) 1 died; run %dist_restart" in n for n in r.notes)

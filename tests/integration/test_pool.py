@@ -11,7 +11,7 @@ import pytest
 import nbdist
 from nbdist.config import default_threads
 from nbdist.launch import pool
-from tests.conftest import wait_gone
+from tests.helpers import poll, wait_gone
 
 
 @pytest.fixture(autouse=True)
@@ -120,17 +120,6 @@ def _compiler_of(server: int) -> psutil.Process | None:
     return None
 
 
-def _poll(check, within: float, every: float = 0.2):
-    """check() until it returns something truthy; fail after ``within`` seconds (a hang bound)."""
-    deadline = time.monotonic() + within
-    while time.monotonic() < deadline:
-        found = check()
-        if found:
-            return found
-        time.sleep(every)
-    pytest.fail(f"not within {within} s: {check.__doc__ or check}")
-
-
 def test_an_empty_numba_cache_is_filled_beside_the_warm_process_and_no_start_waits_for_it(tmp_path, monkeypatch):
     """Issue 30: with numba's cache empty (a fresh install) compiling every kernel takes ~16 s of a
     core. A niced child of the warm process compiles them into the cache while the warm process goes
@@ -138,7 +127,7 @@ def test_an_empty_numba_cache_is_filled_beside_the_warm_process_and_no_start_wai
     loads them, and ranks forked after that start with them loaded."""
     monkeypatch.setenv("NUMBA_CACHE_DIR", str(tmp_path / "numba"))
     server = pool.warm(2, default_threads(2))
-    compiler = _poll(lambda: _compiler_of(server), 60)  # once torch and nbdist.parallel are imported
+    compiler = poll(lambda: _compiler_of(server), 60)  # once torch and nbdist.parallel are imported
     with nbdist.start(n=2) as cluster:
         assert compiler.is_running(), "the start waited for the kernels to compile"
         cluster.run("t = torch.ones(1); dist.all_reduce(t)").raise_for_error()
@@ -150,5 +139,5 @@ def test_an_empty_numba_cache_is_filled_beside_the_warm_process_and_no_start_wai
             cluster.restart()
             return all(cluster.pull(f"len({kernels}.scatter_add.signatures) > 0"))
 
-        _poll(restarted_ranks_have_the_kernels_loaded, 30, every=0.5)
+        poll(restarted_ranks_have_the_kernels_loaded, 30, every=0.5)
         assert cluster.pull(f"{kernels}.sign_unpack.stats.cache_misses") == [{}, {}], "loaded, not compiled"

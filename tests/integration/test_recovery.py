@@ -23,7 +23,7 @@ import torch
 
 import nbdist
 from nbdist.errors import RankError
-from tests.conftest import run_cell
+from tests.helpers import poll, run_cell, touch_code, wait_for
 
 HANG_S = 90.0
 
@@ -156,17 +156,24 @@ for step, (x,) in loader.steps(100_000):
         assert c.dead_ranks() == [1]
 
 
-def test_dist_where_shows_each_ranks_cell_lines_and_marks_the_one_behind(ip, capsys):
+def test_dist_where_shows_each_ranks_cell_lines_and_marks_the_one_behind(ip, capsys, tmp_path):
     run_cell(ip, "%dist_start -n 2")
     try:
-        cell = "import time\nt = torch.ones(1)\nif dist.get_rank() == 1:\n    time.sleep(30)\ndist.all_reduce(t)\n"
+        here = tmp_path / "here"
+        cell = f"import time\nt = torch.ones(1)\nif dist.get_rank() == 1:\n    time.sleep(30)\n{touch_code(here)}dist.all_reduce(t)\n"
         run_cell(ip, f"%%distributed --noblock\n{cell}")
-        time.sleep(1.5)
-        capsys.readouterr()
-        run_cell(ip, "%dist_where")
-        out = capsys.readouterr().out
-        assert "rank 0 (engine" in out and "at cell line 5, in all_reduce (inside torch.distributed)" in out
-        assert "cell line   5 in <module>: dist.all_reduce(t)" in out
+        wait_for(f"{here}-0")  # rank 0 is at the all_reduce: in it, or a breath away
+
+        def where() -> str:
+            capsys.readouterr()
+            run_cell(ip, "%dist_where")
+            out = capsys.readouterr().out
+            both = "in all_reduce (inside torch.distributed)" in out and "time.sleep(30)" in out
+            return out if both else ""  # rank 0 in the collective, rank 1 in its sleep
+
+        out = poll(where, within=HANG_S)
+        assert "rank 0 (engine" in out and "at cell line 6, in all_reduce (inside torch.distributed)" in out
+        assert "cell line   6 in <module>: dist.all_reduce(t)" in out
         assert "last collective: all_reduce [1] float32" in out and "waiting" in out
         rank1 = out[out.index("rank 1 (engine") :]
         assert "at cell line 4, in <module>" in rank1.splitlines()[0]  # time.sleep is C: no frame of its own

@@ -21,7 +21,7 @@ import pytest
 import torch
 
 import nbdist
-from tests.conftest import run_cell
+from tests.helpers import run_cell
 
 HANG_S = 120.0
 

@@ -21,7 +21,7 @@ from IPython.core.error import UsageError
 
 from nbdist.errors import RankError
 from nbdist.results import ANSI
-from tests.conftest import run_cell
+from tests.helpers import run_cell
 from tests.torchrun import torchrun as _torchrun
 
 HANG_S = 180

@@ -28,7 +28,7 @@ import pytest
 import torch
 
 from nbdist.errors import RankError
-from tests.conftest import run_cell
+from tests.helpers import run_cell
 from tests.torchrun import torchrun
 
 SCRIPTS = pathlib.Path(__file__).parent / "scripts"

@@ -19,8 +19,7 @@ import pytest
 
 import nbdist
 from nbdist.errors import ClusterError, RankError
-from tests.conftest import run_cell, wait_gone
-from tests.dist.test_ddp import check_ddp_against_one_process
+from tests.helpers import check_ddp_against_one_process, run_cell, touch_code, wait_for, wait_gone
 from tests.slurmnodes import HOST_ADDR, NODES, UNROUTED
 from tests.sockets import listening, outside, tree
 
@@ -109,16 +108,18 @@ def test_slurm_launcher_puts_ranks_on_two_nodes_and_trains_like_one_process(ip, 
     assert not os.path.exists("slurm_engine.sbatch"), "the batch script stays in the cluster's directory"
 
 
-def test_a_rank_killed_on_node2_is_named_with_its_host_and_restarts_through_slurm(ip, slurm):
+def test_a_rank_killed_on_node2_is_named_with_its_host_and_restarts_through_slurm(ip, slurm, tmp_path):
     run_cell(ip, "%dist_start --launcher slurm -n 2 --nodes 2 --timeout 90")
     cluster = nbdist.current()
     try:
         victim = next(r for r in cluster.ranks if r.host == "node2")
+        here = tmp_path / "sleeping"
         pending = cluster.run(
-            f"import time\nif dist.get_rank() == {victim.rank}:\n    time.sleep(60)\ndist.all_reduce(torch.ones(1))",
+            f"import time\nif dist.get_rank() == {victim.rank}:\n    {touch_code(here, per_rank=False).strip()}\n"
+            "    time.sleep(60)\ndist.all_reduce(torch.ones(1))",
             block=False,
         )
-        time.sleep(1.0)
+        wait_for(here)  # the victim is in its cell (the nodes share this filesystem)
         os.kill(victim.pid, signal.SIGKILL)  # kill -9 on node2 (the namespaces share one pid space)
         tic = time.monotonic()
         result = pending.wait(show=False)

@@ -1,0 +1,134 @@
+"""What several test modules share, in one place: running a notebook cell, waiting for processes to end or
+for a file a rank writes (the tests synchronise on events, not on fixed sleeps), a free port, and the tiny
+DDP model whose 2-rank training is checked against one process (also run inside a hub's kernel and on
+two Slurm nodes)."""
+
+from __future__ import annotations
+
+import os
+import socket
+import textwrap
+import time
+
+import pytest
+import torch
+
+
+def run_cell(shell, code: str):
+    """Run a notebook cell through IPython; raise the cell's error like Run All would stop."""
+    result = shell.run_cell(code)
+    result.raise_error()
+    return result.result
+
+
+def wait_gone(pids: list[int], within: float) -> list[int]:
+    """Wait up to `within` seconds for these processes to end; return those still running.
+
+    Reads /proc through nbdist.launch.procs.alive, which treats a process that ends between two looks
+    (or a zombie) as gone instead of raising.
+    """
+    import time
+
+    from nbdist.launch.procs import alive
+
+    deadline = time.monotonic() + within
+    left = [p for p in pids if alive(p)]
+    while left and time.monotonic() < deadline:
+        time.sleep(0.1)
+        left = [p for p in left if alive(p)]
+    return left
+
+
+def free_port(host: str = "127.0.0.1") -> int:
+    with socket.socket() as s:
+        s.bind((host, 0))
+        return s.getsockname()[1]
+
+
+def poll(check, within: float, every: float = 0.2):
+    """check() until it returns something truthy, and return that; fail after ``within`` s (a hang bound)."""
+    deadline = time.monotonic() + within
+    while time.monotonic() < deadline:
+        found = check()
+        if found:
+            return found
+        time.sleep(every)
+    pytest.fail(f"not within {within} s: {check.__doc__ or check}")
+
+
+def touch_code(path: os.PathLike | str, per_rank: bool = True) -> str:
+    """Cell code that says "here" by creating ``path`` (``path-RANK`` with ``per_rank``), for ``wait_for``."""
+    name = f"{str(path)!r} + f'-{{dist.get_rank()}}'" if per_rank else repr(str(path))
+    return f"open({name}, 'w').close()\n"
+
+
+def wait_for(*paths: os.PathLike | str, within: float = 60.0) -> None:
+    """Until every path exists: a rank reached the line that creates it. ``within`` only bounds a hang."""
+    deadline = time.monotonic() + within
+    while not all(os.path.exists(p) for p in paths):
+        if time.monotonic() > deadline:
+            pytest.fail(f"not within {within} s: {[str(p) for p in paths if not os.path.exists(p)]}")
+        time.sleep(0.01)
+
+
+SETUP = textwrap.dedent(
+    """
+    import torch
+    from torch.utils.data import TensorDataset
+
+    def make_model():
+        torch.manual_seed(0)
+        return torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.Tanh(), torch.nn.Linear(16, 1))
+
+    def make_data(n=64):
+        g = torch.Generator().manual_seed(1)
+        x = torch.randn(n, 8, generator=g)
+        y = (x.sum(1, keepdim=True) > 0).float()
+        return TensorDataset(x, y)
+    """
+)
+
+
+def local(code: str) -> dict:
+    ns: dict = {}
+    exec(code, ns)
+    return ns
+
+
+def check_ddp_against_one_process(cluster) -> None:
+    """DDP over 2 ranks for 5 steps equals one process on the combined batch (also across hosts)."""
+    b, steps = 4, 5
+    cluster.run(SETUP).raise_for_error()
+    cluster.run(
+        textwrap.dedent(
+            f"""
+            from nbdist.parallel import apply_ddp, shard
+            loader = shard(make_data(), batch_size={b}, shuffle=False)
+            model = apply_ddp(make_model())
+            opt = torch.optim.SGD(model.parameters(), lr=0.1)
+            for step, (x, y) in zip(range({steps}), loader):
+                opt.zero_grad()
+                torch.nn.functional.mse_loss(model(x), y).backward()
+                opt.step()
+            params = [p.detach().clone() for p in model.module.parameters()]
+            """
+        )
+    ).raise_for_error()
+    replicas = cluster.pull("params")
+    for p0, p1 in zip(*replicas, strict=True):
+        assert torch.equal(p0, p1), "DDP replicas must stay bit-identical"
+
+    ref = local(SETUP)
+    model, data = ref["make_model"](), ref["make_data"]()
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    shards = [list(range(r, 64, 2)) for r in range(2)]  # rank r reads samples r, r+2, ...
+    for step in range(steps):
+        idx = [i for r in range(2) for i in shards[r][step * b : (step + 1) * b]]
+        x, y = data[idx]
+        opt.zero_grad()
+        torch.nn.functional.mse_loss(model(x), y).backward()
+        opt.step()
+    # Same maths: DDP averages the two ranks' mean gradients, which is the mean over 2b.
+    # Only float32 summation order differs, so a few ulps: 1e-6 absolute.
+    for p_ddp, p_ref in zip(replicas[0], model.parameters(), strict=True):
+        torch.testing.assert_close(p_ddp, p_ref.detach(), rtol=0, atol=1e-6)
