@@ -63,7 +63,7 @@ class Arrivals:
         self.board, self.next, self.rng = board, start, rng
 
     def __call__(self) -> None:
-        for rank in (0, 1):
+        for rank in self.board.store.ranks():
             self.board.store.add(rank, rows_for(rank, self.next, self.next + 10, self.rng))
         self.next += 10
 
@@ -88,7 +88,8 @@ def payload_mb(fig) -> float:
 
 
 def main() -> None:
-    from nbdist.widgets.dashboard import Dashboard, _figure, panels, traces
+    from nbdist.widgets.dashboard import Dashboard, panels, traces
+    from nbdist.widgets.figure import build_figure
 
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("-n", "--reps", type=int, default=7)
@@ -112,7 +113,7 @@ def main() -> None:
 
         def rebuild() -> None:
             layout = panels(board.store)
-            _figure(layout, traces(board.store, layout), widget=True)
+            build_figure(layout, traces(board.store, layout), widget=True)
 
         rebuild_s = timed(rebuild, args.reps)
         naive_s = timed(lambda: naive_figure(raw), max(1, args.reps // 3))
@@ -138,7 +139,49 @@ def main() -> None:
         f"{out['100000']['restyle_ms']:.1f} ms, {out['100000']['naive_ms'] / out['100000']['restyle_ms']:.0f}x less "
         "than redrawing every point"
     )
-    save("dashboard", {"steps": out, "reps": args.reps})
+    by_ranks = ranks_sweep(args.reps, rng)
+    save("dashboard", {"steps": out, "ranks": by_ranks, "reps": args.reps})
+
+
+def ranks_sweep(reps: int, rng: np.random.Generator, steps: int = 10_000) -> dict[str, dict]:
+    """The refresh at 2, 16 and 64 ranks of synthetic metrics (10k steps each): above 8 ranks a panel
+    draws the spread and the ranks that stand out, so what a refresh sends stays flat. Measured beside
+    it: the same store drawn one line per rank (what the dashboard did at every size before)."""
+    from nbdist.widgets import figure
+    from nbdist.widgets.dashboard import Dashboard
+
+    out = {}
+    for n in (2, 16, 64):
+        board = Dashboard()
+        for rank in range(n):
+            board.store.add(rank, rows_for(rank, 0, steps, rng))
+        board.refresh()
+        restyle = timed(board.refresh, reps, before=Arrivals(board, steps, rng))
+        sent = payload_mb(board.live_figure)
+        traces_n = len(board.live_figure.data)
+        band_above, figure.BAND_ABOVE = figure.BAND_ABOVE, 10**9  # every rank its own line
+        try:
+            flat = Dashboard()
+            flat.store = board.store
+            flat.refresh()
+            per_rank = timed(flat.refresh, reps, before=Arrivals(flat, steps + 10 * reps, rng))
+            per_rank_sent, per_rank_traces = payload_mb(flat.live_figure), len(flat.live_figure.data)
+        finally:
+            figure.BAND_ABOVE = band_above
+        out[str(n)] = {
+            "refresh_ms": restyle * 1e3,
+            "payload_MB": sent,
+            "traces": traces_n,
+            "one_line_per_rank_refresh_ms": per_rank * 1e3,
+            "one_line_per_rank_payload_MB": per_rank_sent,
+            "one_line_per_rank_traces": per_rank_traces,
+        }
+        print(
+            f"{n:>2} ranks: refresh {restyle * 1e3:6.1f} ms, {sent:.2f} MB, {traces_n} traces | one line per rank: "
+            f"{per_rank * 1e3:6.1f} ms, {per_rank_sent:.2f} MB, {per_rank_traces} traces",
+            flush=True,
+        )
+    return out
 
 
 if __name__ == "__main__":

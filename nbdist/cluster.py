@@ -246,9 +246,10 @@ class Cluster:
         """Backend, ranks, hosts and threads per rank: what a job script for this world needs."""
         return views.shape(self._engines(), self.backend, self.config.threads or 1)
 
-    def where(self, wait: float = 1.0) -> list[str]:
-        """Where each rank is now: its cell lines, its last collective, the odd one marked (world/doctor.py)."""
-        return views.where(self._engines(), wait)
+    def where(self, wait: float = 1.0, group: bool = False) -> list[str]:
+        """Where each rank is now: its cell lines, its last collective, the odd one marked (doctor.py);
+        ``group``: ranks at the same place are one entry."""
+        return views.where(self._engines(), wait, group)
 
     def view(self, ranks: list[int]) -> Any:
         """An ipyparallel DirectView on these ranks' engines."""
@@ -265,17 +266,21 @@ class Cluster:
         quiet: bool = False,
         sink: Sink | None = None,
         setup: bool = False,
+        each: bool = False,
     ) -> RunResult | PendingRun:
         """Run code on the given ranks; return a RunResult (or a PendingRun if block=False).
 
-        Output is streamed to ``sink`` (default: printed, each line tagged ``[rank N]``).
+        Output is streamed to ``sink`` (default: printed, each line tagged with its rank and folded
+        across ranks, ``[ranks 0-3] done``; ``each``: every rank's lines as they are).
         A failure on any rank releases ranks left waiting in a collective and is
         reported in the result; call ``result.raise_for_error()`` to turn it into a
         RankError (the magics do). ``setup``: a cell that builds state (imports, model,
         data); with ``max_restarts`` it is replayed after an automatic restart (recovery.py).
         """
         engines = self._engines()
-        cfg = RunConfig(ranks=parse_ranks(ranks, self.world_size), timeout=timeout, block=block, quiet=quiet)
+        cfg = RunConfig(
+            ranks=parse_ranks(ranks, self.world_size), timeout=timeout, block=block, quiet=quiet, each=each
+        )
         dead = engines.dead_ranks()
         if dead and self.recovery.left > 0:  # died between cells (a preempted rank left, say)
             self.recovery.recover(dead, self._replay(), self.progress)
@@ -311,7 +316,7 @@ class Cluster:
             result.notes.append(str(exc))
         if not line:
             return result
-        again = self._execute(code, RunConfig(ranks=cfg.ranks, timeout=cfg.timeout, quiet=cfg.quiet), sink, setup)
+        again = self._execute(code, RunConfig(ranks=cfg.ranks, timeout=cfg.timeout, quiet=cfg.quiet, each=cfg.each), sink, setup)
         assert isinstance(again, RunResult)
         again.recovered[:0] = [*result.recovered, line]
         return again

@@ -243,6 +243,7 @@ class RunConfig:
     timeout: float | None = None
     block: bool = True
     quiet: bool = False
+    each: bool = False  # every rank's lines as they are, not folded across ranks
 
     def __post_init__(self) -> None:
         if self.timeout is not None and self.timeout <= 0:

@@ -7,6 +7,7 @@ Pure functions over the reports engines write when asked where they are
 
 from __future__ import annotations
 
+import re
 from collections import Counter
 from typing import Any
 
@@ -62,29 +63,69 @@ def odd_ranks(reports: dict[int, dict[str, Any]]) -> dict[int, str]:
     return {}
 
 
-def render(reports: dict[int, dict[str, Any]], who: dict[int, str] | None = None) -> list[str]:
-    """Lines for %dist_where: per rank its state, its cell lines (innermost last), its last collective."""
+def render(
+    reports: dict[int, dict[str, Any]], who: dict[int, str] | None = None, hosts: dict[int, str] | None = None
+) -> list[str]:
+    """Lines for %dist_where: per rank its state, its cell lines (innermost last), its last collective.
+    With ``hosts`` (rank -> host), ranks whose view is the same but for the seconds they have waited
+    are one entry: 'ranks 0-13,15 on node1, node2: at cell line 5, ...' (the first one's view)."""
     who = who or {}
-    odd = odd_ranks(reports)
+    blocks = {rank: _block(rank, rep, odd_ranks(reports)) for rank, rep in sorted(reports.items())}
     lines = []
-    for rank, rep in sorted(reports.items()):
-        name = f"rank {rank}" + (f" ({who[rank]})" if rank in who else "")
-        mark = f"   <-- {odd[rank]}" if rank in odd else ""
-        if not rep.get("busy"):
-            lines.append(f"{name}: idle (no cell running){mark}")
-        else:
-            where = f"cell line {rep['cell_line']}" if rep.get("cell_line") else "library code"
-            inside = " (inside torch.distributed)" if rep.get("in_collective") else ""
-            lines.append(f"{name}: at {where}, in {rep.get('function')}{inside}{mark}")
-            for frame in rep.get("cell_stack") or []:
-                lines.append(f"    cell line {frame['line']:>3} in {frame['function']}: {frame.get('code') or ''}")
-            inner = [s for s in rep.get("stack") or [] if "site-packages" in s or "/lib/python" in s][-2:]
-            for entry in inner:
-                lines.append(f"    {entry}")
-        text = collective_text(rep)
-        if text:
-            lines.append(f"    last collective: {text}")
+    if hosts is None:
+        for rank, block in blocks.items():
+            name = f"rank {rank}" + (f" ({who[rank]})" if rank in who else "")
+            lines += [f"{name}: {block[0]}", *block[1:]]
+    else:
+        groups: dict[tuple[str, ...], list[int]] = {}
+        for rank, block in blocks.items():
+            groups.setdefault(tuple(_WAITED.sub("waiting", line) for line in block), []).append(rank)
+        for ranks in groups.values():
+            on = sorted({hosts[r] for r in ranks if hosts.get(r)})
+            name = ranks_text(ranks) + (f" on {', '.join(on)}" if on else "")
+            lines += [f"{name}: {blocks[ranks[0]][0]}", *blocks[ranks[0]][1:]]
     missing = sorted(set(who) - set(reports))
     if missing:
         lines.append(f"rank(s) {', '.join(map(str, missing))} did not answer (dead, or stuck outside Python)")
+    return lines
+
+
+_WAITED = re.compile(r"waiting [\d.]+ s")
+
+
+def ranks_text(ranks: list[int]) -> str:
+    """[0, 1, 2, 5] -> 'ranks 0-2,5'; [0, 1] -> 'ranks 0,1'; [3] -> 'rank 3'."""
+    ranks = sorted(ranks)
+    if len(ranks) == 1:
+        return f"rank {ranks[0]}"
+    spans: list[str] = []
+    start = prev = ranks[0]
+    for rank in [*ranks[1:], None]:
+        if rank is not None and rank == prev + 1:
+            prev = rank
+            continue
+        spans.append(f"{start}-{prev}" if prev - start >= 2 else ",".join(map(str, range(start, prev + 1))))
+        if rank is not None:
+            start = prev = rank
+    return "ranks " + ",".join(spans)
+
+
+def _block(rank: int, rep: dict[str, Any], odd: dict[int, str]) -> list[str]:
+    """One rank's view: its state line (without its name), then its frames and last collective."""
+    mark = f"   <-- {odd[rank]}" if rank in odd else ""
+    lines = []
+    if not rep.get("busy"):
+        lines.append(f"idle (no cell running){mark}")
+    else:
+        where = f"cell line {rep['cell_line']}" if rep.get("cell_line") else "library code"
+        inside = " (inside torch.distributed)" if rep.get("in_collective") else ""
+        lines.append(f"at {where}, in {rep.get('function')}{inside}{mark}")
+        for frame in rep.get("cell_stack") or []:
+            lines.append(f"    cell line {frame['line']:>3} in {frame['function']}: {frame.get('code') or ''}")
+        inner = [s for s in rep.get("stack") or [] if "site-packages" in s or "/lib/python" in s][-2:]
+        for entry in inner:
+            lines.append(f"    {entry}")
+    text = collective_text(rep)
+    if text:
+        lines.append(f"    last collective: {text}")
     return lines

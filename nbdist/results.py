@@ -8,11 +8,12 @@ dashboard's strip and ``%dist_status``), ``Release`` why nbdist interrupted rank
 from __future__ import annotations
 
 import re
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from enum import Enum
 from typing import Any
 
-from .doctor import collective_text, odd_ranks
+from .doctor import collective_text, odd_ranks, ranks_text
 from .errors import Failure, RankError, RunTimeout
 
 ANSI = re.compile(r"\x1b\[[0-9;]*[A-Za-z]")
@@ -197,7 +198,7 @@ class RunResult:
             return self
         failed = sorted(self.failed, key=lambda r: (_BLAME.get(r.status, 9), r.rank))
         failures = [r.failure() for r in failed]
-        message = "\n".join(f.summary for f in failures)
+        message = "\n".join(_folded(f.summary for f in failures))
         cls = RunTimeout if self.released in (Release.TIMEOUT, Release.WATCHDOG) else RankError
         raise cls(message, failures=failures, notes=self.notes)
 
@@ -212,17 +213,42 @@ class RunResult:
         if self.released is None:
             return
         odd = odd_ranks(self.reports)
+        waited = []
         for rank, rep in sorted(self.reports.items()):
             if rep.get("busy"):
                 where = f"cell line {rep['cell_line']}" if rep.get("cell_line") else "library code"
                 waiting = " (inside torch.distributed)" if rep.get("in_collective") else ""
                 last = collective_text(rep)
-                self.notes.append(
+                waited.append(
                     f"rank {rank} was at {where}, in {rep.get('function')}{waiting}, "
                     f"when released because {self.released.because}."
                     + (f" Last collective: {last}." if last else "")
                     + (f" <-- {odd[rank]}" if rank in odd else "")
                 )
+        self.notes += _folded(waited)
+
+
+_WHO = re.compile(r"^rank (\d+)(?: \(engine \d+[^)]*\))? was (.*)$", re.S)
+
+
+def _folded(lines: Iterable[str]) -> list[str]:
+    """'rank N ... was X' lines that say the same X of several ranks, as one: 'ranks 1-15 were X'.
+    Other lines, and an X said of one rank, stay as they are (in their first one's place)."""
+    lines = list(lines)
+    groups: dict[str, list[int]] = {}
+    for line in lines:
+        found = _WHO.match(line)
+        if found:
+            groups.setdefault(found.group(2), []).append(int(found.group(1)))
+    out, done = [], set()
+    for line in lines:
+        found = _WHO.match(line)
+        if not found or len(groups[found.group(2)]) == 1:
+            out.append(line)
+        elif found.group(2) not in done:
+            done.add(found.group(2))
+            out.append(f"{ranks_text(groups[found.group(2)])} were {found.group(2)}")
+    return out
 
 
 def mismatch(evalue: str) -> str:

@@ -56,6 +56,21 @@ def poll(check, within: float, every: float = 0.2):
     pytest.fail(f"not within {within} s: {check.__doc__ or check}")
 
 
+def rank_said(out: str, rank: int, text: str) -> bool:
+    """Whether the notebook shows ``text`` as said by ``rank``: its own line ``[rank R] text``, or a line
+    folded across ranks that names it (``[ranks 0-3] text``, ``[ranks 0,2] text``)."""
+    for line in out.splitlines():
+        tag, sep, said = line.partition("] ")
+        if not sep or not tag.startswith("[rank") or said != text:
+            continue
+        spans = tag.removeprefix("[ranks ").removeprefix("[rank ").split(",")
+        for span in spans:
+            low, _, high = span.partition("-")
+            if low.isdigit() and int(low) <= rank <= int(high or low):
+                return True
+    return False
+
+
 def touch_code(path: os.PathLike | str, per_rank: bool = True) -> str:
     """Cell code that says "here" by creating ``path`` (``path-RANK`` with ``per_rank``), for ``wait_for``."""
     name = f"{str(path)!r} + f'-{{dist.get_rank()}}'" if per_rank else repr(str(path))

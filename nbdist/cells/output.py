@@ -8,9 +8,12 @@ tests and benchmarks record into their own sinks).
 from __future__ import annotations
 
 import sys
+import time
+from collections.abc import Callable
 from typing import Any
 
 from ..results import RankState
+from .fold import Folder, Shown
 
 SHOW_LIMIT = 100_000  # characters shown per rank and stream in one cell (docs/faults.md, row 9)
 
@@ -36,22 +39,44 @@ class Sink:
     def progress(self, done: int, total: int) -> None:
         """Ranks finished so far, for cells that run longer than a moment."""
 
+    def finished(self, rank: int) -> None:
+        """Everything this rank will show in this cell has been handed over."""
+
+    def tick(self) -> None:
+        """Called every few tens of milliseconds while the cell runs: show what is due."""
+
     def flush(self) -> None:
         """The cell is over: show whatever is still held back."""
 
 
 class TaggedPrinter(Sink):
-    """Default sink: prints each complete line as ``[rank N] ...``; shows displays per rank,
-    a progress bar for long cells and, once a rank logs metrics, the live dashboard."""
+    """Default sink: prints each complete line tagged with its rank, folded across ranks (fold.py:
+    ``[ranks 0-15] epoch 1 done``); keeps each rank's progress bar live in place while the cell runs;
+    shows displays per rank, a progress bar of ranks finished for long cells and, once a rank logs
+    metrics, the live dashboard. ``fold=False`` prints every rank's lines as they are."""
 
-    def __init__(self, quiet_ranks: set[int] | None = None, limit: int = SHOW_LIMIT) -> None:
+    LIVE_EVERY = 0.25  # seconds between two redraws of the live progress bars
+    LIVE_PER_RANK = 4  # up to this many bars, one line per rank; above, one line for the world
+
+    def __init__(
+        self,
+        quiet_ranks: set[int] | None = None,
+        limit: int = SHOW_LIMIT,
+        ranks: list[int] | None = None,
+        fold: bool = True,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
         self.quiet_ranks = quiet_ranks or set()
         self.limit = limit
-        self._partial: dict[tuple[int, str], str] = {}
+        self.clock = clock
+        self.folder = Folder([r for r in ranks or [] if r not in self.quiet_ranks], fold=fold)
         self._shown: dict[tuple[int, str], int] = {}
         self.dashboard: Any = None
         self._states: dict[int, RankState] = {}
         self._bar: Any = None
+        self._live: Any = None  # the display that holds the live progress bars
+        self._live_at = float("-inf")
+        self._live_text = ""
 
     def stream(self, rank: int, name: str, text: str) -> None:
         if rank in self.quiet_ranks:
@@ -67,18 +92,53 @@ class TaggedPrinter(Sink):
                 "the whole text is in the RunResult (cluster.last)\n"
             )
         self._shown[key] = shown + len(text)
-        *lines, rest = (self._partial.get(key, "") + text).split("\n")
-        self._partial[key] = rest
-        if lines:
-            _write(name, "".join(f"[rank {rank}] {line}\n" for line in lines))
+        now = self.clock()
+        self.folder.feed(rank, name, text, now)
+        self.tick(now)
+
+    def finished(self, rank: int) -> None:
+        """This rank's output is all here (its reply can come before its output): lines need not wait for it."""
+        self.folder.finished(rank)
+        self.tick()
+
+    def tick(self, now: float | None = None) -> None:
+        """Show the lines no longer worth holding, and redraw the live bars (at most every LIVE_EVERY s)."""
+        now = self.clock() if now is None else now
+        _write_all(self.folder.ready(now))
+        if now - self._live_at >= self.LIVE_EVERY:
+            self._draw_live(now)
+
+    def live_text(self) -> str:
+        """The live progress bars as they would be drawn now: one line per rank, or one for the world."""
+        live = self.folder.live
+        if len(live) > self.LIVE_PER_RANK:
+            return self.folder.world_progress()
+        return "\n".join(f"[rank {rank}] {live[rank]}" for rank in sorted(live))
+
+    def _draw_live(self, now: float) -> None:
+        text = self.live_text()
+        if text == self._live_text or not in_kernel():
+            return
+        self._live_at, self._live_text = now, text
+        bundle = {"text/plain": text}
+        if self._live is None:
+            from IPython.display import display
+
+            self._live = display(bundle, raw=True, display_id=True)
+        else:
+            self._live.update(bundle, raw=True)
 
     def display(self, rank: int, content: dict[str, Any]) -> None:
         if rank not in self.quiet_ranks:
-            show(content.get("data", {}), content.get("metadata", {}), prefix=f"[rank {rank}]")
+            now = self.clock()
+            self.folder.display(rank, content, now)
+            self.tick(now)
 
     def result(self, rank: int, content: dict[str, Any]) -> None:
         if rank not in self.quiet_ranks:
-            show(content.get("data", {}), content.get("metadata", {}), prefix=f"[rank {rank}] Out:")
+            now = self.clock()
+            self.folder.display(rank, content, now, label="Out:")
+            self.tick(now)
 
     def state(self, rank: int, state: RankState) -> None:
         self._states[rank] = state
@@ -115,10 +175,26 @@ class TaggedPrinter(Sink):
             self._bar = None
         if self.dashboard is not None:
             self.dashboard.close()  # the final state, as a static figure
-        for (rank, name), rest in sorted(self._partial.items()):
-            if rest:
-                _write(name, f"[rank {rank}] {rest}\n")
-        self._partial.clear()
+        if self._live is not None:  # the bars' last states are printed below, as lines
+            self._live.update({"text/plain": ""}, raw=True)
+            self._live = None
+        _write_all(self.folder.finish())
+
+
+def _write_all(items: list[Shown]) -> None:
+    """Write lines and show displays in order, one write per run of lines on the same stream."""
+    i = 0
+    while i < len(items):
+        name, text, content = items[i]
+        if name == "display":
+            show((content or {}).get("data", {}), (content or {}).get("metadata", {}), prefix=text)
+            i += 1
+            continue
+        j = i
+        while j < len(items) and items[j][0] == name:
+            j += 1
+        _write(name, "".join(item[1] for item in items[i:j]))
+        i = j
 
 
 def _write(name: str, text: str) -> None:

@@ -79,7 +79,7 @@ def execute(
             "run %dist_restart (or cluster.restart()) to bring the world back."
         )
     if sink is None:
-        sink = TaggedPrinter(quiet_ranks=set(cfg.ranks[1:]) if cfg.quiet else set())
+        sink = TaggedPrinter(quiet_ranks=set(cfg.ranks[1:]) if cfg.quiet else set(), ranks=cfg.ranks, fold=not cfg.each)
     ar = engines.view(cfg.ranks).execute(code, silent=False, block=False)
     watch = Watch(engines, cfg.ranks, ar, sink, grace=grace, watchdog=watchdog, on_done=on_done)
     if not cfg.block:

@@ -8,11 +8,13 @@ loop), so nothing is lost or printed twice.
 
 from __future__ import annotations
 
+import functools
 import queue
 import signal
 import sys
 import threading
 import time
+from collections import deque
 from collections.abc import Callable
 from datetime import datetime
 from typing import Any
@@ -25,6 +27,7 @@ from .output import Sink
 from .release import Action, ReleasePolicy
 
 OnDone = Callable[[RunResult, list[int]], list[int]]  # (result, ranks killed) -> ranks to recover
+DEATH_CHECK_S = 0.1  # how often a running cell looks whether its ranks' processes are still there
 _SHOWN_TYPES = ("stream", "display_data", "execute_result", "error", "data_message")
 
 
@@ -92,8 +95,14 @@ class Watch:
         infos = [engines.ranks[r] for r in ranks]
         self.pids = {i: info.pid for i, info in enumerate(infos) if info.local and info.pid}
         self.gone: set[int] = set()  # children whose process has ended before they reported
-        for child in self.children:
-            child.iopub_callbacks.append(self._poke)
+        self.finished: set[int] = set()  # children whose output (iopub, up to its idle status) was handed on
+        self.deaths_at = self.tic  # the last look at the ranks' processes
+        # What each rank wrote and displayed, message by message, in order (ipyparallel keeps each stream's
+        # text and the displays apart): (stream, text) or ("display", content), appended by its IO thread.
+        self.order: list[deque[tuple[str, Any]]] = [deque() for _ in self.children]
+        self.heard = [functools.partial(self._poke, i) for i in range(len(self.children))]
+        for child, heard in zip(self.children, self.heard, strict=True):
+            child.iopub_callbacks.append(heard)
             child.add_done_callback(lambda f: self.wake.put(1))
 
     def follow(self, timeout: float | None, stream: bool) -> tuple[RunResult, list[int]]:
@@ -127,13 +136,21 @@ class Watch:
             try:
                 try:
                     self.wake.get(timeout=0.05)
+                    while True:  # a burst of messages (16 ranks finishing) is one look, not one each
+                        self.wake.get_nowait()
                 except queue.Empty:
                     pass
                 if ctrl_c.take():
                     raise KeyboardInterrupt
                 if stream:
+                    heard_all = [i for i, c in enumerate(self.children) if c.output.done()]  # before the emit
                     self._emit()
                     self._report_states()
+                    for i in heard_all:  # their output is all with the sink now: no line of theirs to wait for
+                        if i not in self.finished:
+                            self.finished.add(i)
+                            _call(self.sink, "finished", self.ranks[i])
+                    _call(self.sink, "tick")
                 self._notice_deaths()
                 running = self._running()
                 if not running:
@@ -160,6 +177,12 @@ class Watch:
         return [self.ranks[i] for i, c in enumerate(self.children) if not c.done() and i not in self.gone]
 
     def _notice_deaths(self) -> None:
+        """Ranks whose process ended, read from /proc: at most every DEATH_CHECK_S (16 reads a look; a
+        cell that ends sooner never pays them), still long before a missed heartbeat says so."""
+        now = time.perf_counter()
+        if now - self.deaths_at < DEATH_CHECK_S:
+            return
+        self.deaths_at = now
         for i, pid in self.pids.items():
             if i not in self.gone and not self.children[i].done() and not procs.alive(pid):
                 self.gone.add(i)
@@ -169,10 +192,16 @@ class Watch:
         self.reports = self.engines.where(running)
         self.engines.signal(running)
 
-    def _poke(self, msg: Any) -> None:
+    def _poke(self, i: int, msg: Any) -> None:
         # Wake the watching thread only for what it shows; bookkeeping messages would just
         # make it compete with ipyparallel's IO thread for the GIL.
-        if msg.get("header", {}).get("msg_type") in _SHOWN_TYPES:
+        kind = msg.get("header", {}).get("msg_type")
+        if kind == "stream":
+            content = msg.get("content", {})
+            self.order[i].append((content.get("name", "stdout"), content.get("text", "")))
+        elif kind == "display_data":
+            self.order[i].append(("display", msg.get("content", {})))
+        if kind in _SHOWN_TYPES:
             self.wake.put(1)
 
     def _report_states(self) -> None:
@@ -197,19 +226,11 @@ class Watch:
         if time.perf_counter() - self.tic > 2.0 and done < len(self.children):
             _call(self.sink, "progress", done, len(self.children))
 
-    def _emit(self) -> None:
-        """Hand the sink what each rank produced since the last call."""
+    def _emit(self, last: bool = False) -> None:
+        """Hand the sink what each rank produced since the last call (``last``: the cell is over)."""
         for i, child in enumerate(self.children):
             md, rank, seen = child.output.metadata, self.ranks[i], self.seen[i]
-            for name in ("stdout", "stderr"):
-                text = md.get(name) or ""
-                if len(text) > seen.chars[name]:
-                    self.sink.stream(rank, name, text[seen.chars[name] :])
-                seen.chars[name] = len(text)
-            outputs = md.get("outputs") or []
-            for content in outputs[seen.outputs :]:
-                self.sink.display(rank, content)
-            seen.outputs = len(outputs)
+            self._emit_streams(i, md, rank, seen, last)
             if md.get("execute_result") and not seen.result:
                 seen.result = True
                 self.sink.result(rank, md["execute_result"])
@@ -219,6 +240,30 @@ class Watch:
                 rows = data[key].get("rows", [])
                 self.metrics[rank].extend(rows)
                 _call(self.sink, "metrics", rank, rows)
+
+    def _emit_streams(self, i: int, md: dict[str, Any], rank: int, seen: _Seen, last: bool = False) -> None:
+        """A rank's new stdout, stderr and displays in the order they were made, from the messages heard
+        (ipyparallel's stored text is rewritten at each carriage return, so it cannot be sliced by length);
+        ``last``: what no message was heard of (made before the watch listened) comes from the store."""
+        order = self.order[i]
+        while order:
+            name, item = order.popleft()
+            if name == "display":
+                seen.outputs += 1
+                self.sink.display(rank, item)
+            else:
+                seen.chars[name] += len(item)
+                self.sink.stream(rank, name, item)
+        if last:
+            for name in ("stdout", "stderr"):
+                stored = md.get(name) or ""
+                if stored and not seen.chars[name]:
+                    seen.chars[name] = len(stored)
+                    self.sink.stream(rank, name, stored)
+            outputs = md.get("outputs") or []
+            for content in outputs[seen.outputs :]:
+                self.sink.display(rank, content)
+            seen.outputs = len(outputs)
 
     def _finish_output(self, stream: bool) -> None:
         # Output can trail the reply by a moment (iopub and shell are separate sockets).
@@ -231,12 +276,12 @@ class Watch:
                     child.output.result(timeout=max(0.0, end - time.perf_counter()))
                 except Exception:  # the output of a dead engine never completes
                     pass
-            self._emit()
+            self._emit(last=True)
             self._report_states()
             self.sink.flush()
-        for child in self.children:
+        for child, heard in zip(self.children, self.heard, strict=True):
             try:
-                child.iopub_callbacks.remove(self._poke)
+                child.iopub_callbacks.remove(heard)
             except ValueError:
                 pass
 

@@ -17,7 +17,11 @@ a rank that never uses a library pays nothing):
 - Accelerate: ``notebook_launcher`` and ``debug_launcher`` refuse in one line (the cell already
   runs on every rank);
 - DeepSpeed: ``init_distributed(dist_backend=...)`` with a backend the world does not run fails in
-  one line (it would otherwise keep the world silently).
+  one line (it would otherwise keep the world silently);
+- tqdm: ``tqdm.auto`` (and ``tqdm.autonotebook``) picks the console bar on a rank, as under torchrun.
+  A rank runs inside an IPython kernel of its own, so tqdm would draw a notebook widget per rank,
+  which only the rank's kernel could update; the console bar's text reaches the notebook, which
+  keeps one live bar per rank (or one for the world) and prints each bar's last state.
 
 Nothing changes while the world is down (after ``%dist_stop``'s teardown, say): the originals run.
 """
@@ -153,7 +157,23 @@ def deepspeed_comm(module: ModuleType) -> None:
     setattr(module, "init_distributed", init_distributed)  # noqa: B010 - the module's own name
 
 
+def tqdm_console(module: ModuleType) -> None:
+    """tqdm.autonotebook / tqdm.auto: the console bar (tqdm.std; tqdm.asyncio's for tqdm.auto)."""
+    from tqdm import std
+    from tqdm.asyncio import tqdm_asyncio
+
+    bar = tqdm_asyncio if module.__name__ == "tqdm.auto" else std.tqdm
+
+    def trange(*args: Any, **kwargs: Any) -> Any:
+        return bar(range(*args), **kwargs)
+
+    module.tqdm = bar  # type: ignore[attr-defined]
+    module.trange = trange  # type: ignore[attr-defined]
+
+
 ADJUST: dict[str, Callable[[ModuleType], None]] = {
+    "tqdm.autonotebook": tqdm_console,
+    "tqdm.auto": tqdm_console,
     "lightning.fabric.strategies.ddp": lightning_ddp,
     "lightning_fabric.strategies.ddp": lightning_ddp,
     "lightning.pytorch.strategies.ddp": lightning_ddp,

@@ -16,7 +16,10 @@ from IPython.core.magic_arguments import argument, magic_arguments
 from .. import cluster as api
 from ..config import BACKENDS, LAUNCHERS
 from ..errors import ClusterError, ConfigError
+from ..world import views
 from .common import USAGE, call, cell_options, check_choice, names_and_ranks, parse, show
+
+GROUP_ABOVE = 8  # ranks: up to this many, %dist_status and %dist_where show one entry per rank
 
 
 @magics_class
@@ -120,10 +123,19 @@ class DistMagics(Magics):
             "Run cells on them with %%distributed."
         )
 
+    @magic_arguments()
+    @argument("--all", action="store_true", help=f"one row per rank, also above {GROUP_ABOVE} ranks")
     @line_magic
     def dist_status(self, line: str = "") -> None:
-        """Show rank, engine id, host, pid, device (and GPU: name, memory held), backend and state of each rank."""
+        """Show rank, engine id, host, pid, device (and GPU: name, memory held), backend and state of each rank;
+        above GROUP_ABOVE ranks, one line per kind of rank (``--all``: every row)."""
+        args = parse(self.dist_status, line)
         rows = call(lambda: api.current().status())
+        if len(rows) > GROUP_ABOVE and not args.all:
+            for text in views.summary(rows):
+                print(text)
+            print("(%dist_status --all: one row per rank)")
+            return
         cols = ["rank", "engine_id", "host", "pid", "device", "backend", "state"]
         if any(r["gpu"] for r in rows):
             cols.insert(5, "gpu")
@@ -132,11 +144,17 @@ class DistMagics(Magics):
         for r in rows:
             print("  ".join(str(r[c]).ljust(w) for c, w in zip(cols, widths, strict=True)))
 
+    @magic_arguments()
+    @argument("--all", action="store_true", help=f"one entry per rank, also above {GROUP_ABOVE} ranks")
     @line_magic
     def dist_where(self, line: str = "") -> None:
         """Where each rank is now (also while a --noblock cell runs): its cell lines, its last collective,
-        and the rank whose position differs from the others."""
-        for text in call(lambda: api.current().where()):
+        and the rank whose position differs from the others; above GROUP_ABOVE ranks, ranks at the same
+        place are one entry (``--all``: one per rank)."""
+        args = parse(self.dist_where, line)
+        cluster = call(api.current)
+        group = cluster.world_size > GROUP_ABOVE and not args.all
+        for text in call(lambda: cluster.where(group=group)):
             print(text)
 
     @magic_arguments()
@@ -148,11 +166,16 @@ class DistMagics(Magics):
         seconds = call(lambda: api.current().restart(args.ranks))
         print(f"world rebuilt in {seconds:.1f} s; restarted ranks start with empty namespaces.")
 
+    @magic_arguments()
+    @argument("--ranks", default=None, metavar="SPEC", help="ranks to draw one by one beside the spread: 3 or 3,14")
     @line_magic
     def dist_dashboard(self, line: str = "") -> Any:
-        """Plot what the last %%distributed cell logged with nbdist.log."""
+        """Plot what the last %%distributed cell logged with nbdist.log (above 8 ranks: the spread over
+        ranks, the slowest and the fastest; --ranks SPEC draws those ranks too)."""
+        from ..config import parse_ranks
         from ..widgets.dashboard import Dashboard
 
+        args = parse(self.dist_dashboard, line)
         last = call(api.current).last
         metrics = getattr(last, "metrics", None)
         if last is not None and not metrics and hasattr(last, "wait"):
@@ -161,7 +184,8 @@ class DistMagics(Magics):
             raise UsageError(
                 "the last cell logged no metrics; call nbdist.log(step=i, loss=...) in a %%distributed cell."
             )
-        board = Dashboard()
+        picked = call(lambda: parse_ranks(args.ranks, call(api.current).world_size)) if args.ranks else []
+        board = Dashboard(picked=picked)
         for rank, rows in metrics.items():
             board.store.add(rank, rows)
         return board.figure()
@@ -208,7 +232,7 @@ class DistMagics(Magics):
     def distributed(self, line: str, cell: str) -> Any:
         """Run the cell on every rank (or --ranks), output tagged by rank."""
         args = parse(self.distributed, line, cell=True)
-        return self._run(cell, args.ranks, args.timeout, not args.noblock, args.quiet, args.setup)
+        return self._run(cell, args.ranks, args)
 
     @magic_arguments()
     @argument("spec", metavar="SPEC", help="ranks to run on: 0, 0,2 or 1-3")
@@ -217,11 +241,17 @@ class DistMagics(Magics):
     def rank(self, line: str, cell: str) -> Any:
         """%%rank SPEC: shorthand for %%distributed --ranks SPEC."""
         args = parse(self.rank, line, cell=True)
-        return self._run(cell, args.spec, args.timeout, not args.noblock, args.quiet, args.setup)
+        return self._run(cell, args.spec, args)
 
-    def _run(self, cell: str, ranks: Any, timeout: float | None, block: bool, quiet: bool, setup: bool = False) -> Any:
+    def _run(self, cell: str, ranks: Any, args: Any) -> Any:
+        """Run a cell with the options every cell magic takes (``cell_options``)."""
         cluster = call(api.current)
-        result = call(lambda: cluster.run(cell, ranks=ranks, timeout=timeout, block=block, quiet=quiet, setup=setup))
+        block = not args.noblock
+        result = call(
+            lambda: cluster.run(
+                cell, ranks=ranks, timeout=args.timeout, block=block, quiet=args.quiet, setup=args.setup, each=args.each
+            )
+        )
         return show(result, block)
 
     @line_magic

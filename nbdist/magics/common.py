@@ -34,6 +34,7 @@ def cell_options(func: Any) -> Any:
             argument("--timeout", type=float, default=None, metavar="S", help="seconds before ranks are released"),
             argument("--noblock", action="store_true", help="return at once; collect with .wait()"),
             argument("--quiet", action="store_true", help="show output of the first rank only"),
+            argument("--each", action="store_true", help="every rank's lines as they are, not folded across ranks"),
             argument(
                 "--setup", action="store_true", help="a cell that builds state: replayed after an automatic restart"
             ),

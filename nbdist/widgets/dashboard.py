@@ -21,148 +21,13 @@ from __future__ import annotations
 import html
 import json
 import time
-from collections.abc import Callable
-from dataclasses import dataclass, field
+from collections.abc import Callable, Sequence
 from typing import Any
 
+from .figure import Panel, build_figure, identity, panels, plain, rank_colour, traces
 from .store import MetricStore, Series
 
 __all__ = ["Dashboard", "MetricStore", "Series", "Panel", "panels", "traces"]
-
-# One colour per rank, the same in every panel (plotly's default sequence, then Dark24's first).
-PALETTE = (
-    "#636efa",
-    "#ef553b",
-    "#00cc96",
-    "#ab63fa",
-    "#ffa15a",
-    "#19d3f3",
-    "#ff6692",
-    "#b6e880",
-    "#ff97ff",
-    "#fecb52",
-    "#2e91e5",
-    "#e15f99",
-)
-TOTAL_COLOUR = "#333333"
-AUTO_PREFIXES = ("comm/", "time/", "throughput/", "memory/")
-MAX_USER_PANELS = 3  # the user's own metrics (loss first); the automatic panels come after
-PARTS = (("compute", ""), ("exposed comm", "/"), ("data wait", "."))  # the step split: name, bar pattern
-
-
-def rank_colour(rank: int) -> str:
-    return PALETTE[rank % len(PALETTE)]
-
-
-@dataclass(frozen=True)
-class Panel:
-    """One subplot: what it draws (a metric key, or 'split' for the step bars) and how."""
-
-    key: str
-    title: str
-    scale: float = 1.0  # multiply values by this (bytes -> MB)
-    total: bool = False  # also draw the sum over ranks, dotted
-
-
-@dataclass
-class Trace:
-    """One line or bar of the figure; ``ident`` stays the same while only its points change."""
-
-    panel: int
-    ident: str
-    kind: str  # "line" or "bar"
-    x: Any
-    y: Any
-    style: dict[str, Any] = field(default_factory=dict)
-
-
-def _user_title(key: str) -> str:
-    return "Loss" if key == "loss" else key
-
-
-def panels(store: MetricStore) -> list[Panel]:
-    """The panels this store fills: the user's metrics (loss first), then samples/s,
-    communication share, the step split, bytes per step and memory, each when logged."""
-    keys = set(store.keys())
-    user = sorted((k for k in keys if not k.startswith(AUTO_PREFIXES)), key=lambda k: ("loss" not in k, k))
-    out = [Panel(k, _user_title(k)) for k in user[:MAX_USER_PANELS]]
-    if "throughput/samples_per_s" in keys:
-        many = len(store.ranks()) > 1
-        out.append(
-            Panel("throughput/samples_per_s", "Samples/s per rank" + (" · total dotted" if many else ""), total=many)
-        )
-    if "comm/overhead(%)" in keys:
-        out.append(Panel("comm/overhead(%)", "Communication, % of each step"))
-    if "time/step_s" in keys:
-        parts = "compute · comm ▨ · data ⋯" if "time/data_s" in keys else "compute · comm ▨"
-        out.append(Panel("split", f"Step time, ms: {parts}"))
-    if "comm/bytes" in keys:
-        ratio = store.per_rank("comm/ratio")
-        shrink = sum(ratio.values()) / len(ratio) if ratio else 1.0
-        title = "Sent per step, MB" + (f" · compressed {shrink:.0f}x" if shrink > 1.5 else "")
-        out.append(Panel("comm/bytes", title, scale=1e-6))
-    if "memory/rss_MiB" in keys or "memory/gpu_MiB" in keys:
-        both = "memory/rss_MiB" in keys and "memory/gpu_MiB" in keys
-        what = "Memory per rank, MiB" if "memory/rss_MiB" in keys else "GPU memory per rank, MiB"
-        out.append(Panel("memory", what + (" · GPU dashed" if both else "")))
-    return out or [Panel("loss", "Loss")]
-
-
-def traces(store: MetricStore, layout: list[Panel]) -> list[Trace]:
-    """Every trace of the figure, in a stable order; the first of each rank carries its legend entry."""
-    import numpy as np
-
-    out: list[Trace] = []
-    ranks = store.ranks()
-    legend_done: set[int] = set()
-
-    def style(rank: int, **extra: Any) -> dict[str, Any]:
-        shown = rank not in legend_done
-        legend_done.add(rank)
-        return {"name": f"rank {rank}", "legendgroup": f"rank {rank}", "showlegend": shown, **extra}
-
-    for i, panel in enumerate(layout):
-        if panel.key == "split":
-            split = store.split()
-            for rank in ranks:
-                parts = split.get(rank)
-                if parts is None:
-                    continue
-                for (part, pattern), value in zip(PARTS, parts.values(), strict=True):
-                    if part == "data wait" and "time/data_s" not in store.keys():
-                        continue
-                    look = style(rank, marker={"color": rank_colour(rank), "pattern": {"shape": pattern}})
-                    look.update(
-                        orientation="h",
-                        hovertemplate=f"rank {rank} {part}: %{{x:.1f}} ms<extra></extra>",
-                        texttemplate=f"{part} %{{x:.1f}}",
-                        textposition="inside",
-                    )
-                    out.append(Trace(i, f"{i}:{rank}:{part}", "bar", np.array([value]), [f"rank {rank}"], look))
-            continue
-        keys = ["memory/rss_MiB", "memory/gpu_MiB"] if panel.key == "memory" else [panel.key]
-        for key in keys:
-            dash = "dash" if key == "memory/gpu_MiB" and panel.key == "memory" else None
-            for rank in ranks:
-                s = store.series.get((key, rank))
-                if s is None:
-                    continue
-                xs, ys = s.points()
-                line = {"color": rank_colour(rank), "width": 1.5, **({"dash": dash} if dash else {})}
-                look = style(rank, line=line, mode="lines", hovertemplate=f"rank {rank}: %{{y:.4g}}<extra></extra>")
-                y = np.asarray(ys, dtype=float) * panel.scale
-                out.append(Trace(i, f"{i}:{key}:{rank}", "line", np.asarray(xs, dtype=float), y, look))
-        if panel.total:
-            xs, ys = store.total(panel.key)
-            look = {
-                "name": "total",
-                "showlegend": False,
-                "mode": "lines",
-                "line": {"color": TOTAL_COLOUR, "dash": "dot", "width": 1.5},
-                "hovertemplate": "all ranks: %{y:.4g}<extra></extra>",
-            }
-            out.append(Trace(i, f"{i}:total", "line", np.asarray(xs, dtype=float), np.asarray(ys, dtype=float), look))
-    return out
 
 
 def headline_items(store: MetricStore) -> list[tuple[str, str, str]]:
@@ -194,55 +59,12 @@ def headline_text(store: MetricStore) -> str:
     return " · ".join(f"{label} {value}" for _, value, label in headline_items(store))
 
 
-def _figure(layout: list[Panel], items: list[Trace], widget: bool, title: str = "") -> Any:
-    import plotly.graph_objects as go
-    from plotly.subplots import make_subplots
-
-    cols = 1 if len(layout) == 1 else 2 if len(layout) in (2, 4) else 3
-    rows = -(-len(layout) // cols)
-    fig = make_subplots(
-        rows=rows, cols=cols, subplot_titles=[p.title for p in layout], vertical_spacing=0.16 if rows > 1 else 0.1
-    )
-    for t in items:
-        row, col = t.panel // cols + 1, t.panel % cols + 1
-        if t.kind == "bar":
-            fig.add_trace(go.Bar(x=t.x, y=t.y, **t.style), row=row, col=col)
-        else:
-            fig.add_trace(go.Scatter(x=t.x, y=t.y, **t.style), row=row, col=col)
-    for i, panel in enumerate(layout):
-        row, col = i // cols + 1, i % cols + 1
-        if panel.key == "split":
-            fig.update_yaxes(autorange="reversed", row=row, col=col)
-        else:
-            fig.update_xaxes(title_text="step", title_standoff=2, row=row, col=col)
-    fig.update_annotations(font_size=13)
-    fig.update_layout(
-        height=250 * rows + 60,
-        margin={"t": 70, "b": 30, "l": 50, "r": 20},
-        barmode="stack",
-        uniformtext={"mode": "hide", "minsize": 9},
-        legend={"orientation": "h", "x": 1.0, "xanchor": "right", "y": 1.0, "yanchor": "top", "yref": "container"},
-        hovermode="closest",
-        template="plotly_white",
-    )
-    if title:
-        fig.update_layout(title={"text": title, "font": {"size": 15}, "x": 0.01, "y": 0.99, "yanchor": "top"})
-    return go.FigureWidget(fig) if widget else fig
-
-
-def _plain(v: Any) -> Any:
-    return v.item() if hasattr(v, "item") else v
-
-
-def _identity(layout: list[Panel], items: list[Trace]) -> tuple:
-    return tuple(p.title.split(" · compressed")[0] for p in layout), tuple(t.ident for t in items)
-
-
 class Dashboard:
     """Plots what the ranks log, live. Feed it with ``update(rank, rows)``."""
 
-    def __init__(self, max_points: int = 1000, refresh_s: float = 0.3) -> None:
+    def __init__(self, max_points: int = 1000, refresh_s: float = 0.3, picked: Sequence[int] = ()) -> None:
         self.store = MetricStore(max_points)
+        self.picked = list(picked)  # above figure.BAND_ABOVE ranks: ranks drawn one by one beside the spread
         self.refresh_s = refresh_s
         self.renders = 0
         self.rebuilds = 0
@@ -255,6 +77,12 @@ class Dashboard:
         self._widget: Any = None
         self._box: Any = None
         self._head: Any = None
+
+    def pick(self, ranks: Sequence[int]) -> None:
+        """Draw these ranks one by one beside the spread (above figure.BAND_ABOVE ranks); redraws at once."""
+        self.picked = list(ranks)
+        if self._handle is not None:
+            self.render()
 
     def set_state(self, rank: int, state: str) -> None:  # a RankState
         """idle / busy / failed / dead for one rank, shown in the headline."""
@@ -298,10 +126,10 @@ class Dashboard:
         """A static plotly figure of everything so far, its title the headline. Plain lists, not
         numpy arrays: every renderer of a saved notebook reads them."""
         layout = panels(self.store)
-        items = traces(self.store, layout)
+        items = traces(self.store, layout, self.picked)
         for t in items:
-            t.x, t.y = list(map(_plain, t.x)), list(map(_plain, t.y))
-        return _figure(layout, items, widget=False, title=headline_text(self.store))
+            t.x, t.y = list(map(plain, t.x)), list(map(plain, t.y))
+        return build_figure(layout, items, widget=False, title=headline_text(self.store))
 
     def render(self) -> None:
         """Bring the live view up to date: new points into the existing traces; a rebuild only
@@ -317,11 +145,11 @@ class Dashboard:
     def refresh(self) -> None:
         """The figure part of ``render`` (the benchmark times it on its own)."""
         layout = panels(self.store)
-        items = traces(self.store, layout)
-        shape = _identity(layout, items)
+        items = traces(self.store, layout, self.picked)
+        shape = identity(layout, items)
         if self._widget is None or shape != self._shape:
             self._shape = shape
-            self._widget = _figure(layout, items, widget=True)
+            self._widget = build_figure(layout, items, widget=True)
             self._titles = [p.title for p in layout]
             self.rebuilds += 1
             if self._box is not None:

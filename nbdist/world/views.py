@@ -7,7 +7,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from ..config import format_cpus
-from ..doctor import render
+from ..doctor import ranks_text, render
 from ..engine import gpu
 from ..results import RankState
 from .engineset import EngineSet
@@ -64,9 +64,26 @@ def _gpu_info(engines: EngineSet, states: dict[int, RankState]) -> dict[int, str
     return out
 
 
-def where(engines: EngineSet, wait: float = 1.0) -> list[str]:
-    """Where each rank is now: its cell lines, its last collective, the odd one marked (doctor.py)."""
+def where(engines: EngineSet, wait: float = 1.0, group: bool = False) -> list[str]:
+    """Where each rank is now: its cell lines, its last collective, the odd one marked (doctor.py);
+    ``group``: ranks at the same place are one entry."""
     dead = set(engines.dead_ranks())
     live = [r.rank for r in engines.ranks if r.rank not in dead]
     reports = engines.where(live, wait=wait)
-    return render(reports, {r.rank: r.where() for r in engines.ranks})
+    hosts = {r.rank: r.host for r in engines.ranks} if group else None
+    return render(reports, {r.rank: r.where() for r in engines.ranks}, hosts=hosts)
+
+
+def summary(rows: list[dict[str, Any]]) -> list[str]:
+    """The status rows as one line per kind of rank: 'ranks 0-13,15: idle on node1, node2 (cpu, gloo)'."""
+    groups: dict[tuple[str, str, str, str], list[dict[str, Any]]] = {}
+    for row in rows:
+        kind = (row["state"], row["device"].split(":")[0], row["backend"], row["gpu"].split(",")[0])
+        groups.setdefault(kind, []).append(row)
+    lines = []
+    for (state, device, backend, card), members in groups.items():
+        hosts = sorted({m["host"] for m in members if m["host"]})
+        on = f" on {', '.join(hosts)}" if hosts else ""
+        what = ", ".join(x for x in (device, card if card and card != "busy" else "", backend) if x)
+        lines.append(f"{ranks_text([m['rank'] for m in members])}: {state}{on} ({what})")
+    return lines

@@ -21,7 +21,7 @@ from IPython.core.error import UsageError
 
 from nbdist.errors import RankError
 from nbdist.results import ANSI
-from tests.helpers import run_cell
+from tests.helpers import rank_said, run_cell
 from tests.torchrun import torchrun as _torchrun
 
 HANG_S = 180
@@ -90,7 +90,7 @@ def test_dist_run_runs_a_torchrun_script_unchanged_and_the_world_stays_up(sessio
     out = capsys.readouterr().out
     assert out.count("kept the world nbdist built (2 ranks, gloo)") == 1  # one line, from rank 0
     assert out.count("left the world up for the next cell") == 1
-    assert "[rank 0] trained 12 steps" in out and "[rank 1] trained 12 steps" in out
+    assert rank_said(out, 0, "trained 12 steps") and rank_said(out, 1, "trained 12 steps"), out
     for rank in (0, 1):
         # the same script, the same data: the same parameters as under torchrun, bit for bit
         assert torch.equal(torch.load(f"{mine}-rank{rank}.pt"), torch.load(f"{ref}-rank{rank}.pt")), rank
@@ -106,7 +106,7 @@ def test_dist_run_runs_a_torchrun_script_unchanged_and_the_world_stays_up(sessio
     # the world the script "destroyed" serves the next cell; the script's globals are there too
     run_cell(session, "%%distributed\nx = torch.ones(1); dist.all_reduce(x); print('sum', x.item(), callable(main))")
     out = capsys.readouterr().out
-    assert "[rank 0] sum 2.0 True" in out and "[rank 1] sum 2.0 True" in out
+    assert rank_said(out, 0, "sum 2.0 True") and rank_said(out, 1, "sum 2.0 True"), out
 
 
 def test_dist_run_errors_name_the_script_line_or_the_fix(session, tmp_path, capsys):
@@ -120,7 +120,7 @@ def test_dist_run_errors_name_the_script_line_or_the_fix(session, tmp_path, caps
     (tmp_path / "args.py").write_text("import argparse\nargparse.ArgumentParser().parse_args()\n")
     with pytest.raises(RankError, match="raised RuntimeError: args.py exited with status 2"):
         run_cell(session, f"%dist_run {tmp_path / 'args.py'} --nope")
-    assert "[rank 1] args.py: error: unrecognized arguments: --nope" in ANSI.sub("", capsys.readouterr().err)
+    assert rank_said(ANSI.sub("", capsys.readouterr().err), 1, "args.py: error: unrecognized arguments: --nope")
     (tmp_path / "done.py").write_text("import sys\nprint('bye')\nsys.exit(0)\n")
     run_cell(session, f"%dist_run {tmp_path / 'done.py'}")
 
@@ -153,7 +153,7 @@ def test_dist_run_errors_name_the_script_line_or_the_fix(session, tmp_path, caps
     )
     out = capsys.readouterr().out
     assert out.count("init_process_group('gloo') kept the world") == 1 and "left the world up" not in out
-    assert "[rank 1] y 2.0 True" in out
+    assert rank_said(out, 1, "y 2.0 True"), out
 
 
 EXPORT_SETUP = """%%distributed --setup

@@ -28,7 +28,7 @@ import pytest
 import torch
 
 from nbdist.errors import RankError
-from tests.helpers import run_cell
+from tests.helpers import rank_said, run_cell
 from tests.torchrun import torchrun
 
 SCRIPTS = pathlib.Path(__file__).parent / "scripts"
@@ -90,7 +90,7 @@ def world_intact(shell, capsys) -> None:
         "%%distributed\nimport os\nt = torch.ones(1)\ndist.all_reduce(t)\nprint(t.item(), os.environ['WORLD_SIZE'])",
     )
     out = capsys.readouterr().out
-    assert "[rank 0] 2.0 2" in out and "[rank 1] 2.0 2" in out, out
+    assert rank_said(out, 0, "2.0 2") and rank_said(out, 1, "2.0 2"), out
 
 
 @pytest.mark.parametrize("case", list(CASES))
@@ -172,7 +172,7 @@ def test_the_restart_count_counts_and_libraries_still_run_after_a_restart(world,
     capsys.readouterr()
     run_cell(world, "%%distributed\nimport os\nprint('count', os.environ['TORCHELASTIC_RESTART_COUNT'])")
     out = capsys.readouterr().out
-    assert "[rank 0] count 1" in out and "[rank 1] count 1" in out
+    assert rank_said(out, 0, "count 1") and rank_said(out, 1, "count 1"), out
     ref = reference("fabric_loop.py", tmp_path, {})
     out_path = tmp_path / "after"
     run_cell(world, "%%distributed\n" + source("fabric_loop.py", out_path, {}))

@@ -4,11 +4,14 @@ from __future__ import annotations
 
 import os
 import pathlib
+import re
 
 import nbformat
 import psutil
 import pytest
 from nbclient import NotebookClient
+
+from tests.helpers import rank_said
 
 NOTEBOOKS = sorted((pathlib.Path(__file__).parents[2] / "notebooks").glob("*.ipynb"))
 MULTINODE = NOTEBOOKS[0].parent / "07_multinode.ipynb"
@@ -102,19 +105,24 @@ def test_multinode_notebook_without_slurm_says_so_and_shows_the_batch_script(mon
 def test_notebook_runs_top_to_bottom(path, tmp_path):
     nb, text = _execute(path, tmp_path)
     if path.name.startswith("00_"):
-        assert "[rank 0] after all_reduce: [3.0, 3.0, 3.0]" in text
+        assert "[ranks 0,1] after all_reduce: [3.0, 3.0, 3.0]" in text, "the same line on both ranks: shown once"
+        assert "[ranks 0,1] hello from every rank" in text and "[rank 1] my rank is 1" in text
+        assert "[rank 0] hello from every rank" in text and "[rank 1] hello from every rank" in text  # --each
+        bars = [ln for ln in text.splitlines() if "train: 100%" in ln]
+        assert bars and all("40/40" in ln for ln in bars), bars
+        assert text.index(bars[-1]) < text.index("[ranks 0,1] after the loop")
         assert "[rank 1] my slice of the sum: [14.0, 16.0]" in text
         errors = [o for c in nb.cells for o in c.get("outputs", []) if o.output_type == "error"]
         assert len(errors) == 1 and errors[0]["ename"] == "RankError"
-        assert "[rank 1] the world works again: 2.0" in text
+        assert rank_said(text, 1, "the world works again: 2.0")
         # ranks are new interpreters, not forks of the kernel: the kernel's CUDA is never theirs
-        for rank in (0, 1):
-            assert f"[rank {rank}] started as: python -m nbdist.engine" in text
-        assert text.count("| CUDA initialised in this rank: False") == 2
-        assert "[rank 1] and the world works: 2.0" in text
+        started = [ln for ln in text.splitlines() if "started as: python -m nbdist.engine" in ln]
+        assert started and all(rank_said(text, r, started[0].partition("] ")[2]) for r in (0, 1)), started
+        assert "CUDA initialised in this rank: False" in started[0]
+        assert rank_said(text, 1, "and the world works: 2.0")
     if path.name.startswith("08_"):
         # each lesson's measured claim (the notebook asserts the loose bounds itself)
-        assert "[rank 1] the world works again: 2.0" in text
+        assert rank_said(text, 1, "the world works again: 2.0")
         assert text.count("died during the cell; restarted rank(s) 1") == 1
         assert "restored step 30 from" in text
         assert "after recovery == uninterrupted, bit for bit: [True, True]" in text
@@ -127,4 +135,8 @@ def test_notebook_runs_top_to_bottom(path, tmp_path):
         # Lightning, Accelerate and DeepSpeed: their torchrun scripts on the ranks, equal to torchrun's weights
         assert text.count("   bit for bit: True") == 3, text[-1500:]
     for line in SHOWN.get(path.name[:3], []):  # each lesson's measured claim, as it printed it
-        assert line in text, (path.name, line)
+        tagged = re.match(r"\[rank (\d+)\] (.*)$", line)
+        if tagged:  # said by that rank: its own line, or one folded across ranks that names it
+            assert rank_said(text, int(tagged.group(1)), tagged.group(2)), (path.name, line)
+        else:
+            assert line in text, (path.name, line)

@@ -16,6 +16,8 @@ import textwrap
 
 import pytest
 
+from tests.helpers import rank_said
+
 REPO = pathlib.Path(__file__).resolve().parents[2]
 TORCH = "torch==2.13.0"
 SLOW_S = 900  # a hang bound for an install
@@ -113,7 +115,7 @@ def test_import_nbdist_alone_loads_no_widgets_and_the_magics_start_a_world(user_
         """
     )
     done = _run(user_env["python"], "-c", code, cwd=tmp_path, env={**os.environ, "OMP_NUM_THREADS": "1"}, timeout=300)
-    assert "[rank 0] sum 3.0" in done.stdout and "[rank 1] sum 3.0" in done.stdout, done.stdout
+    assert rank_said(done.stdout, 0, "sum 3.0") and rank_said(done.stdout, 1, "sum 3.0"), done.stdout
 
 
 def test_the_tutorials_come_out_of_the_wheel_and_run_from_there(user_env, tmp_path):
@@ -213,4 +215,4 @@ def test_the_demo_runs_quietly_and_says_first_what_it_does():
     assert lines[0] == "running 00_quickstart.ipynb on 2 CPU ranks (headless)...", lines[:3]
     noisy = [ln for ln in lines if "warn" in ln.lower()]
     assert not noisy, noisy
-    assert "[rank 1] after all_reduce: [3.0, 3.0, 3.0]" in lines and lines[-1].startswith("done in")
+    assert "[ranks 0,1] after all_reduce: [3.0, 3.0, 3.0]" in lines and lines[-1].startswith("done in")

@@ -202,3 +202,39 @@ def test_the_live_figure_widget_can_be_built():
     widget = go.FigureWidget()
     widget.add_scatter(x=[0, 1], y=[1.0, 0.5])
     assert len(widget.data) == 1
+
+
+def _many(n: int, steps: int = 50):
+    store = MetricStore()
+    for rank in range(n):
+        store.add(rank, _rows(0.02 + (0.01 if rank == 13 else 0.0) + 0.0001 * rank, rank, steps=steps))
+    return store
+
+
+def test_above_eight_ranks_each_panel_is_the_spread_with_the_slowest_and_fastest_named():
+    import numpy as np
+
+    from nbdist.widgets.figure import named_ranks
+
+    store = _many(16)
+    assert named_ranks(store) == {13: "rank 13 (slowest)", 0: "rank 0 (fastest)"}
+    layout = panels(store)
+    items = traces(store, layout)
+    names = {t.style.get("name") for t in items}
+    assert {"min–max of 16 ranks", "median", "rank 13 (slowest)", "rank 0 (fastest)"} <= names
+    assert not any(t.style.get("name") == "rank 5" for t in items), "the other ranks are in the band only"
+    i = next(k for k, p in enumerate(layout) if p.key == "throughput/samples_per_s")
+    band = {t.ident.rsplit(":", 1)[-1]: t.y for t in items if t.panel == i and t.ident.count(":") == 2}
+    per_rank = np.array([store.series[("throughput/samples_per_s", r)].points()[1] for r in range(16)])
+    np.testing.assert_allclose(band["low"], per_rank.min(axis=0))
+    np.testing.assert_allclose(band["high"], per_rank.max(axis=0))
+    np.testing.assert_allclose(band["median"], np.median(per_rank, axis=0))
+    assert len(traces(_many(64), layout)) == len(items), "as many traces at 64 ranks as at 16"
+    picked = {t.style.get("name") for t in traces(store, layout, picked=[5])}
+    assert "rank 5 (picked)" in picked
+
+
+def test_up_to_eight_ranks_every_rank_has_its_line():
+    store = _many(8)
+    names = {t.style.get("name") for t in traces(store, panels(store))}
+    assert {f"rank {r}" for r in range(8)} <= names and "median" not in names

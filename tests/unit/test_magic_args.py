@@ -88,9 +88,12 @@ def test_dist_where_without_a_cluster_says_how_to_start(ip, monkeypatch):
 FROZEN = {
     "dist_start": "-n --backend --launcher --timeout --oversubscribe --no-pin --nodes --ranks-per-node --partition "
     "--time --account --gpus-per-node --sbatch-arg --mpi-arg --ip --max-restarts --debug-collectives",
-    "distributed": "--ranks --timeout --noblock --quiet --setup",
-    "rank": "spec --timeout --noblock --quiet --setup",
+    "distributed": "--ranks --timeout --noblock --quiet --each --setup",
+    "rank": "spec --timeout --noblock --quiet --each --setup",
     "dist_restart": "--ranks",
+    "dist_status": "--all",
+    "dist_dashboard": "--ranks",
+    "dist_where": "--all",
     "dist_export": "path --cells --list --force",
 }
 
