@@ -89,6 +89,12 @@ PRIVATE_APIS = (
         "world.engineset: a message the notebook's client cannot unpack is dropped, not fatal to its stream",
     ),
     PrivateAPI(
+        "ipyparallel Client._io_loop, Client._io_thread",
+        "ipyparallel",
+        "cells.watch: a cell's output callbacks are added on the client's IO thread, between two messages, so "
+        "output that came before them is taken from the store exactly once",
+    ),
+    PrivateAPI(
         "numba Dispatcher._cache._cache_file._load_index",
         "numba",
         "compression.kernels / engine.warm: whether the kernels' on-disk cache is fresh (else compile in the background)",
@@ -143,6 +149,28 @@ def route_run_command(cls: type) -> type:
     """Make a batch launcher class submit through its ``run_command`` (ipyparallel calls ``_run_command``)."""
     cls._run_command = cls.run_command  # type: ignore[attr-defined]
     return cls
+
+
+def on_io_thread(client: Any, fn: Any, timeout: float = 10.0) -> Any:
+    """Run ``fn`` on the ipyparallel client's IO thread (where it handles every message) and return what it
+    returned; at once where there is no such thread running."""
+    import threading
+
+    thread, loop = getattr(client, "_io_thread", None), getattr(client, "_io_loop", None)
+    if thread is None or loop is None or not thread.is_alive() or thread is threading.current_thread():
+        return fn()
+    done, box = threading.Event(), []
+
+    def call() -> None:
+        try:
+            box.append(fn())
+        finally:
+            done.set()
+
+    loop.add_callback(call)
+    if not done.wait(timeout):
+        raise RuntimeError(f"ipyparallel's IO thread did not run a callback within {timeout} s")
+    return box[0]
 
 
 def skip_controller_settle_sleep() -> None:

@@ -57,11 +57,11 @@ def poll(check, within: float, every: float = 0.2):
 
 
 def rank_said(out: str, rank: int, text: str) -> bool:
-    """Whether the notebook shows ``text`` as said by ``rank``: its own line ``[rank R] text``, or a line
-    folded across ranks that names it (``[ranks 0-3] text``, ``[ranks 0,2] text``)."""
+    """Whether the notebook shows a line starting with ``text`` as said by ``rank``: its own line
+    ``[rank R] text...``, or a line folded across ranks that names it (``[ranks 0-3] text...``)."""
     for line in out.splitlines():
         tag, sep, said = line.partition("] ")
-        if not sep or not tag.startswith("[rank") or said != text:
+        if not sep or not tag.startswith("[rank") or not said.startswith(text):
             continue
         spans = tag.removeprefix("[ranks ").removeprefix("[rank ").split(",")
         for span in spans:

@@ -11,7 +11,8 @@ gives back the lines to show now, each as ``(stream, text)``:
 * lines alike are one line: ``[ranks 0-15] epoch 1 done``; lines that differ only in their numbers
   are one line from ``compact`` ranks on, each number that differs shown as ``low…high``
   (``[ranks 0-15] loss 0.512…0.634``, ``(low rank 4, high rank 9)`` when one number differs);
-  below that, and for lines that differ otherwise, one line per rank, grouped;
+  below that, for lines that name their own rank (``rank 3: row 1``), and for lines that differ
+  otherwise, one line per rank, grouped;
 * a rich output (``display``, the cell's value) waits and folds the same way: one for the ranks whose
   data are the same, tagged with them;
 * ``fold=False`` shows every rank's lines as they are (``%%distributed --each``).
@@ -173,7 +174,7 @@ class Folder:
         texts = {line.text for line in lines}
         if len(texts) == 1:
             return [(name, f"[{ranks_text([line.rank for line in lines])}] {lines[0].text}\n", None)]
-        if len(lines) < self.compact:
+        if len(lines) < self.compact or _names_its_rank(lines):
             return [(name, f"[rank {line.rank}] {line.text}\n", None) for line in lines]
         return [(name, f"[{ranks_text([line.rank for line in lines])}] {_compact(lines)}\n", None)]
 
@@ -182,6 +183,14 @@ def _alike(a: _Line, b: _Line) -> bool:
     if a.name == "display":
         return a.text == b.text and a.label == b.label
     return shape(a.text) == shape(b.text)
+
+
+def _names_its_rank(lines: list[_Line]) -> bool:
+    """Whether a number that differs is each line's own rank ('rank 3: row 1 of the mesh'): such lines say
+    which rank is where, which low…high would hide, so they show one per rank."""
+    columns = zip(*(NUMBER.findall(line.text) for line in lines), strict=False)
+    ranks = [float(line.rank) for line in lines]
+    return any(len(set(col)) > 1 and [float(v) for v in col] == ranks for col in columns)
 
 
 def _compact(lines: list[_Line]) -> str:

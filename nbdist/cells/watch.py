@@ -101,8 +101,8 @@ class Watch:
         # text and the displays apart): (stream, text) or ("display", content), appended by its IO thread.
         self.order: list[deque[tuple[str, Any]]] = [deque() for _ in self.children]
         self.heard = [functools.partial(self._poke, i) for i in range(len(self.children))]
-        for child, heard in zip(self.children, self.heard, strict=True):
-            child.iopub_callbacks.append(heard)
+        compat.on_io_thread(engines.client, self._listen)
+        for child in self.children:
             child.add_done_callback(lambda f: self.wake.put(1))
 
     def follow(self, timeout: float | None, stream: bool) -> tuple[RunResult, list[int]]:
@@ -191,6 +191,15 @@ class Watch:
         """Note where the running ranks are, then interrupt them (their watchers do the rest)."""
         self.reports = self.engines.where(running)
         self.engines.signal(running)
+
+    def _listen(self) -> None:
+        """On the client's IO thread, between two messages: take what each rank already sent from the
+        store (a fast rank can print before the watch exists), then hear every later message."""
+        for i, (child, heard) in enumerate(zip(self.children, self.heard, strict=True)):
+            md = child.output.metadata
+            self.order[i].extend((name, md[name]) for name in ("stdout", "stderr") if md.get(name))
+            self.order[i].extend(("display", content) for content in md.get("outputs") or [])
+            child.iopub_callbacks.append(heard)
 
     def _poke(self, i: int, msg: Any) -> None:
         # Wake the watching thread only for what it shows; bookkeeping messages would just

@@ -198,3 +198,33 @@ def test_probe_parser_actions():
     parser = argparse.ArgumentParser()
     parser.add_argument("--x")
     assert [a.dest for a in compat.parser_actions(parser)] == ["help", "x"]
+
+
+def test_probe_on_io_thread():
+    import asyncio
+    import threading
+    import types
+
+    from ipyparallel import Client
+    from tornado.ioloop import IOLoop
+
+    assert {"_io_loop", "_io_thread"} <= set(Client.class_traits()), "see compat.on_io_thread"
+    assert "iopub_callbacks" in inspect.getsource(Client._dispatch_iopub), "callbacks run where messages are handled"
+    ready, box = threading.Event(), {}
+
+    def serve():
+        asyncio.set_event_loop(asyncio.new_event_loop())
+        box["loop"] = IOLoop.current()
+        ready.set()
+        box["loop"].start()
+
+    thread = threading.Thread(target=serve, daemon=True)
+    thread.start()
+    ready.wait(5)
+    try:
+        client = types.SimpleNamespace(_io_loop=box["loop"], _io_thread=thread)
+        assert compat.on_io_thread(client, threading.current_thread) is thread
+        assert compat.on_io_thread(types.SimpleNamespace(), lambda: 7) == 7  # no IO thread: here
+    finally:
+        box["loop"].add_callback(box["loop"].stop)
+        thread.join(5)

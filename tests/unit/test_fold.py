@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import re
+
 import pytest
 
 from nbdist.cells.fold import Folder, visible
@@ -39,6 +41,13 @@ def test_lines_that_differ_in_numbers_fold_into_one_with_the_spread():
     for rank, loss in enumerate([0.61, 0.52, 0.58, 0.55]):
         f.feed(rank, "stdout", f"epoch 3 loss {loss:.2f}\n", now=0.0)
     assert _texts(f.ready(0.0)) == ["[ranks 0-3] epoch 3 loss 0.52…0.61  (low rank 1, high rank 0)"]
+
+
+def test_lines_that_name_their_own_rank_stay_one_per_rank():
+    f = Folder(list(range(4)))
+    for rank in range(4):
+        f.feed(rank, "stdout", f"rank {rank}: row {rank // 2} of the mesh\n", now=0.0)
+    assert _texts(f.ready(0.0)) == [f"[rank {r}] rank {r}: row {r // 2} of the mesh" for r in range(4)]
 
 
 def test_two_ranks_that_differ_show_one_line_each_grouped():
@@ -236,3 +245,32 @@ def test_a_finished_bar_ends_before_what_the_rank_printed_after_its_loop():
     g.feed(0, "stderr", "\rtrain:  40%|#  | 2/5", now=0.0)
     g.feed(0, "stdout", "loss 0.5\n", now=0.1)
     assert _texts(g.ready(1.0)) == ["[rank 0] loss 0.5"] and g.live == {0: "train:  40%|#  | 2/5"}
+
+
+def test_in_a_kernel_the_bars_are_one_display_updated_in_place_at_most_four_times_a_second(monkeypatch):
+    import IPython.display
+
+    from nbdist.cells import output
+
+    drawn: list[str] = []
+
+    class Handle:
+        def update(self, bundle, raw):
+            drawn.append(bundle["text/plain"])
+
+    def display(bundle, raw, display_id):
+        drawn.append(bundle["text/plain"])
+        return Handle()
+
+    monkeypatch.setattr(output, "in_kernel", lambda: True)
+    monkeypatch.setattr(IPython.display, "display", display)
+    now = [0.0]
+    p = TaggedPrinter(ranks=[0, 1], clock=lambda: now[0])
+    for step in range(1, 101):  # 100 updates per rank in 1 s
+        now[0] = step / 100
+        for rank in (0, 1):
+            p.stream(rank, "stderr", f"\rtrain: {step}/100")
+    assert 3 <= len(drawn) <= 6, f"{len(drawn)} draws for 200 updates in 1 s"
+    assert re.fullmatch(r"\[rank 0\] train: \d+/100\n\[rank 1\] train: \d+/100", drawn[-1]), drawn[-1]
+    p.flush()
+    assert drawn[-1] == "", "the live view is emptied; the bars' last states are printed as lines"
