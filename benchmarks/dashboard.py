@@ -152,9 +152,8 @@ def ranks_sweep(reps: int, rng: np.random.Generator, steps: int = 10_000) -> dic
 
     out = {}
     for n in (2, 16, 64):
-        board = Dashboard()
-        for rank in range(n):
-            board.store.add(rank, rows_for(rank, 0, steps, rng))
+        board = Dashboard(ranks=n)
+        board.store.add_runs({rank: rows_for(rank, 0, steps, rng) for rank in range(n)})
         board.refresh()
         restyle = timed(board.refresh, reps, before=Arrivals(board, steps, rng))
         sent = payload_mb(board.live_figure)

@@ -162,7 +162,7 @@ class TaggedPrinter(Sink):
                 return
             from ..widgets.dashboard import Dashboard
 
-            self.dashboard = Dashboard()
+            self.dashboard = Dashboard(ranks=len(self.folder.ranks))
             self.dashboard.states.update(self._states)
             self.dashboard.show()
         self.dashboard.update(rank, rows)

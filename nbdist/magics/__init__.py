@@ -185,9 +185,8 @@ class DistMagics(Magics):
                 "the last cell logged no metrics; call nbdist.log(step=i, loss=...) in a %%distributed cell."
             )
         picked = call(lambda: parse_ranks(args.ranks, call(api.current).world_size)) if args.ranks else []
-        board = Dashboard(picked=picked)
-        for rank, rows in metrics.items():
-            board.store.add(rank, rows)
+        board = Dashboard(picked=picked, ranks=len(metrics))
+        board.store.add_runs(metrics)
         return board.figure()
 
     @line_magic

@@ -62,8 +62,10 @@ def headline_text(store: MetricStore) -> str:
 class Dashboard:
     """Plots what the ranks log, live. Feed it with ``update(rank, rows)``."""
 
-    def __init__(self, max_points: int = 1000, refresh_s: float = 0.3, picked: Sequence[int] = ()) -> None:
-        self.store = MetricStore(max_points)
+    def __init__(
+        self, max_points: int = 1000, refresh_s: float = 0.3, picked: Sequence[int] = (), ranks: int = 0
+    ) -> None:
+        self.store = MetricStore(max_points, ranks=ranks)
         self.picked = list(picked)  # above figure.BAND_ABOVE ranks: ranks drawn one by one beside the spread
         self.refresh_s = refresh_s
         self.renders = 0

@@ -111,21 +111,15 @@ def named_ranks(store: MetricStore, picked: Sequence[int] = ()) -> dict[int, str
 
 
 def _spread(store: MetricStore, key: str) -> tuple[Any, Any, Any, Any] | None:
-    """min, median and max over ranks at each x of the rank with the most points (each rank's
-    decimated series interpolated there): (x, low, median, high); None when no rank logged it."""
+    """x, and the lowest, median and highest value over ranks at each x (``MetricStore.spreads``, kept
+    as the rows arrived: drawing it does not grow with the number of ranks); None when nothing is counted."""
     import numpy as np
 
-    per = [
-        (np.asarray(xs, float), np.asarray(ys, float))
-        for xs, ys in (store.series[(key, r)].points() for r in store.ranks() if (key, r) in store.series)
-        if len(xs)
-    ]
-    if not per:
+    spread = store.spreads.get(key)
+    if spread is None or not spread.x:
         return None
-    grid = max(per, key=lambda xy: len(xy[0]))[0]
-    rows = np.vstack([np.interp(grid, xs, ys, left=np.nan, right=np.nan) for xs, ys in per])
-    with np.errstate(all="ignore"):
-        return grid, np.nanmin(rows, axis=0), np.nanmedian(rows, axis=0), np.nanmax(rows, axis=0)
+    as_array = np.asarray
+    return as_array(spread.x), as_array(spread.low), as_array(spread.mid), as_array(spread.high)
 
 
 def traces(store: MetricStore, layout: list[Panel], picked: Sequence[int] = ()) -> list[Trace]:
@@ -181,7 +175,7 @@ def traces(store: MetricStore, layout: list[Panel], picked: Sequence[int] = ()) 
                 y = np.asarray(ys, dtype=float) * panel.scale
                 out.append(Trace(i, f"{i}:{key}:{rank}", "line", np.asarray(xs, dtype=float), y, look))
         if panel.total:
-            xs, ys = store.total(panel.key)
+            xs, ys = store.total(panel.key) if not band else _spread_total(store, panel.key)
             look = {
                 "name": "total",
                 "showlegend": False,
@@ -191,6 +185,11 @@ def traces(store: MetricStore, layout: list[Panel], picked: Sequence[int] = ()) 
             }
             out.append(Trace(i, f"{i}:total", "line", np.asarray(xs, dtype=float), np.asarray(ys, dtype=float), look))
     return out
+
+
+def _spread_total(store: MetricStore, key: str) -> tuple[Any, Any]:
+    spread = store.spreads.get(key)
+    return (spread.x, spread.sum) if spread is not None else ([], [])
 
 
 def _band(

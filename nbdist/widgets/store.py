@@ -12,6 +12,7 @@ rank and by how much.
 
 from __future__ import annotations
 
+import heapq
 from collections import deque
 from collections.abc import Iterable
 from statistics import fmean
@@ -103,15 +104,71 @@ class Series:
             yield tuple(self._open)  # type: ignore[misc]
 
 
-class MetricStore:
-    """Every metric logged by every rank, as series keyed by (metric, rank)."""
+class Spread:
+    """One metric over every rank, step by step: the lowest, the median, the highest value and the sum,
+    kept as the ranks report (a step counts once every rank that logs has reported it, or once
+    ``PENDING`` later steps arrived without it). At most ``max_points`` steps: past that, neighbours
+    merge pairwise (low: the lower, high: the higher, median and sum: the mean), so drawing the band
+    costs the same at 2 ranks and at 64."""
+
+    PENDING = 64  # steps a value may wait for the other ranks before its step is counted without them
+
+    __slots__ = ("max_points", "waiting", "x", "low", "mid", "high", "sum")
 
     def __init__(self, max_points: int = 1000) -> None:
+        self.max_points = max(4, max_points)
+        self.waiting: dict[float, list[float]] = {}
+        self.x: list[float] = []
+        self.low: list[float] = []
+        self.mid: list[float] = []
+        self.high: list[float] = []
+        self.sum: list[float] = []
+
+    def add(self, x: float, y: float, ranks: int) -> None:
+        values = self.waiting.setdefault(x, [])
+        values.append(y)
+        if len(values) >= ranks:
+            self._count(x)
+        elif len(self.waiting) > self.PENDING:
+            self._count(min(self.waiting))
+
+    def _count(self, x: float) -> None:
+        values = sorted(self.waiting.pop(x))
+        n = len(values)
+        median = values[n // 2] if n % 2 else (values[n // 2 - 1] + values[n // 2]) / 2
+        if self.x and x < self.x[-1]:  # a late step: keep x order
+            return
+        self.x.append(x)
+        self.low.append(values[0])
+        self.mid.append(median)
+        self.high.append(values[-1])
+        self.sum.append(sum(values))
+        if len(self.x) > self.max_points:
+            self._merge()
+
+    def _merge(self) -> None:
+        pairs = range(0, len(self.x) - 1, 2)
+        odd = len(self.x) % 2
+        self.x = [self.x[i] for i in pairs] + (self.x[-1:] if odd else [])
+        self.low = [min(self.low[i], self.low[i + 1]) for i in pairs] + (self.low[-1:] if odd else [])
+        self.high = [max(self.high[i], self.high[i + 1]) for i in pairs] + (self.high[-1:] if odd else [])
+        self.mid = [(self.mid[i] + self.mid[i + 1]) / 2 for i in pairs] + (self.mid[-1:] if odd else [])
+        self.sum = [(self.sum[i] + self.sum[i + 1]) / 2 for i in pairs] + (self.sum[-1:] if odd else [])
+
+
+class MetricStore:
+    """Every metric logged by every rank, as series keyed by (metric, rank), and each metric's spread
+    over the ranks (``spreads``)."""
+
+    def __init__(self, max_points: int = 1000, ranks: int = 0) -> None:
         self.max_points = max_points
+        self.world = ranks  # how many ranks log (when known): a step's spread waits for all of them
         self.series: dict[tuple[str, int], Series] = {}
         self.last: dict[tuple[str, int], float] = {}
         self.counts: dict[int, int] = {}
         self.steps: dict[int, float] = {}  # the last step each rank logged
+        self.spreads: dict[str, Spread] = {}
+        self.loggers: dict[str, set[int]] = {}  # the ranks that log each metric
 
     def add(self, rank: int, rows: Iterable[dict[str, Any]]) -> None:
         for row in rows:
@@ -127,6 +184,27 @@ class MetricStore:
                     s = self.series[(key, rank)] = Series(self.max_points)
                 s.add(x, float(value))
                 self.last[(key, rank)] = float(value)
+                who = self.loggers.setdefault(key, set())
+                who.add(rank)
+                spread = self.spreads.get(key)
+                if spread is None:
+                    spread = self.spreads[key] = Spread(self.max_points)
+                spread.add(x, float(value), self._expected(len(who)))
+
+    def _expected(self, logging: int) -> int:
+        """How many values a step of a metric waits for: every rank, once two log it; one, when other ranks
+        log rows without it (a metric of rank 0's own); every rank, while no other rank has logged yet."""
+        if logging > 1:
+            return max(logging, self.world)
+        return 1 if len(self.counts) > 1 else max(1, self.world)
+
+    def add_runs(self, runs: dict[int, list[dict[str, Any]]]) -> None:
+        """Every rank's rows of a finished run, in step order across ranks (as they arrive live)."""
+        self.world = max(self.world, len(runs))
+        tagged = [[(row.get("step", i) if row.get("step") is not None else i, rank, row) for i, row in enumerate(rows)]
+                  for rank, rows in runs.items()]
+        for _, rank, row in heapq.merge(*tagged, key=lambda t: (t[0], t[1])):
+            self.add(rank, [row])
 
     def keys(self) -> list[str]:
         return sorted({k for k, _ in self.series})

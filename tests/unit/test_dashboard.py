@@ -206,8 +206,7 @@ def test_the_live_figure_widget_can_be_built():
 
 def _many(n: int, steps: int = 50):
     store = MetricStore()
-    for rank in range(n):
-        store.add(rank, _rows(0.02 + (0.01 if rank == 13 else 0.0) + 0.0001 * rank, rank, steps=steps))
+    store.add_runs({r: _rows(0.02 + (0.01 if r == 13 else 0.0) + 0.0001 * r, r, steps=steps) for r in range(n)})
     return store
 
 
@@ -238,3 +237,27 @@ def test_up_to_eight_ranks_every_rank_has_its_line():
     store = _many(8)
     names = {t.style.get("name") for t in traces(store, panels(store))}
     assert {f"rank {r}" for r in range(8)} <= names and "median" not in names
+
+
+def test_the_spread_over_ranks_stays_bounded_keeps_extremes_and_does_not_wait_forever():
+    from nbdist.widgets.store import Spread
+
+    spread = Spread(max_points=100)
+    for step in range(100_000):
+        for rank in range(4):
+            spike = 50.0 if (step, rank) == (90_000, 2) else 0.0
+            spread.add(float(step), 1.0 + rank + spike, ranks=4)
+    assert len(spread.x) <= 100 and max(spread.high) == 53.0 and min(spread.low) == 1.0
+    assert spread.mid[0] == 2.5 and spread.sum[0] == 10.0
+
+    store = MetricStore(ranks=2)
+    for step in range(3):
+        store.add(0, [{"step": step, "loss": 1.0, "only0": 5.0}])
+        store.add(1, [{"step": step, "loss": 3.0}])
+    assert store.spreads["loss"].mid == [2.0, 2.0, 2.0], "each step waits for both ranks"
+    assert store.spreads["only0"].x[-2:] == [1.0, 2.0], "rank 0's own metric counts at once once rank 1 logs"
+
+    stalled = Spread()
+    for step in range(Spread.PENDING + 2):  # rank 1 died: its steps never come
+        stalled.add(float(step), 1.0, ranks=2)
+    assert stalled.x[:2] == [0.0, 1.0], "a step waits at most PENDING later steps"
