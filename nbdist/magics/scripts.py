@@ -1,4 +1,4 @@
-"""%dist_run and %dist_export: a torchrun script into the ranks, the session's cells out to one."""
+"""%dist_run, %dist_export and %dist_debug: a torchrun script into the ranks, the session's cells out to one, pdb on a rank."""
 
 from __future__ import annotations
 
@@ -10,6 +10,7 @@ from IPython.core.magic import Magics, line_magic, magics_class
 from IPython.core.magic_arguments import argument, magic_arguments
 
 from .. import cluster as api
+from ..tools import debug as debugging
 from ..tools import export as exporting
 from ..tools.scripts import run_script
 from .common import USAGE, call, parse, show, usage
@@ -89,3 +90,18 @@ class ScriptMagics(Magics):
         )
         for note in done.notes:
             print(note)
+
+    @magic_arguments()
+    @argument(
+        "rank",
+        nargs="?",
+        type=int,
+        default=None,
+        help="the rank to debug (default: the one whose error failed the last cell)",
+    )
+    @line_magic
+    def dist_debug(self, line: str = "") -> None:
+        """Post-mortem pdb on a rank's last exception, typed here as with %debug (p, up, l, q)."""
+        args = parse(self.dist_debug, line)
+        cluster = call(api.current)
+        call(lambda: debugging.debug(cluster, args.rank))

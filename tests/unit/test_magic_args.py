@@ -95,6 +95,7 @@ FROZEN = {
     "dist_dashboard": "--ranks",
     "dist_where": "--all",
     "dist_export": "path --cells --list --force",
+    "dist_debug": "rank",
 }
 
 
