@@ -97,9 +97,9 @@ class TaggedPrinter(Sink):
         self.tick(now)
 
     def finished(self, rank: int) -> None:
-        """This rank's output is all here (its reply can come before its output): lines need not wait for it."""
+        """This rank's output is all here (its reply can come before its output): lines need not wait for it.
+        The watch ticks right after."""
         self.folder.finished(rank)
-        self.tick()
 
     def tick(self, now: float | None = None) -> None:
         """Show the lines no longer worth holding, and redraw the live bars (at most every LIVE_EVERY s)."""

@@ -118,8 +118,7 @@ def _spread(store: MetricStore, key: str) -> tuple[Any, Any, Any, Any] | None:
     spread = store.spreads.get(key)
     if spread is None or not spread.x:
         return None
-    as_array = np.asarray
-    return as_array(spread.x), as_array(spread.low), as_array(spread.mid), as_array(spread.high)
+    return np.asarray(spread.x), np.asarray(spread.low), np.asarray(spread.mid), np.asarray(spread.high)
 
 
 def traces(store: MetricStore, layout: list[Panel], picked: Sequence[int] = ()) -> list[Trace]:
