@@ -17,6 +17,7 @@ __all__ = [
     "RankError",
     "RunTimeout",
     "__version__",
+    "breakpoint",
     "current",
     "load_ipython_extension",
     "log",
@@ -38,6 +39,10 @@ def __getattr__(name: str) -> Any:
         from .engine.metrics import log
 
         return log
+    if name == "breakpoint":
+        from .engine.debug import breakpoint
+
+        return breakpoint
     if name == "on_preempt":
         from .engine.preempt import on_preempt
 

@@ -89,6 +89,11 @@ PRIVATE_APIS = (
         "world.engineset: a message the notebook's client cannot unpack is dropped, not fatal to its stream",
     ),
     PrivateAPI(
+        "ipyparallel Client._send_control_request, ipykernel Kernel.control_handlers",
+        "ipyparallel",
+        "breakpoint() on a rank: a line typed in the notebook reaches its debugger on the engine's control channel",
+    ),
+    PrivateAPI(
         "ipyparallel Client._io_loop, Client._io_thread",
         "ipyparallel",
         "cells.watch: a cell's output callbacks are added on the client's IO thread, between two messages, so "
@@ -171,6 +176,18 @@ def on_io_thread(client: Any, fn: Any, timeout: float = 10.0) -> Any:
     if not done.wait(timeout):
         raise RuntimeError(f"ipyparallel's IO thread did not run a callback within {timeout} s")
     return box[0]
+
+
+def send_control(client: Any, engine_id: int, msg_type: str, content: dict[str, Any]) -> Any:
+    """Send one engine a message of ``msg_type`` on its control channel (signed with the session's key, as
+    every ipyparallel message; the engine's control thread takes it while the main thread runs a cell).
+    A future whose result is the list of replies (one)."""
+    return client._send_control_request([engine_id], msg_type, content, block=False)
+
+
+def add_control_handler(kernel: Any, msg_type: str, handler: Any) -> None:
+    """On an engine: have its kernel's control thread call ``handler(stream, idents, msg)`` for ``msg_type``."""
+    kernel.control_handlers[msg_type] = handler
 
 
 def skip_controller_settle_sleep() -> None:

@@ -119,10 +119,14 @@ def _block(rank: int, rep: dict[str, Any], odd: dict[int, str]) -> list[str]:
     else:
         where = f"cell line {rep['cell_line']}" if rep.get("cell_line") else "library code"
         inside = " (inside torch.distributed)" if rep.get("in_collective") else ""
-        lines.append(f"at {where}, in {rep.get('function')}{inside}{mark}")
+        if rep.get("debugging"):  # its pdb waits for the notebook: where the person stopped it, not pdb's frames
+            lines.append(f"in the debugger (breakpoint at {where}; type in the notebook's input box){mark}")
+        else:
+            lines.append(f"at {where}, in {rep.get('function')}{inside}{mark}")
         for frame in rep.get("cell_stack") or []:
             lines.append(f"    cell line {frame['line']:>3} in {frame['function']}: {frame.get('code') or ''}")
         inner = [s for s in rep.get("stack") or [] if "site-packages" in s or "/lib/python" in s][-2:]
+        inner = [] if rep.get("debugging") else inner  # pdb's own frames say nothing about the cell
         for entry in inner:
             lines.append(f"    {entry}")
     text = collective_text(rep)

@@ -1,6 +1,9 @@
-"""Keys of what ranks publish to the notebook over ipyparallel's data channel (``publish_data``): one
-place for both sides, the rank that publishes (engine/metrics.py, parallel/checkpoint.py) and the cell
-that reads (run.py). A leaf: it imports nothing."""
+"""Keys and message types nbdist sends between ranks and notebook over ipyparallel's channels: one place
+for both sides, the rank that publishes (engine/metrics.py, parallel/checkpoint.py, engine/debug.py) and
+the notebook that reads (cells/watch.py, cells/pdbrelay.py). A leaf: it imports nothing."""
 
 METRICS = "nbdist.metrics."  # + a sequence number: rows logged with nbdist.log
 CHECKPOINT = "nbdist.checkpoint"  # the cell's last save_checkpoint: its path and the names it saved
+PDB = "application/vnd.nbdist.pdb+json"  # a display: a rank's live debugger printed this (and prompts, or left)
+PDB_REQUEST = "nbdist_pdb_request"  # control channel, notebook -> rank: a line typed for its debugger
+PDB_REPLY = "nbdist_pdb_reply"  # its answer: {"status": "ok"} or {"status": "refused", "why": ...}

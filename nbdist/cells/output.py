@@ -45,6 +45,9 @@ class Sink:
     def tick(self) -> None:
         """Called every few tens of milliseconds while the cell runs: show what is due."""
 
+    def settle(self) -> None:
+        """A rank's debugger is about to talk: show the complete lines held back for folding now."""
+
     def flush(self) -> None:
         """The cell is over: show whatever is still held back."""
 
@@ -166,6 +169,9 @@ class TaggedPrinter(Sink):
             self.dashboard.states.update(self._states)
             self.dashboard.show()
         self.dashboard.update(rank, rows)
+
+    def settle(self) -> None:
+        _write_all(self.folder.ready(float("inf")))
 
     def flush(self) -> None:
         if self._bar is not None:

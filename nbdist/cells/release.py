@@ -12,6 +12,8 @@ The rules (docs/faults.md, rows 2, 3 and 10):
   asked to ``PROBE`` where they are; waiting in a collective means a hang
   (``WATCHDOG``), anything else is legitimate work, looked at again a watchdog later;
 * Ctrl-C releases at once (``INTERRUPT``);
+* while a rank is in its debugger (``paused``: a person at a pdb prompt, cells/pdbrelay.py) nothing
+  is released, and the time spent there does not count toward the grace, timeout or watchdog;
 * ranks still running ``escalate`` seconds after a release are killed, once.
 """
 
@@ -57,10 +59,31 @@ class ReleasePolicy:
         self.released: Release | None = None
         self.released_at: float | None = None
         self.killed = False
+        self.paused_since: float | None = None  # a rank went into its debugger then
 
-    def observe(self, *, failed: bool, finished: bool) -> Action:
-        """What to do now, given whether any rank has failed and whether any has finished."""
+    def hold(self) -> None:
+        """A rank is in its debugger from now on (until ``observe`` is told otherwise): the timers stop."""
+        if self.released is None and self.paused_since is None:
+            self.paused_since = self.clock()
+
+    def _resume(self, now: float) -> None:
+        """Out of the debugger: every timer moves on by the time spent in it."""
+        if self.paused_since is None:
+            return
+        spent, self.paused_since = now - self.paused_since, None
+        self.started += spent
+        self.deadline = None if self.deadline is None else self.deadline + spent
+        self.first_failure = None if self.first_failure is None else self.first_failure + spent
+        self.first_finish = None if self.first_finish is None else self.first_finish + spent
+
+    def observe(self, *, failed: bool, finished: bool, paused: bool = False) -> Action:
+        """What to do now, given whether any rank has failed, whether any has finished, and whether a
+        rank is in its debugger (``paused``)."""
         now = self.clock()
+        if paused and self.released is None:
+            self.hold()
+            return Action.WAIT
+        self._resume(now)
         if failed and self.first_failure is None:
             self.first_failure = now
         if finished and self.first_finish is None:

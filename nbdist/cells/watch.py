@@ -10,9 +10,7 @@ from __future__ import annotations
 
 import functools
 import queue
-import signal
 import sys
-import threading
 import time
 from collections import deque
 from collections.abc import Callable
@@ -23,47 +21,14 @@ from .. import compat, wire
 from ..launch import procs
 from ..results import RankResult, RankState, RankStatus, Release, RunResult, classify, remote_error
 from ..world.engineset import EngineSet
+from .interrupt import CtrlC
 from .output import Sink
+from .pdbrelay import Relay, send_line
 from .release import Action, ReleasePolicy
 
 OnDone = Callable[[RunResult, list[int]], list[int]]  # (result, ranks killed) -> ranks to recover
 DEATH_CHECK_S = 0.1  # how often a running cell looks whether its ranks' processes are still there
 _SHOWN_TYPES = ("stream", "display_data", "execute_result", "error", "data_message")
-
-
-class _CtrlC:
-    """Ctrl-C while a cell is followed, counted by a handler of our own (main thread only).
-
-    Python's default handler raises KeyboardInterrupt wherever the main thread happens to
-    be, and a few places (a finalizer, a C call that clears errors) swallow it: the press
-    would be lost and the ranks left blocked. This handler only counts and wakes the loop,
-    which then acts on it; the previous handler comes back when the cell is over.
-    """
-
-    def __init__(self, wake: queue.SimpleQueue[int]) -> None:
-        self.wake, self.pressed, self.previous = wake, 0, None
-        # only where Ctrl-C means KeyboardInterrupt now: a process that ignores SIGINT keeps ignoring it
-        if (
-            threading.current_thread() is threading.main_thread()
-            and signal.getsignal(signal.SIGINT) is signal.default_int_handler
-        ):
-            try:
-                self.previous = signal.signal(signal.SIGINT, self._on_sigint)
-            except ValueError:  # not the main interpreter
-                self.previous = None
-
-    def _on_sigint(self, signum: int, frame: Any) -> None:
-        self.pressed += 1
-        self.wake.put(1)  # SimpleQueue.put is reentrant: safe in a signal handler
-
-    def take(self) -> bool:
-        pressed, self.pressed = self.pressed, 0
-        return pressed > 0
-
-    def restore(self) -> None:
-        if self.previous is not None:
-            signal.signal(signal.SIGINT, self.previous)
-            self.previous = None
 
 
 class Watch:
@@ -79,8 +44,10 @@ class Watch:
         grace: float,
         watchdog: float | None,
         on_done: OnDone,
+        ask: Callable[[str], str] | None = None,
     ) -> None:
         self.engines, self.ranks, self.ar, self.sink = engines, ranks, ar, sink
+        self.ask = ask or _typed  # a person's answer to a rank's debugger prompt (the notebook's input box)
         self.grace, self.watchdog, self.on_done = grace, watchdog, on_done
         self.tic = time.perf_counter()
         self.wake: queue.SimpleQueue[int] = queue.SimpleQueue()
@@ -100,6 +67,8 @@ class Watch:
         # What each rank wrote and displayed, message by message, in order (ipyparallel keeps each stream's
         # text and the displays apart): (stream, text) or ("display", content), appended by its IO thread.
         self.order: list[deque[tuple[str, Any]]] = [deque() for _ in self.children]
+        self.pdb: queue.SimpleQueue[tuple[int, dict[str, Any]]] = queue.SimpleQueue()  # (child, what its pdb said)
+        self.relay = Relay(functools.partial(send_line, engines), ask=self.ask, say=self._say)
         self.heard = [functools.partial(self._poke, i) for i in range(len(self.children))]
         compat.on_io_thread(engines.client, self._listen)
         for child in self.children:
@@ -114,7 +83,8 @@ class Watch:
         after ``on_done`` has seen it, and the ranks ``on_done`` left to recover.
         """
         policy = ReleasePolicy(grace=self.grace, watchdog=self.watchdog, timeout=timeout, started=self.tic)
-        ctrl_c = _CtrlC(self.wake)
+        ctrl_c = CtrlC(self.wake)
+        self.relay.ask = ctrl_c.around(self.ask)
         try:
             killed, interrupted = self._loop(policy, ctrl_c, stream)
         finally:
@@ -128,7 +98,7 @@ class Watch:
             raise KeyboardInterrupt
         return result, recover
 
-    def _loop(self, policy: ReleasePolicy, ctrl_c: _CtrlC, stream: bool) -> tuple[list[int], bool]:
+    def _loop(self, policy: ReleasePolicy, ctrl_c: CtrlC, stream: bool) -> tuple[list[int], bool]:
         """Until no rank runs: (the ranks killed, whether Ctrl-C was pressed)."""
         killed: list[int] = []
         interrupted = False
@@ -142,6 +112,8 @@ class Watch:
                     pass
                 if ctrl_c.take():
                     raise KeyboardInterrupt
+                if self._debug(stream, policy):
+                    continue  # a person answered a prompt: look at everything afresh
                 if stream:
                     heard_all = [i for i, c in enumerate(self.children) if c.output.done()]  # before the emit
                     self._emit()
@@ -156,7 +128,9 @@ class Watch:
                 if not running:
                     return killed, interrupted
                 failed = bool(self.gone) or any(_error_of(c) is not None for c in self.children)
-                action = policy.observe(failed=failed, finished=len(running) < len(self.children))
+                action = policy.observe(
+                    failed=failed, finished=len(running) < len(self.children), paused=self.relay.active
+                )
                 if action is Action.PROBE:
                     self.reports = self.engines.where(running)
                     action = policy.probed(any(rep.get("in_collective") for rep in self.reports.values()))
@@ -172,6 +146,30 @@ class Watch:
                 interrupted = True
                 if policy.interrupt() is Action.RELEASE:
                     self._release(self._running())
+
+    def _debug(self, stream: bool, policy: ReleasePolicy) -> bool:
+        """Hand the ranks' debugger messages to the relay; when one waits at a prompt, stop the policy's
+        timers, show the output before it and ask for a line. Whether a line was asked for."""
+        while True:
+            try:
+                i, content = self.pdb.get_nowait()
+            except queue.Empty:
+                break
+            self.relay.take(self.ranks[i], content)
+        for i, child in enumerate(self.children if self.relay.inside else []):
+            if child.done() and self.ranks[i] in self.relay.inside:
+                self.relay.ended(self.ranks[i])
+        if self.relay.active:
+            policy.hold()  # until observe(paused=False): the time a person spends here is not the cell's
+        if not self.relay.prompts:
+            return False
+        if stream:
+            self._emit()
+            _call(self.sink, "settle")
+        return self.relay.answer()
+
+    def _say(self, text: str) -> None:
+        print(text, flush=True)
 
     def _running(self) -> list[int]:
         return [self.ranks[i] for i, c in enumerate(self.children) if not c.done() and i not in self.gone]
@@ -198,7 +196,8 @@ class Watch:
         for i, (child, heard) in enumerate(zip(self.children, self.heard, strict=True)):
             md = child.output.metadata
             self.order[i].extend((name, md[name]) for name in ("stdout", "stderr") if md.get(name))
-            self.order[i].extend(("display", content) for content in md.get("outputs") or [])
+            for content in md.get("outputs") or []:
+                self._heard_display(i, content)
             child.iopub_callbacks.append(heard)
 
     def _poke(self, i: int, msg: Any) -> None:
@@ -209,9 +208,16 @@ class Watch:
             content = msg.get("content", {})
             self.order[i].append((content.get("name", "stdout"), content.get("text", "")))
         elif kind == "display_data":
-            self.order[i].append(("display", msg.get("content", {})))
+            self._heard_display(i, msg.get("content", {}))
         if kind in _SHOWN_TYPES:
             self.wake.put(1)
+
+    def _heard_display(self, i: int, content: dict[str, Any]) -> None:
+        said = (content.get("data") or {}).get(wire.PDB)
+        if said is None:
+            self.order[i].append(("display", content))
+        else:
+            self.pdb.put((i, said))
 
     def _report_states(self) -> None:
         """Tell the sink which ranks are busy or done (and, after 2 s, show progress)."""
@@ -269,7 +275,7 @@ class Watch:
                 if stored and not seen.chars[name]:
                     seen.chars[name] = len(stored)
                     self.sink.stream(rank, name, stored)
-            outputs = md.get("outputs") or []
+            outputs = _shown(md.get("outputs"))
             for content in outputs[seen.outputs :]:
                 self.sink.display(rank, content)
             seen.outputs = len(outputs)
@@ -302,7 +308,7 @@ class Watch:
             info = self.engines.ranks[rank]
             rr = RankResult(rank=rank, engine_id=info.engine_id, host="" if info.local else info.host)
             rr.stdout, rr.stderr = md.get("stdout") or "", md.get("stderr") or ""
-            rr.outputs = list(md.get("outputs") or [])
+            rr.outputs = _shown(md.get("outputs"))
             rr.result = md.get("execute_result")
             rr.wall_s = _seconds_between(md.get("started"), md.get("completed"))
             self.checkpoint = (md.get("data") or {}).get(wire.CHECKPOINT, self.checkpoint)
@@ -349,6 +355,15 @@ class _Seen:
         self.outputs = 0
         self.result = False
         self.data: set[str] = set()
+
+
+def _typed(prompt: str) -> str:
+    return input(prompt)  # looked up at each call: the kernel's input, or a test's
+
+
+def _shown(outputs: list[dict[str, Any]] | None) -> list[dict[str, Any]]:
+    """A rank's displays without its debugger's messages (those went to the relay)."""
+    return [c for c in outputs or [] if wire.PDB not in (c.get("data") or {})]
 
 
 def _call(sink: Any, method: str, *args: Any) -> None:

@@ -1,18 +1,32 @@
-"""Post-mortem pdb on a rank, one command at a time (``%dist_debug``).
+"""pdb on a rank, typed into the notebook: post-mortem (``%dist_debug``) and live (``breakpoint()``).
 
-The notebook sends each command the user types (``p x``, ``up``, ``l``, ``q``) through ipyparallel's
-signed channels; here a ``pdb.Pdb`` set on the rank's last traceback runs it and hands back what it
-printed. Nothing new listens. A command that asks a question of its own (``clear``: "Clear all
-breaks?") gets end-of-input, never a wait.
+Post-mortem: the notebook sends each command the user types (``p x``, ``up``, ``l``, ``q``) as an
+ordinary apply through ipyparallel's signed channels; a ``pdb.Pdb`` set on the rank's last traceback
+runs it and hands back what it printed.
+
+Live: ``breakpoint()`` (or ``nbdist.breakpoint(rank=...)``) in a cell stops this rank in a ``RankPdb``
+while the cell runs. Its main thread is busy, so the lines typed in the notebook come on the engine's
+control channel (a message type of nbdist's own, ``wire.PDB_REQUEST``, signed with the session's key
+and accepted only from the client whose cell is running); what pdb prints goes to the notebook as a
+display of type ``wire.PDB`` with each prompt, which the notebook's watch answers
+(``cells/pdbrelay.py``). Nothing new listens. A command that asks a question of its own (``clear``:
+"Clear all breaks?") gets end-of-input, never a wait.
 """
 
 from __future__ import annotations
 
+import bdb
 import builtins
+import inspect
 import io
+import os
 import pdb
+import queue
 import sys
 from typing import Any
+
+from .. import compat, wire
+from .state import STATE
 
 SESSION: dict[str, Any] = {}  # the open debugger of this rank: {"pdb": Pdb, "out": StringIO}
 ENDS = {"q", "quit", "exit", "c", "cont", "continue"}  # post-mortem: nothing to continue, so these end
@@ -63,3 +77,168 @@ def command(line: str) -> tuple[str, bool]:
 
 def close() -> None:
     SESSION.clear()
+
+
+# --------------------------------------------------------------------------- live: breakpoint() in a cell
+
+LINES: queue.SimpleQueue[tuple[str, str]] = queue.SimpleQueue()  # (session, line) typed in the notebook
+LIVE: dict[str, Any] = {}  # while this rank is in its debugger: {"session": the client allowed to type}
+MACHINERY = {"IPython", "ipykernel", "ipyparallel", "nbdist"}  # what runs a cell: a step never stops in it
+STEPS = {"n", "next", "s", "step", "r", "return", "unt", "until", "j", "jump"}  # these stop again soon
+
+
+def install() -> None:
+    """Route ``breakpoint()`` on this rank to the notebook, and take typed lines on the control channel."""
+    from IPython import get_ipython
+
+    kernel = getattr(get_ipython(), "kernel", None)
+    if kernel is None:  # not an engine (a plain process): breakpoint() keeps its own meaning
+        return
+    compat.add_control_handler(
+        kernel, wire.PDB_REQUEST, lambda stream, idents, msg: _on_line(kernel, stream, idents, msg)
+    )
+    STATE["kernel"] = kernel
+    sys.breakpointhook = breakpoint
+
+
+def breakpoint(*args: Any, rank: int | None = None, **kwargs: Any) -> None:  # noqa: A001
+    """Stop here in pdb, typed from the notebook (``rank``: only on that rank; the others go on).
+
+    ``sys.breakpointhook`` on every rank, so the builtin ``breakpoint()`` comes here.
+    ``PYTHONBREAKPOINT=0`` turns it off, as for any Python."""
+    if os.environ.get("PYTHONBREAKPOINT") == "0" or (rank is not None and rank != STATE["rank"]):
+        return
+    kernel, frame = STATE.get("kernel"), inspect.currentframe()
+    if kernel is None or STATE["busy_since"] is None or frame is None:
+        print(f"nbdist: breakpoint() on rank {STATE['rank']} outside a %%distributed cell: skipped", file=sys.stderr)
+        return
+    session = kernel.get_parent("shell").get("header", {}).get("session", "")
+    RankPdb(STATE["rank"], session).stop_at(frame.f_back)
+
+
+class RankPdb(pdb.Pdb):
+    """pdb whose prompt goes to the notebook and whose input comes from it (see the module's doc)."""
+
+    def __init__(self, rank: int, session: str) -> None:
+        self.out = io.StringIO()
+        # nosigint: Ctrl-C stays the notebook's stop button (pdb's own handler would break into pdb again)
+        super().__init__(stdin=self, stdout=self.out, nosigint=True)  # type: ignore[arg-type]  # readline()
+        self.use_rawinput = False
+        self.prompt = f"(Pdb rank {rank}) "
+        self.rank, self.session, self.last = rank, session, ""
+
+    def stop_at(self, frame: Any) -> None:
+        """Stop on ``frame``'s current line now (the ``breakpoint()`` line, as Python 3.13's pdb does: a
+        breakpoint at a cell's end still shows its variables), then trace on if a step or a breakpoint
+        set in pdb asks for it; ``q`` fails the cell here."""
+        self.reset()
+        outer = frame
+        while outer is not None:  # what Bdb.set_trace does, but the first stop is here, not at the next event
+            outer.f_trace = self.trace_dispatch
+            self.botframe, outer = outer, outer.f_back
+        self.interaction(frame, None)
+        if self.quitting:
+            raise bdb.BdbQuit
+        if self.breaks or self.last.split(" ", 1)[0] in STEPS:
+            sys.settrace(self.trace_dispatch)
+
+    def interaction(self, frame: Any, tb: Any) -> None:
+        LIVE["session"] = self.session
+        STATE["debugging"] = True
+        real_input, builtins.input = builtins.input, _no_input
+        try:
+            super().interaction(frame, tb)
+        finally:
+            builtins.input = real_input
+            if self.last.split(" ", 1)[0] not in STEPS:  # c or q: the notebook may take the next rank
+                STATE["debugging"] = False
+                LIVE.clear()
+                self._publish("left")
+
+    def stop_here(self, frame: Any) -> bool:
+        """Steps stop in the cell and in what it calls, never in the kernel's machinery that runs between
+        two of its statements (IPython runs each top-level statement as a code object of its own)."""
+        return bool(super().stop_here(frame)) and _under_cell(frame)
+
+    def user_call(self, frame: Any, argument_list: Any) -> None:
+        if frame.f_code.co_name == "<module>":  # the cell's next top-level statement: stop on its line instead
+            return
+        super().user_call(frame, argument_list)
+
+    def user_return(self, frame: Any, return_value: Any) -> None:
+        if frame.f_code.co_name == "<module>":  # one top-level statement of the cell ended: step to the next
+            return
+        super().user_return(frame, return_value)
+
+    def readline(self) -> str:
+        """pdb waits for a line: send what it printed and its prompt, then wait for the line typed."""
+        self._publish("prompt")
+        try:
+            while True:
+                try:
+                    session, line = LINES.get(timeout=0.2)  # a short wait: Ctrl-C (SIGINT) gets through
+                except queue.Empty:
+                    continue
+                if session == self.session:
+                    break
+        except KeyboardInterrupt:  # the cell was stopped: leave the debugger and fail the cell here
+            line = "q"
+        self.last = line.strip()
+        return line + "\n"
+
+    def _publish(self, state: str) -> None:
+        text = self.out.getvalue()
+        if state == "prompt" and text.endswith(self.prompt):
+            text = text[: -len(self.prompt)]
+        self.out.seek(0)
+        self.out.truncate()
+        from IPython.display import publish_display_data
+
+        publish_display_data({wire.PDB: {"state": state, "rank": self.rank, "text": text, "prompt": self.prompt}})
+
+
+def in_cell(filename: str) -> bool:
+    """Whether code from ``filename`` is a notebook cell's (IPython names each cell's code)."""
+    try:
+        from IPython import get_ipython
+
+        if filename in compat.cell_filenames(get_ipython()):
+            return True
+    except Exception:  # pragma: no cover
+        pass
+    return "ipykernel_" in filename or filename.startswith("<ipython-input")
+
+
+def _under_cell(frame: Any) -> bool:
+    """Whether this frame is a cell's, or was called from one through user code: the nearest frame below it
+    that is a cell's or the kernel's (IPython's display hook, ipyparallel, nbdist) is a cell's."""
+    while frame is not None:
+        if in_cell(frame.f_code.co_filename):
+            return True
+        if str(frame.f_globals.get("__name__", "")).split(".", 1)[0] in MACHINERY:
+            return False
+        frame = frame.f_back
+    return False
+
+
+def _on_line(kernel: Any, stream: Any, idents: Any, msg: dict[str, Any]) -> None:
+    """On the control thread: a line typed for this rank's debugger; only its cell's client may type."""
+    session = msg.get("header", {}).get("session", "")
+    if LIVE.get("session") == session:
+        LINES.put((session, str(msg.get("content", {}).get("line", ""))))
+        reply = {"status": "ok"}
+    else:
+        why = "no debugger is open on this rank" if not LIVE else "only the notebook running the cell can type here"
+        reply = {"status": "refused", "why": why}
+    kernel.session.send(stream, wire.PDB_REPLY, reply, parent=msg, ident=idents)
+
+
+def cell_over() -> None:
+    """The cell ended (runtime's post-cell hook): a step past its last line leaves the debugger here."""
+    if STATE["debugging"] or sys.gettrace() is not None and LIVE:
+        sys.settrace(None)
+        STATE["debugging"] = False
+        LIVE.clear()
+        from IPython.display import publish_display_data
+
+        publish_display_data({wire.PDB: {"state": "left", "rank": STATE["rank"], "text": "", "prompt": ""}})

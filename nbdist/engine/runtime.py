@@ -25,7 +25,7 @@ from typing import Any
 
 from .. import compat
 from ..launch import net
-from . import adapters, collectives, gpu, hosted, launched, preempt, world
+from . import adapters, collectives, debug, gpu, hosted, launched, preempt, world
 from .state import CELL_END, STATE
 
 _HOOKED: set[int] = set()  # shells whose cell events carry nbdist's hooks
@@ -82,6 +82,7 @@ def configure(
     STATE["main_ident"] = threading.main_thread().ident
     _install_watcher()
     _install_cell_hooks()
+    debug.install()  # breakpoint() in a cell: pdb typed from the notebook
     collectives.install()
     hosted.install()  # torchrun-style init/destroy calls keep the world (%dist_run, pasted code)
     adapters.install()  # libraries that would start processes of their own run on the world instead
@@ -151,6 +152,7 @@ def _install_cell_hooks() -> None:
         STATE["cell"] += 1
 
     def post(result: Any = None) -> None:
+        debug.cell_over()
         for fn in list(CELL_END):  # state.at_cell_end: before the cell counts as done (a background save completes)
             try:
                 fn()
@@ -185,15 +187,7 @@ def _preload_namespace() -> None:
 
 def _cell_label(filename: str) -> str | None:
     """'cell' for a notebook cell's code object, None for library code."""
-    try:
-        from IPython import get_ipython
-
-        shell = get_ipython()
-        if filename in compat.cell_filenames(shell):
-            return "cell"
-    except Exception:  # pragma: no cover
-        pass
-    return "cell" if "ipykernel_" in filename or filename.startswith("<ipython-input") else None
+    return "cell" if debug.in_cell(filename) else None
 
 
 def where(frame: Any) -> dict[str, Any]:
@@ -216,7 +210,13 @@ def where(frame: Any) -> dict[str, Any]:
 def _write_report(reason: str) -> None:
     frame = compat.thread_frames().get(STATE["main_ident"])
     busy = STATE["busy_since"] is not None
-    report = {"rank": STATE["rank"], "reason": reason, "time": time.time(), "busy": busy}
+    report = {
+        "rank": STATE["rank"],
+        "reason": reason,
+        "time": time.time(),
+        "busy": busy,
+        "debugging": STATE["debugging"],
+    }
     if frame is not None and busy:
         report.update(where(frame))
     else:

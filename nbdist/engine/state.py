@@ -19,6 +19,8 @@ STATE: dict[str, Any] = {
     "main_ident": None,
     "report_dir": None,
     "watcher": None,
+    "debugging": False,  # a live pdb (breakpoint() in a cell) holds this rank, waiting for the notebook
+    "kernel": None,  # this engine's kernel, once engine/debug.py took its control channel
     "abort_after": 0.3,  # seconds an interrupted cell may take to stop before its process group is broken
 }
 

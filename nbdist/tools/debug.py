@@ -45,6 +45,10 @@ def debug(
         raise ConfigError(f"rank {rank} is not in this world (ranks 0-{cluster.world_size - 1}); e.g. %dist_debug 0.")
     engines = cluster.engines
     assert engines is not None
+    if rank in engines.dead_ranks():
+        raise ConfigError(
+            f"rank {rank} is dead: its exception went with its process; restart it with %dist_restart --ranks {rank}."
+        )
     banner = engines.apply(rank, on_rank.open_session).get(timeout=HANG_S)
     if not banner:
         raise ConfigError(f"rank {rank} has no exception to debug: a cell must have raised there first.")
@@ -52,7 +56,7 @@ def debug(
     while True:
         try:
             line = ask(f"(Pdb rank {rank}) ")
-        except (EOFError, KeyboardInterrupt):
+        except (EOFError, KeyboardInterrupt, NotImplementedError):  # NotImplementedError: a front end without input
             line = "q"
         output, over = engines.apply(rank, on_rank.command, line).get(timeout=HANG_S)
         if output:

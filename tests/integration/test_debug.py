@@ -52,3 +52,21 @@ def test_dist_debug_names_a_rank_with_nothing_to_debug(cluster):
         debug(cluster, ask=lambda prompt: "q", say=print)
     with pytest.raises(ConfigError, match="rank 7 is not in this world"):
         debug(cluster, 7, ask=lambda prompt: "q", say=print)
+
+
+def test_dist_debug_names_a_dead_rank_and_the_fix(cluster):
+    import os
+    import signal
+
+    from tests.helpers import wait_gone
+
+    cluster.run(CELL)
+    pid = cluster.engines.ranks[1].pid
+    os.kill(pid, signal.SIGKILL)
+    assert wait_gone([pid], 10) == []
+    try:
+        with pytest.raises(ConfigError, match=r"rank 1 is dead: .* %dist_restart --ranks 1"):
+            debug(cluster, 1, ask=lambda prompt: "q", say=print)
+    finally:
+        cluster.restart([1])
+    cluster.run("t = torch.ones(1)\ndist.all_reduce(t)\nassert t.item() == 2.0").raise_for_error()

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import inspect
 import platform
+import types
 from importlib.metadata import version
 
 import pytest
@@ -228,3 +229,17 @@ def test_probe_on_io_thread():
     finally:
         box["loop"].add_callback(box["loop"].stop)
         thread.join(5)
+
+
+def test_probe_control_channel_for_nbdist_messages():
+    """breakpoint() on a rank: nbdist's own message type on the engine's control channel (compat.send_control,
+    compat.add_control_handler); the live round trip is tests/integration/test_breakpoint.py."""
+    from ipykernel.kernelbase import Kernel
+    from ipyparallel import Client
+
+    source = inspect.getsource(Client._send_control_request)
+    assert "_control_stream" in source and "multi_future" in source, "see compat.send_control"
+    assert "control_handlers.get(msg_type" in inspect.getsource(Kernel.process_control), "see compat.add_control_handler"
+    kernel = types.SimpleNamespace(control_handlers={})
+    compat.add_control_handler(kernel, "x_request", print)
+    assert kernel.control_handlers == {"x_request": print}

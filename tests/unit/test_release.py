@@ -196,3 +196,39 @@ def test_torchs_collective_mismatch_becomes_one_line_naming_both_ranks_and_calls
     )
     assert "but rank 0 called broadcast([3] float)" in text
     assert mismatch("some other RuntimeError") == ""
+
+
+def test_time_in_the_debugger_counts_toward_no_timer(clock):
+    """A person at a rank's pdb prompt is not a hang: timeout, grace and watchdog wait, then go on from where
+    they were."""
+    p = policy(clock, grace=1.0, watchdog=5.0, timeout=10.0)
+    clock.advance(8.0)
+    assert p.observe(failed=False, finished=True) is Action.WAIT  # a rank finished at 8 s
+    for _ in range(60):  # ten minutes at the prompt
+        assert p.observe(failed=True, finished=True, paused=True) is Action.WAIT
+        clock.advance(10.0)
+    assert p.released is None
+    assert p.observe(failed=False, finished=True) is Action.WAIT  # out of it at 8 s of the cell's own time
+    clock.advance(1.0)  # 9 s of the cell's own time: timeout (10) and watchdog (8 + 5) not reached
+    assert p.observe(failed=False, finished=True) is Action.WAIT
+    clock.advance(1.5)  # 10.5 s: past the timeout
+    assert p.observe(failed=False, finished=True) is Action.RELEASE
+    assert p.released is Release.TIMEOUT
+
+
+def test_a_failure_while_someone_debugs_gets_its_grace_after_the_debugger(clock):
+    p = policy(clock, grace=1.0)
+    clock.advance(100.0)
+    assert p.observe(failed=True, finished=True, paused=True) is Action.WAIT
+    assert p.observe(failed=True, finished=True) is Action.WAIT  # out of the debugger: the grace starts
+    clock.advance(1.5)
+    assert p.observe(failed=True, finished=True) is Action.RELEASE
+    assert p.released is Release.FAILURE
+
+
+def test_ctrl_c_in_the_debugger_still_releases_and_escalates(clock):
+    p = policy(clock, escalate=3.0)
+    assert p.observe(failed=False, finished=False, paused=True) is Action.WAIT
+    assert p.interrupt() is Action.RELEASE
+    clock.advance(4.0)
+    assert p.observe(failed=False, finished=False, paused=True) is Action.KILL, "a release is never paused"
