@@ -137,8 +137,6 @@ class RankPdb(pdb.Pdb):
             outer.f_trace = self.trace_dispatch
             self.botframe, outer = outer, outer.f_back
         self.interaction(frame, None)
-        if self.quitting:
-            raise bdb.BdbQuit
         if self.breaks or self.last.split(" ", 1)[0] in STEPS:
             sys.settrace(self.trace_dispatch)
 
@@ -154,6 +152,8 @@ class RankPdb(pdb.Pdb):
                 STATE["debugging"] = False
                 LIVE.clear()
                 self._publish("left")
+        if self.quitting:  # what pdb would raise at the next line, saying why
+            raise bdb.BdbQuit(f"q in the debugger on rank {self.rank}: the cell stops here")
 
     def stop_here(self, frame: Any) -> bool:
         """Steps stop in the cell and in what it calls, never in the kernel's machinery that runs between

@@ -127,7 +127,7 @@ def test_q_fails_the_cell_on_that_rank_releases_the_other_and_the_world_works_af
     content, text, asked = kernel.run(STOP_HERE.format(options=""), ["q"])
     assert content["status"] == "error"
     assert asked == ["(Pdb rank 0) "]
-    assert "BdbQuit" in text and "rank 0" in text
+    assert "BdbQuit: q in the debugger on rank 0: the cell stops here" in text
     assert "sum" not in text, "rank 1 never got past the all-reduce: it was released"
     content, text, _ = kernel.run(ALL_REDUCE)
     assert content["status"] == "ok", text
