@@ -17,6 +17,7 @@ __all__ = [
     "RankError",
     "RunTimeout",
     "__version__",
+    "attach",
     "breakpoint",
     "current",
     "load_ipython_extension",
@@ -31,7 +32,7 @@ from .errors import ClusterError, ConfigError, NbdistError, RankError, RunTimeou
 
 def __getattr__(name: str) -> Any:
     # Keep `import nbdist` (and `python -m nbdist.engine`) light: ipyparallel loads on first use.
-    if name in ("Cluster", "start", "current"):
+    if name in ("Cluster", "start", "current", "attach"):
         from . import cluster
 
         return getattr(cluster, name)

@@ -2,14 +2,15 @@
 
 ``nbdist.start(n)`` is equivalent to three steps, each a module with one job:
 
-1. ``EngineSet.start()`` (engines.py): the launcher (launchers.py) starts the controller
+1. ``EngineSet.start()`` (world/engineset.py): the launcher (launch/) starts the controller
    and n engines; ranks 0..n-1 are assigned to the engines that registered;
 2. ``configure_ranks`` (rendezvous.py): each engine gets its rank env, threads and cores;
 3. ``build_world`` (rendezvous.py): the process group is formed and proved; a ``World``.
 
 ``Cluster.run`` hands a cell to ``run.execute`` with this cluster's repair policy as the
 callback: after a release the process group is rebuilt, dead ranks are named (or
-restarted, when asked). ``cluster.last`` is the last run.
+restarted, when asked). ``cluster.last`` is the last run. ``--keep``: the world outlives the
+kernel and ``attach()`` reconnects a new one to it (world/kept.py).
 """
 
 from __future__ import annotations
@@ -29,9 +30,9 @@ from .config import RunConfig, StartConfig, parse_ranks
 from .errors import ClusterError
 from .launch import defaults
 from .launch.hosts import launcher_for
-from .recovery import Recovery, Replay
-from .results import RankStatus, RunResult
-from .world import views
+from .recovery import Recovery, Replay, repair
+from .results import RunResult
+from .world import kept, views
 from .world.engineset import EngineSet, RankInfo
 from .world.rendezvous import World, build_world, choose_backend, configure_ranks, leave_world
 
@@ -44,6 +45,13 @@ def current() -> Cluster:
     if cluster is None or not cluster.running:
         raise ClusterError("no cluster is running; start one with nbdist.start(n=2) or %dist_start -n 2.")
     return cluster
+
+
+def attach(name: str | None = None) -> Cluster:
+    """Reconnect this kernel to a world kept by ``start(keep=...)`` (this user's, this host's, newest or named),
+    proved alive: every rank answers with its rank and pid. Variables, models and process group are as left."""
+    record = kept.find(name)
+    return Cluster(StartConfig(**record.config)).adopt(record)
 
 
 def start(
@@ -90,6 +98,7 @@ class Cluster:
         self.history = History()  # the cells that ran, for %dist_export
         self._workdir = ""
         self._lock = threading.RLock()
+        self.keeper: kept.Keeper | None = None  # --keep: the record %dist_attach reads, the lease kept fresh
 
     # ------------------------------------------------------------------ lifecycle
 
@@ -119,7 +128,26 @@ class Cluster:
         self.startup["total"] = time.perf_counter() - tic
         self.running = True
         _CURRENT = self
+        self._kept()
         return self
+
+    def adopt(self, record: kept.Record) -> Cluster:
+        """Become the cluster of a kept world (``attach``): reconnect, prove it alive, keep its lease fresh."""
+        global _CURRENT
+        self.engines = kept.reconnect(record, self.config, launcher_for(self.config))
+        self._workdir, self.world, self.restarts = record.workdir, World(**record.world), record.restarts
+        self.keeper = kept.Keeper(record.workdir, record.keep_s)
+        self.keeper.record = record  # its start time stays the world's
+        self._kept()
+        self.running = True
+        _CURRENT = self
+        return self
+
+    def _kept(self) -> None:
+        """--keep: write (again, after a restart) what %dist_attach needs, and keep the lease fresh."""
+        if self.config.keep is not None and self.engines is not None and self.world is not None:
+            self.keeper = self.keeper or kept.Keeper(self._workdir, float(self.config.keep))
+            self.keeper.save(self.config, self.world, self.engines, self.restarts)
 
     def _form_world(self, configure: list[RankInfo]) -> None:
         """Configure these ranks' engines, choose the backend and build the world on every rank."""
@@ -151,6 +179,7 @@ class Cluster:
             leave_world(engines)
             self._form_world(replaced)
         self.running = True
+        self._kept()
         return time.perf_counter() - tic
 
     def rebuild_world(self) -> float:
@@ -174,6 +203,9 @@ class Cluster:
         """Stop every engine and the controller this cluster started (by pid), remove its files."""
         global _CURRENT
         self.running = False
+        if self.keeper is not None:
+            self.keeper.forget()
+            self.keeper = None
         if self.engines is not None:
             self.cancelled = self.engines.stop()
         if self._workdir:
@@ -342,41 +374,8 @@ class Cluster:
         )
 
     def _repair(self, result: RunResult, killed: list[int]) -> list[int]:
-        """After a release or a broken collective, make the world usable again and say how in the notes;
-        return the ranks left for automatic recovery (``_after`` recovers them and runs the cell again)."""
-        dead = sorted({r.rank for r in result.ranks if r.status == RankStatus.DEAD} | set(killed))
-        listed = ", ".join(map(str, dead))
-        tic = time.perf_counter()
-        to_recover = self.recovery.wants(result, killed)
-        if to_recover:
-            return to_recover  # recovery.py restarts them, replays the setup cells and runs the cell again
-        if dead and self.recovery.budget and not killed:
-            result.notes.append(
-                f"rank(s) {listed} died and the automatic restarts are spent ({self.recovery.budget} of "
-                f"{self.recovery.budget}); run %dist_restart to bring the world back with the same ranks."
-            )
-        elif dead and not (killed or self.config.auto_restart):
-            result.notes.append(
-                f"rank(s) {listed} died; run %dist_restart to bring the world back with the same ranks."
-            )
-        elif dead:
-            try:
-                self.restart(dead)
-                result.notes.append(
-                    f"rank(s) {listed} did not stop and were restarted with the same rank(s) in "
-                    f"{time.perf_counter() - tic:.1f} s (their variables are gone); the process group was rebuilt."
-                )
-            except Exception as exc:
-                result.notes.append(f"restarting rank(s) {dead} failed ({exc}); run %dist_restart.")
-        elif result.released or any(r.broke_the_world() for r in result.ranks):
-            try:
-                self.rebuild_world()
-                result.notes.append(
-                    f"the process group was rebuilt in {time.perf_counter() - tic:.2f} s; variables on every rank are kept."
-                )
-            except Exception as exc:
-                result.notes.append(f"rebuilding the process group failed ({exc}); run %dist_restart.")
-        return []
+        """After a release or a broken collective, make the world usable again (recovery.repair)."""
+        return repair(result, killed, self.recovery, self.config.auto_restart, self.restart, self.rebuild_world)
 
 
 def _print_line(line: str) -> None:

@@ -111,6 +111,26 @@ def parse_ranks(spec: str | int | list[int] | tuple[int, ...] | range | None, wo
     return sorted(set(items))
 
 
+DURATION = re.compile(r"(?:(\d+(?:\.\d+)?)h)?(?:(\d+(?:\.\d+)?)m)?(?:(\d+(?:\.\d+)?)s?)?")
+KEEP_MAX_S = 7 * 24 * 3600.0  # a kept world's longest idle time: a week
+
+
+def parse_duration(value: str | float, flag: str = "--keep") -> float:
+    """'90', '90s', '30m', '2h', '1h30m' (or a number of seconds) -> seconds, positive and at most a week."""
+    if isinstance(value, int | float) and not isinstance(value, bool):
+        seconds = float(value)
+    else:
+        text = str(value).strip().lower()
+        match = DURATION.fullmatch(text)
+        if not text or match is None or not any(match.groups()):
+            raise ConfigError(f"{flag} {value!r} is not a duration; write e.g. {flag} 30m (s, m or h: 90s, 2h, 1h30m).")
+        h, m, sec = (float(g) if g else 0.0 for g in match.groups())
+        seconds = h * 3600 + m * 60 + sec
+    if not 0 < seconds <= KEEP_MAX_S:
+        raise ConfigError(f"{flag} {value!r} must be more than 0 and at most a week; e.g. {flag} 30m.")
+    return seconds
+
+
 def default_threads(n: int, cores: int | None = None) -> int:
     """Threads per rank so that n ranks share the machine's cores: max(1, cores // n)."""
     cores = cores or os.cpu_count() or 1
@@ -146,6 +166,9 @@ class StartConfig:
     gpus_per_node: int | None = None  # sbatch --gpus-per-node
     sbatch_args: list[str] = field(default_factory=list)  # more sbatch options, e.g. ["--mem=8G"]
     mpi_args: list[str] = field(default_factory=list)  # more mpiexec options, e.g. ["--hostfile", "hosts"]
+    # The world outlives the kernel for at most this long idle (no cell, no client): seconds, or "30m", "2h".
+    # None: it ends with the kernel. %dist_attach in a new kernel reconnects (world/kept.py).
+    keep: float | str | None = None
 
     def __post_init__(self) -> None:
         if isinstance(self.n, bool) or not isinstance(self.n, int):
@@ -168,6 +191,8 @@ class StartConfig:
             raise ConfigError(
                 f"max_restarts ({self.max_restarts!r}) must be a whole number, 0 or more, such as --max-restarts 1."
             )
+        if self.keep is not None:
+            self.keep = parse_duration(self.keep)
         if self.heartbeat_ms < 10:
             raise ConfigError(f"heartbeat_ms ({self.heartbeat_ms}) is too small; use 100 or more.")
         if self.watchdog is not None and self.watchdog <= 0:

@@ -127,3 +127,49 @@ def _restore(replay: Replay, checkpoint: dict[str, Any] | None) -> int | None:
         except Exception as exc:
             raise ClusterError(f"automatic recovery: rank {rank} could not load {checkpoint['path']}: {exc}") from exc
     return steps[0]
+
+
+def repair(
+    result: RunResult,
+    killed: list[int],
+    recovery: Recovery,
+    auto_restart: bool,
+    restart: Callable[[list[int]], float],
+    rebuild: Callable[[], float],
+) -> list[int]:
+    """After a release or a broken collective, make the world usable again and say how in the notes;
+    return the ranks left for automatic recovery (the Cluster's ``_after`` recovers them and runs the cell
+    again). ``restart`` and ``rebuild`` are the Cluster's."""
+    dead = sorted({r.rank for r in result.ranks if r.status == RankStatus.DEAD} | set(killed))
+    listed = ", ".join(map(str, dead))
+    tic = time.perf_counter()
+    to_recover = recovery.wants(result, killed)
+    if to_recover:
+        return to_recover  # Recovery.recover restarts them, replays the setup cells and runs the cell again
+    if dead and recovery.budget and not killed:
+        result.notes.append(
+            f"rank(s) {listed} died and the automatic restarts are spent ({recovery.budget} of "
+            f"{recovery.budget}); run %dist_restart to bring the world back with the same ranks."
+        )
+    elif dead and not (killed or auto_restart):
+        result.notes.append(
+            f"rank(s) {listed} died; run %dist_restart to bring the world back with the same ranks."
+        )
+    elif dead:
+        try:
+            restart(dead)
+            result.notes.append(
+                f"rank(s) {listed} did not stop and were restarted with the same rank(s) in "
+                f"{time.perf_counter() - tic:.1f} s (their variables are gone); the process group was rebuilt."
+            )
+        except Exception as exc:
+            result.notes.append(f"restarting rank(s) {dead} failed ({exc}); run %dist_restart.")
+    elif result.released or any(r.broke_the_world() for r in result.ranks):
+        try:
+            rebuild()
+            result.notes.append(
+                f"the process group was rebuilt in {time.perf_counter() - tic:.2f} s; variables on every rank are kept."
+            )
+        except Exception as exc:
+            result.notes.append(f"rebuilding the process group failed ({exc}); run %dist_restart.")
+    return []

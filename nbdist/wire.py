@@ -7,3 +7,5 @@ CHECKPOINT = "nbdist.checkpoint"  # the cell's last save_checkpoint: its path an
 PDB = "application/vnd.nbdist.pdb+json"  # a display: a rank's live debugger printed this (and prompts, or left)
 PDB_REQUEST = "nbdist_pdb_request"  # control channel, notebook -> rank: a line typed for its debugger
 PDB_REPLY = "nbdist_pdb_reply"  # its answer: {"status": "ok"} or {"status": "refused", "why": ...}
+KEEP_ENV = "NBDIST_KEEP_S"  # in a kept world's processes: seconds of idleness it outlives the kernel by
+LEASE = "lease"  # in a kept world's directory: its modification time is the world's last sign of life

@@ -147,3 +147,42 @@ def check_ddp_against_one_process(cluster) -> None:
     # Only float32 summation order differs, so a few ulps: 1e-6 absolute.
     for p_ddp, p_ref in zip(replicas[0], model.parameters(), strict=True):
         torch.testing.assert_close(p_ddp, p_ref.detach(), rtol=0, atol=1e-6)
+
+
+class Kernel:
+    """One IPython kernel driven as a notebook front end drives it."""
+
+    def __init__(self, env: dict[str, str] | None = None) -> None:
+        from jupyter_client.manager import start_new_kernel
+
+        self.km, self.kc = start_new_kernel(kernel_name="python3", **({"env": env} if env else {}))
+
+    def run(self, code: str, answers: list | None = None, timeout: float = 120) -> tuple[dict, str, list[str]]:
+        """Run a cell; answer each input request with the next of ``answers`` (a string, or a callable that
+        acts, then returns what to type or None); the reply's content, the text shown, the prompts asked."""
+        answers = list(answers or [])
+        shown: list[str] = []
+        asked: list[str] = []
+
+        def output(msg: dict) -> None:
+            if msg["msg_type"] == "stream":
+                shown.append(msg["content"]["text"])
+            elif msg["msg_type"] == "error":
+                shown.append("\n".join(msg["content"]["traceback"]))
+
+        def stdin(msg: dict) -> None:
+            asked.append(msg["content"]["prompt"])
+            answer = answers.pop(0) if answers else "c"
+            answer = answer() if callable(answer) else answer  # acts first; None: nothing typed
+            if answer is not None:
+                self.kc.input(answer)
+
+        reply = self.kc.execute_interactive(
+            code, timeout=timeout, output_hook=output, stdin_hook=stdin, allow_stdin=True
+        )
+        return reply["content"], "".join(shown), asked
+
+    def close(self) -> None:
+        self.kc.stop_channels()
+        self.km.shutdown_kernel(now=True)
+        self.km.cleanup_resources()

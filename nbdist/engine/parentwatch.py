@@ -6,14 +6,22 @@ launcher passes the kernel's pid in NBDIST_PARENT_PID; when our parent pid is no
 longer that pid (we were re-parented because it died), we end the processes we
 started ourselves (the controller forks its heart monitor) and exit at once.
 Processes forked from a watched process watch their own parent the same way.
+
+A kept world (``%dist_start --keep``: NBDIST_KEEP_S in the environment) outlives the kernel: each
+process then waits until the cluster's lease file (NBDIST_CLUSTER_DIR/lease) has not been touched for
+NBDIST_KEEP_S seconds, and only then leaves. The attached kernel touches it every few seconds, and
+so does an engine while it runs a cell: the timer runs in the world, not in the kernel.
 """
 
 from __future__ import annotations
 
 import os
+import sys
 import threading
 import time
 from collections.abc import Callable
+
+from .. import wire
 
 ENV = "NBDIST_PARENT_PID"
 _FORK_HOOK = False
@@ -52,8 +60,7 @@ def watch_process(pid: int, interval: float = 0.5) -> threading.Thread | None:
         while True:
             time.sleep(interval)
             if _start_time(pid) != born:
-                _end_children()
-                os._exit(70)
+                _leave(None)
 
     thread = threading.Thread(target=_watch, name="nbdist-kernel-watch", daemon=True)
     thread.start()
@@ -83,17 +90,69 @@ def _start(parent: int, interval: float, on_exit: Callable[[], None] | None) -> 
         while True:
             time.sleep(interval)
             if os.getppid() != parent:
-                if on_exit is not None:
-                    try:
-                        on_exit()
-                    except Exception:
-                        pass
-                _end_children()
-                os._exit(70)
+                _leave(on_exit)
 
     thread = threading.Thread(target=_watch, name="nbdist-parent-watch", daemon=True)
     thread.start()
     return thread
+
+
+def _leave(on_exit: Callable[[], None] | None) -> None:
+    """The kernel is gone: end this process (after ``on_exit`` and its children), at once, or in a kept
+    world once it has been idle for its time."""
+    wait_while_kept()
+    if on_exit is not None:
+        try:
+            on_exit()
+        except Exception:
+            pass
+    _end_children()
+    os._exit(70)
+
+
+def keep_world(directory: str, keep_s: float) -> None:
+    """This process belongs to a world kept for ``keep_s`` idle seconds (its lease in ``directory``): run on
+    every rank when the world is kept (an engine forked from the warm process has the warm process's
+    environment, not the launcher's)."""
+    os.environ[wire.KEEP_ENV] = str(float(keep_s))
+    os.environ["NBDIST_CLUSTER_DIR"] = directory
+
+
+def wait_while_kept(interval: float = 0.5) -> None:
+    """In a kept world, return once its lease is older than NBDIST_KEEP_S (or gone: the world was stopped);
+    touch the lease meanwhile while this engine runs a cell. Elsewhere, return at once."""
+    try:
+        keep = float(os.environ.get(wire.KEEP_ENV) or 0)
+    except ValueError:
+        keep = 0.0
+    directory = os.environ.get("NBDIST_CLUSTER_DIR", "")
+    if keep <= 0 or not directory:
+        return
+    lease = os.path.join(directory, wire.LEASE)
+    while True:
+        state = sys.modules.get("nbdist.engine.state")  # an engine: is a cell running? (not imported elsewhere)
+        if state is not None and state.STATE.get("busy_since") is not None:
+            touch(lease)
+        try:
+            idle = time.time() - os.stat(lease).st_mtime
+        except OSError:
+            return
+        if idle > keep:
+            return
+        time.sleep(min(interval, keep - idle + 0.05))
+
+
+def touch(path: str) -> None:
+    """Mark a sign of life on a lease (created 0600 if missing)."""
+    try:
+        os.utime(path)
+    except FileNotFoundError:
+        try:
+            os.close(os.open(path, os.O_WRONLY | os.O_CREAT, 0o600))
+        except OSError:
+            pass
+    except OSError:
+        pass
 
 
 def _end_children() -> None:

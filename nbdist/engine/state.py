@@ -34,3 +34,10 @@ def at_cell_end(fn: Any) -> None:
     """Call ``fn()`` at the end of every cell from now on (once, however often it is registered)."""
     if fn not in CELL_END:
         CELL_END.append(fn)
+
+
+def whoami() -> tuple[int | None, int]:
+    """This engine's rank and pid, asked now (a kept world proves itself alive with them)."""
+    import os
+
+    return STATE["rank"], os.getpid()

@@ -154,9 +154,10 @@ class _ManyHosts(Launcher):
             engines=self.engine_set(),
             log=IPP_LOG,
             load_profile=False,
+            shutdown_atexit=config.keep is None,  # a kept world outlives the kernel's exit (a restart)
         )
         secure_controller(profile_dir)
-        env = procs.process_env(config.threads or 1)
+        env = procs.process_env(config.threads or 1, config.keep)
         env.update(
             NBDIST_CONTROLLER_IP=self.ip,
             NBDIST_CLUSTER_DIR=workdir,  # this cluster's directory (under workdir_base)

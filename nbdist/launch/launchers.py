@@ -105,9 +105,10 @@ class LocalLauncher(Launcher):
             engines=WarmEngineSetLauncher,
             log=IPP_LOG,
             load_profile=False,
+            shutdown_atexit=config.keep is None,  # a kept world outlives the kernel's exit (a restart)
         )
         secure_controller(profile_dir)
-        env = procs.process_env(config.threads or 1)
+        env = procs.process_env(config.threads or 1, config.keep)
         c = cluster.config
         c.LocalControllerLauncher.controller_cmd = [sys.executable, "-m", "nbdist.engine.controller"]
         c.LocalEngineSetLauncher.engine_cmd = list(ENGINE_CMD)

@@ -9,7 +9,7 @@ from __future__ import annotations
 import os
 from typing import Any
 
-from .. import compat
+from .. import compat, wire
 
 
 def alive(pid: int) -> bool:
@@ -92,12 +92,16 @@ def reap(pids: list[int], timeout: float = 3.0) -> None:
     psutil.wait_procs(left, timeout=timeout)
 
 
-def process_env(threads: int) -> dict[str, str]:
+def process_env(threads: int, keep: float | str | None = None) -> dict[str, str]:
     """What every process nbdist starts (controller, engines, the warm process) gets on top of the kernel's
-    environment: the kernel's pid to watch, threads per rank, unbuffered output."""
-    return {
+    environment: the kernel's pid to watch, threads per rank, unbuffered output; ``keep``: the seconds of
+    idleness a kept world outlives the kernel by (engine/parentwatch.py)."""
+    env = {
         "NBDIST_PARENT_PID": str(os.getpid()),
         "OMP_NUM_THREADS": str(threads),
         "NUMBA_NUM_THREADS": str(threads),
         "PYTHONUNBUFFERED": "1",
     }
+    if keep is not None:
+        env[wire.KEEP_ENV] = str(float(keep))
+    return env

@@ -1,6 +1,6 @@
 """IPython magics: parse the line, build a config, call the API. Nothing else.
 
-%dist_start, %dist_status, %dist_where, %dist_restart, %dist_stop, %%distributed, %%rank,
+%dist_start, %dist_attach, %dist_status, %dist_where, %dist_restart, %dist_stop, %%distributed, %%rank,
 %dist_mode, %dist_push, %dist_pull; %dist_run and %dist_export live in scripts.py.
 """
 
@@ -94,6 +94,13 @@ class DistMagics(Magics):
         action="store_true",
         help="check every collective across ranks (TORCH_DISTRIBUTED_DEBUG=DETAIL): a mismatch fails instead of hanging",
     )
+    @argument(
+        "--keep",
+        default=None,
+        metavar="DURATION",
+        help="the ranks outlive this kernel for at most DURATION idle (30m, 2h); %%dist_attach in a new kernel "
+        "reconnects (default: they end with the kernel)",
+    )
     @line_magic
     def dist_start(self, line: str = "") -> None:
         """Start n ranked engines with an initialised torch.distributed world."""
@@ -124,13 +131,29 @@ class DistMagics(Magics):
         )
 
     @magic_arguments()
+    @argument("name", nargs="?", default=None, metavar="NAME", help="the kept world (default: the newest)")
+    @line_magic
+    def dist_attach(self, line: str = "") -> None:
+        """Reconnect this kernel to a world kept by %dist_start --keep (yours, on this host), proved alive."""
+        args = parse(self.dist_attach, line)
+        cluster = call(lambda: api.attach(args.name))
+        assert cluster.keeper is not None and cluster.keeper.record is not None
+        print(
+            f"attached to {cluster.keeper.record.name}: {cluster.world_size} ranks, backend {cluster.backend}; every "
+            "rank answered with its pid just now. Variables, models and the process group are as they were left."
+        )
+
+    @magic_arguments()
     @argument("--all", action="store_true", help=f"one row per rank, also above {GROUP_ABOVE} ranks")
     @line_magic
     def dist_status(self, line: str = "") -> None:
         """Show rank, engine id, host, pid, device (and GPU: name, memory held), backend and state of each rank;
         above GROUP_ABOVE ranks, one line per kind of rank (``--all``: every row)."""
         args = parse(self.dist_status, line)
-        rows = call(lambda: api.current().status())
+        cluster = call(api.current)
+        rows = call(cluster.status)
+        if cluster.keeper is not None:
+            print(cluster.keeper.describe())
         if len(rows) > GROUP_ABOVE and not args.all:
             for text in views.summary(rows):
                 print(text)

@@ -64,6 +64,8 @@ class EngineSet:
         self.client: Any = None
         self._ipp: Any = None
         self._views: dict[tuple[int, ...], Any] = {}
+        self.kept_pids: list[int] = []  # reattached to a kept world (kept.py): its controller and what it started
+        self.kept_jobs: list[str] = []  # and the batch jobs it runs in
 
     # ------------------------------------------------------------------ processes
 
@@ -126,7 +128,7 @@ class EngineSet:
 
     def job_ids(self) -> list[str]:
         """The batch jobs (Slurm job ids) this set submitted."""
-        return self.launcher.job_ids(self._launchers())
+        return self.launcher.job_ids(self._launchers()) or list(self.kept_jobs)
 
     def _check_preflight(self) -> None:
         """Fail with the first line an engine wrote when it could not reach the controller (engine/__main__.py)."""
@@ -225,7 +227,7 @@ class EngineSet:
 
     def pids(self) -> list[int]:
         """Process ids, on this host, of the controller and engines this set started, and their children."""
-        pids = [r.pid for r in self.ranks if r.pid and r.local]
+        pids = [r.pid for r in self.ranks if r.pid and r.local] + self.kept_pids
         if self._ipp is not None:
             pids.extend(el.pid for el in self._launchers() if getattr(el, "pid", None))
             controller = self._ipp.controller

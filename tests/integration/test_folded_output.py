@@ -17,6 +17,7 @@ from tests.helpers import run_cell
 
 TQDM = (
     "from tqdm import tqdm\n"
+    "dist.barrier()  # the ranks start their loops together: what is tested is the folding, not the launch order\n"
     "for _ in tqdm(range(200), desc='train', mininterval=0.01):\n"
     "    sum(range(2000))\n"
     "print('after')\n"

@@ -255,6 +255,39 @@ def test_engines_that_lose_the_controller_end_by_themselves(slurm):
     assert wait_gone(info["pids"], 30) == [], "engines must end within 30 s of losing the controller"
 
 
+KEPT = textwrap.dedent(
+    """
+    import json, sys, time, nbdist
+    c = nbdist.start(n=2, launcher="slurm", nodes=2, timeout=90, keep=KEEP)
+    c.run("kept_value = 1000 + dist.get_rank()").raise_for_error()
+    print(json.dumps({"pids": [r.pid for r in c.ranks], "jobs": c.engines.job_ids(), "dir": c.engines.workdir}),
+          flush=True)
+    time.sleep(600)
+    """
+)
+
+
+def test_a_kept_slurm_world_is_attached_from_another_process_and_its_job_ends_by_itself(slurm, tmp_path, monkeypatch):
+    """--keep with the slurm launcher: the kernel dies, another process attaches to the ranks on the nodes and
+    finds their variables; a second kept world, left idle, ends by itself and its job is cancelled (by id)."""
+    monkeypatch.setenv("NBDIST_KEPT_DIR", str(tmp_path / "kept"))
+    info = _start_and_kill_kernel(KEPT.replace("KEEP", "20"))
+    try:
+        assert slurm.jobs() == info["jobs"], "kept: its job still runs after the kernel died"
+        cluster = nbdist.attach()
+        assert sorted({r.host for r in cluster.ranks}) == sorted(NODES), "the ranks on both nodes, found again"
+        result = cluster.run("t = torch.ones(1) * kept_value\ndist.all_reduce(t)\nsummed = t.item()")
+        result.raise_for_error()
+        assert cluster.pull("summed") == [2001.0, 2001.0]
+        cluster.stop()
+        assert slurm.wait_empty(30) == [], "%dist_stop in the attached process cancels the kept job"
+        idle = _start_and_kill_kernel(KEPT.replace("KEEP", "3"))
+        assert slurm.jobs() == idle["jobs"], "kept: its job still runs after the kernel died"
+        assert slurm.wait_empty(60) == [], "the idle kept world cancels its own job"
+    finally:
+        slurm.cancel_all_jobs()
+
+
 PENDING = textwrap.dedent(
     """
     import nbdist

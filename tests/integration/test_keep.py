@@ -1,0 +1,124 @@
+"""A world kept past its kernel (%dist_start --keep) and attached to from a new one (%dist_attach), with real
+kernels (jupyter_client, as JupyterLab restarts them) and a real 2-rank cluster; its end by itself after its
+idle time; and the bad input. Without --keep, a dying kernel still ends everything:
+test_lifecycle.py::test_fault5_engines_and_controller_end_with_the_kernel.
+
+Time bounds here catch hangs only."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import time
+
+import pytest
+
+import nbdist
+from nbdist.errors import ConfigError
+from nbdist.launch import procs
+from tests.helpers import Kernel, wait_gone
+
+START = """
+%load_ext nbdist
+%dist_start -n 2 --keep {keep}
+import json, nbdist
+print(json.dumps(nbdist.current().pids()))
+"""
+
+
+@pytest.fixture
+def kept_dir(tmp_path, monkeypatch):
+    path = tmp_path / "kept"
+    monkeypatch.setenv("NBDIST_KEPT_DIR", str(path))
+    return path
+
+
+def start_kept(kept_dir, keep: str) -> tuple[Kernel, list[int]]:
+    kernel = Kernel(env={**os.environ, "NBDIST_KEPT_DIR": str(kept_dir)})
+    content, text, _ = kernel.run(START.format(keep=keep))
+    assert content["status"] == "ok", text
+    return kernel, json.loads(text.strip().splitlines()[-1])
+
+
+def test_a_kept_world_outlives_a_kernel_restart_and_a_new_kernel_finds_it_as_it_was(kept_dir):
+    kernel, pids = start_kept(kept_dir, "60")
+    try:
+        content, text, _ = kernel.run("%%distributed\nkept_value = 1000 + dist.get_rank()\nlayer = torch.nn.Linear(2, 2)")
+        assert content["status"] == "ok", text
+        (record,) = kept_dir.glob("*.json")
+        assert oct(record.stat().st_mode & 0o777) == "0o600" and oct(kept_dir.stat().st_mode & 0o777) == "0o700"
+        kernel.km.restart_kernel(now=False)  # JupyterLab's "Restart kernel": a clean exit, atexit handlers run
+        time.sleep(1.0)
+        assert [p for p in pids if not procs.alive(p)] == [], "a process of the kept world ended with the kernel"
+        content, text, _ = kernel.run("%load_ext nbdist\n%dist_attach\n%dist_status")
+        assert content["status"] == "ok", text
+        assert f"attached to {record.stem}: 2 ranks, backend gloo" in text
+        assert f"kept world {record.stem}" in text and "at most 60 s idle" in text, "%dist_status shows age and limit"
+        cell = "%%distributed\nt = torch.ones(1) * kept_value\ndist.all_reduce(t)\nprint('sum', t.item(), tuple(layer.weight.shape))"
+        content, text, _ = kernel.run(cell)
+        assert content["status"] == "ok", text
+        assert "[ranks 0,1] sum 2001.0 (2, 2)" in text, "variables, a model and the process group as left"
+        content, text, _ = kernel.run("%dist_stop")
+        assert content["status"] == "ok", text
+        assert wait_gone(pids, 30) == [], "%dist_stop in the attached kernel ends the kept world"
+        assert not record.exists(), "and its record"
+    finally:
+        kernel.close()
+        procs.kill([p for p in pids if procs.alive(p)])
+
+
+def test_a_kept_world_ends_by_itself_once_idle_for_its_time_and_then_cannot_be_attached(kept_dir):
+    kernel, pids = start_kept(kept_dir, "5s")
+    try:
+        os.kill(kernel.km.provisioner.pid, signal.SIGKILL)  # the kernel dies: the idle time starts
+        time.sleep(2.0)
+        assert [p for p in pids if not procs.alive(p)] == [], "ended before its idle time"
+        assert wait_gone(pids, 30) == [], "the kept world outlived its idle time"
+        with pytest.raises(ConfigError, match=r"the kept world nbdist-\w+ \(ended at [\d:]+\) ran out of time"):
+            nbdist.attach()
+        assert list(kept_dir.glob("*.json")) == [], "the stale record went with the world"
+    finally:
+        kernel.close()
+        procs.kill([p for p in pids if procs.alive(p)])
+
+
+def test_attach_with_nothing_kept_or_a_world_of_another_user_says_so(kept_dir, ip):
+    from IPython.core.error import UsageError
+
+    with pytest.raises(ConfigError, match=r"no world is kept in .*kept; start one with %dist_start -n 2 --keep 30m"):
+        nbdist.attach()
+    ip.run_line_magic("load_ext", "nbdist")
+    with pytest.raises(UsageError, match="no world named 'nbdist-x' is kept"):
+        ip.run_line_magic("dist_attach", "nbdist-x")
+    if os.getuid() != 0:
+        pytest.skip("giving a record to another user needs root (chown)")
+    kept_dir.mkdir(exist_ok=True)
+    other = kept_dir / "nbdist-other.json"
+    other.write_text("{}")
+    os.chown(other, 65534, 65534)
+    with pytest.raises(ConfigError, match=r"belongs to user \w+, not to you .* only the user who started a world"):
+        nbdist.attach()
+
+
+def test_keep_that_does_not_parse_is_named_with_an_example():
+    from nbdist.config import StartConfig
+
+    with pytest.raises(ConfigError, match=r"--keep '5x' is not a duration; write e.g. --keep 30m"):
+        StartConfig(keep="5x")
+    with pytest.raises(ConfigError, match=r"--keep '0' must be more than 0 and at most a week"):
+        StartConfig(keep="0")
+    assert StartConfig(keep="1h30m").keep == 5400.0
+
+
+def test_attach_proves_the_world_alive_rank_by_rank_instead_of_trusting_its_record(kept_dir):
+    from nbdist.errors import ClusterError
+
+    with nbdist.start(n=2, keep="60") as cluster:
+        (record,) = kept_dir.glob("*.json")
+        assert json.loads(record.read_text())["keep_s"] == 60.0
+        victim = cluster.engines.ranks[1].pid
+        os.kill(victim, signal.SIGKILL)
+        assert wait_gone([victim], 10) == []
+        with pytest.raises(ClusterError, match=rf"{record.stem} (did not answer as recorded|.*are gone from)"):
+            nbdist.attach()
