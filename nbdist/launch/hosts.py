@@ -137,7 +137,7 @@ class _ManyHosts(Launcher):
             f"with --ip (this host has: {net.describe()})."
         )
 
-    def cluster(self, config: StartConfig, profile_dir: str) -> Any:
+    def cluster(self, config: StartConfig, profile_dir: str, fresh: bool = True) -> Any:
         import ipyparallel as ipp
 
         self.ip = self.controller_ip(config)
@@ -156,7 +156,8 @@ class _ManyHosts(Launcher):
             load_profile=False,
             shutdown_atexit=config.keep is None,  # a kept world outlives the kernel's exit (a restart)
         )
-        secure_controller(profile_dir)
+        if fresh:
+            secure_controller(profile_dir)
         env = procs.process_env(config.threads or 1, config.keep)
         env.update(
             NBDIST_CONTROLLER_IP=self.ip,

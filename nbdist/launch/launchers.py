@@ -41,8 +41,9 @@ class Launcher:
         """Engines may run on other hosts: no local pids, signals go through ipyparallel."""
         return self.spec.multi_host
 
-    def cluster(self, config: StartConfig, profile_dir: str) -> Any:
-        """An ipyparallel.Cluster, configured but not started, for ``config.n`` engines."""
+    def cluster(self, config: StartConfig, profile_dir: str, fresh: bool = True) -> Any:
+        """An ipyparallel.Cluster, configured but not started, for ``config.n`` engines (``fresh``: with a new
+        controller's keys; False: for engines of a controller already running on this profile)."""
         raise NotImplementedError
 
     def master_address(self, rank0_addr: str) -> str:
@@ -85,7 +86,7 @@ class LocalLauncher(Launcher):
     def __init__(self) -> None:
         self._server: int | None = None  # a fork server this start began itself (pool.py)
 
-    def cluster(self, config: StartConfig, profile_dir: str) -> Any:
+    def cluster(self, config: StartConfig, profile_dir: str, fresh: bool = True) -> Any:
         import ipyparallel as ipp
 
         # No warm process for these engines yet (a script, a first start with other settings): begin
@@ -107,7 +108,8 @@ class LocalLauncher(Launcher):
             load_profile=False,
             shutdown_atexit=config.keep is None,  # a kept world outlives the kernel's exit (a restart)
         )
-        secure_controller(profile_dir)
+        if fresh:
+            secure_controller(profile_dir)
         env = procs.process_env(config.threads or 1, config.keep)
         c = cluster.config
         c.LocalControllerLauncher.controller_cmd = [sys.executable, "-m", "nbdist.engine.controller"]

@@ -190,34 +190,35 @@ def reconnect(record: Record, config: StartConfig, launcher: Launcher) -> Engine
     """Connect a new client to the kept world and prove every rank alive: it answers with its rank and pid."""
     from ipyparallel import Client
 
-    engines = EngineSet(config, launcher, record.workdir)
     try:
-        engines.client = Client(record.connection)
+        client = Client(record.connection)
     except Exception as exc:
         raise ClusterError(f"cannot reach the kept world {record.name} ({type(exc).__name__}: {exc}).") from exc
-    compat.drop_unreadable_messages(engines.client)
-    engines.ranks = [RankInfo(**r) for r in record.ranks]
-    engines.kept_pids = [int(pid) for pid, born in record.procs if _alive(pid, born)]
-    engines.kept_jobs = list(record.jobs)
-    ids = [r.engine_id for r in engines.ranks]
-    missing = [r.rank for r in engines.ranks if r.engine_id not in engines.client.ids]
+    compat.drop_unreadable_messages(client)
+    ranks = [RankInfo(**r) for r in record.ranks]
+    missing = [r.rank for r in ranks if r.engine_id not in client.ids]
     try:
         if missing:
             raise ClusterError(f"rank(s) {missing} of the kept world {record.name} are gone from its controller")
-        answers = engines.client[ids].apply_async(state.whoami).get(timeout=PROVE_S)
+        answers = client[[r.engine_id for r in ranks]].apply_async(state.whoami).get(timeout=PROVE_S)
     except Exception as exc:
-        engines.client.close(linger=0)
+        client.close(linger=0)
         raise ClusterError(
             f"the kept world {record.name} did not answer as recorded ({exc}); stop it by starting a new one "
             "(%dist_start), or wait for its idle time to end it."
         ) from None
-    for info, (rank, pid) in zip(engines.ranks, answers, strict=True):
+    for info, (rank, pid) in zip(ranks, answers, strict=True):
         if rank != info.rank or (info.local and pid != info.pid):
-            engines.client.close(linger=0)
+            client.close(linger=0)
             raise ClusterError(
                 f"engine {info.engine_id} of the kept world answered as rank {rank} (pid {pid}), not as rank "
                 f"{info.rank} (pid {info.pid}); it is not the world that was kept."
             )
+    engines = EngineSet(config, launcher, record.workdir)
+    cluster_id = os.path.basename(record.connection).removeprefix("ipcontroller-").removesuffix("-client.json")
+    engines.adopt(client, ranks, cluster_id)  # %dist_restart starts engines for its controller from here
+    engines.kept_pids = [int(pid) for pid, born in record.procs if _alive(pid, born)]
+    engines.kept_jobs = list(record.jobs)
     return engines
 
 

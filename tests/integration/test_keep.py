@@ -122,3 +122,25 @@ def test_attach_proves_the_world_alive_rank_by_rank_instead_of_trusting_its_reco
         assert wait_gone([victim], 10) == []
         with pytest.raises(ClusterError, match=rf"{record.stem} (did not answer as recorded|.*are gone from)"):
             nbdist.attach()
+
+
+def test_an_attached_kernel_restarts_a_dead_rank_of_the_kept_world_and_stop_ends_everything(kept_dir):
+    cluster = nbdist.start(n=2, keep="60")
+    first = cluster.pids()
+    try:
+        cluster.run("kept_value = 1000 + dist.get_rank()").raise_for_error()
+        again = nbdist.attach()  # a second client, as a new kernel would have
+        old = again.engines.ranks[1].pid
+        os.kill(old, signal.SIGKILL)
+        assert wait_gone([old], 10) == []
+        again.restart([1])
+        assert again.engines.ranks[1].pid not in (0, old)
+        assert again.pull("kept_value", ranks=[0]) == [1000], "rank 0 kept its variables"
+        assert again.run("t = torch.ones(1)\ndist.all_reduce(t)\nassert t.item() == 2.0").ok
+        (record,) = kept_dir.glob("*.json")
+        assert again.engines.ranks[1].pid in [r["pid"] for r in json.loads(record.read_text())["ranks"]]
+        everything = again.pids()
+        again.stop()
+        assert wait_gone(sorted(set(everything) | set(first) - {old}), 30) == []
+    finally:
+        procs.kill([p for p in cluster.pids() if procs.alive(p)])
