@@ -183,7 +183,7 @@ class RankPdb(pdb.Pdb):
                     break
         except KeyboardInterrupt:  # the cell was stopped: leave the debugger and fail the cell here
             line = "q"
-        self.last = line.strip()
+        self.last = line.strip() or self.last  # an empty line repeats the last command, as in pdb
         return line + "\n"
 
     def _publish(self, state: str) -> None:
