@@ -192,9 +192,14 @@ class RankPdb(pdb.Pdb):
             text = text[: -len(self.prompt)]
         self.out.seek(0)
         self.out.truncate()
-        from IPython.display import publish_display_data
+        _tell(state, self.rank, text, self.prompt)
 
-        publish_display_data({wire.PDB: {"state": state, "rank": self.rank, "text": text, "prompt": self.prompt}})
+
+def _tell(state: str, rank: int, text: str = "", prompt: str = "") -> None:
+    """Tell the notebook (cells/pdbrelay.py) this rank's debugger prompts or left, with what it printed."""
+    from IPython.display import publish_display_data
+
+    publish_display_data({wire.PDB: {"state": state, "rank": rank, "text": text, "prompt": prompt}})
 
 
 def in_cell(filename: str) -> bool:
@@ -239,6 +244,4 @@ def cell_over() -> None:
         sys.settrace(None)
         STATE["debugging"] = False
         LIVE.clear()
-        from IPython.display import publish_display_data
-
-        publish_display_data({wire.PDB: {"state": "left", "rank": STATE["rank"], "text": "", "prompt": ""}})
+        _tell("left", STATE["rank"])

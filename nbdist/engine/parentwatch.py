@@ -52,14 +52,14 @@ def watch_process(pid: int, interval: float = 0.5) -> threading.Thread | None:
     For engines forked by the warm process (engine/warm.py): their parent is that server,
     but what they must not outlive is the kernel. The pid is checked with its start time,
     so a new process that reuses it does not keep us alive."""
-    born = _start_time(pid)
+    born = start_time(pid)
     if born is None:
         return None
 
     def _watch() -> None:
         while True:
             time.sleep(interval)
-            if _start_time(pid) != born:
+            if start_time(pid) != born:
                 _leave(None)
 
     thread = threading.Thread(target=_watch, name="nbdist-kernel-watch", daemon=True)
@@ -67,7 +67,7 @@ def watch_process(pid: int, interval: float = 0.5) -> threading.Thread | None:
     return thread
 
 
-def _start_time(pid: int) -> int | None:
+def start_time(pid: int) -> int | None:
     """The process's start time in clock ticks since boot (None: gone, or a zombie)."""
     try:
         with open(f"/proc/{pid}/stat", "rb") as fh:

@@ -105,7 +105,7 @@ class Keeper:
             config=dataclasses.asdict(config),
             world=dataclasses.asdict(world),
             ranks=[dataclasses.asdict(r) for r in engines.ranks],
-            procs=[[pid, born] for pid in engines.pids() if pid not in ranks and (born := _born(pid)) is not None],
+            procs=[[pid, born] for pid in engines.pids() if pid not in ranks and (born := parentwatch.start_time(pid)) is not None],
             jobs=engines.job_ids(),
             restarts=restarts,
         )
@@ -222,17 +222,9 @@ def reconnect(record: Record, config: StartConfig, launcher: Launcher) -> Engine
     return engines
 
 
-def _born(pid: int) -> float | None:
-    import psutil
-
-    try:
-        return float(psutil.Process(pid).create_time())
-    except psutil.Error:
-        return None
-
-
 def _alive(pid: float, born: float) -> bool:
-    return _born(int(pid)) == born
+    """The process recorded is still there: the same pid and start time (a reused pid is not it)."""
+    return parentwatch.start_time(int(pid)) == born
 
 
 def _user(uid: int) -> str:
