@@ -54,7 +54,8 @@ def apply_ddp(
             raise ConfigError("pass either compression= or comm_hook=, not both.")
         from ..compression import make_hook
 
-        comm_hook, hook_state = make_hook(compression)
+        # the hook talks to DDP's own group (a subgroup, or one row of a mesh), not to every rank
+        comm_hook, hook_state = make_hook(compression, process_group=ddp_kwargs.get("process_group"))
     if not dist.is_initialized():
         raise ConfigError("apply_ddp needs a process group; run it in a %%distributed cell after %dist_start.")
     if dist.get_debug_level() == dist.DebugLevel.DETAIL and dist.get_backend() == "gloo":

@@ -380,6 +380,36 @@ def test_compressed_ddp_publishes_the_hook_records_as_step_metrics(cluster):
         assert rows[-1]["comm/ratio"] > 4  # top-10%: values + int32 indices, 5x fewer bytes
 
 
+def test_a_compressed_ddp_in_a_subgroup_reduces_in_that_group_only(cluster):
+    # Each rank alone in its own group: the compression hook must use DDP's group (world 1, the
+    # rank's own gradient), not the default group (which would average the two ranks' gradients).
+    cluster.run(SETUP).raise_for_error()
+    cluster.run(
+        textwrap.dedent(
+            """
+            from nbdist.parallel import apply_ddp
+            alone = [dist.new_group([0]), dist.new_group([1])][dist.get_rank()]
+            model = apply_ddp(make_model(), compression="fp16", process_group=alone)
+            x, y = make_data()[dist.get_rank() * 4:(dist.get_rank() + 1) * 4]   # different data on each rank
+            for step in range(3):   # the hook compresses from its third step (two warm-up steps)
+                model.zero_grad()
+                torch.nn.functional.mse_loss(model(x), y).backward()
+            ref = make_model()
+            ref.load_state_dict(model.module.state_dict())
+            torch.nn.functional.mse_loss(ref(x), y).backward()
+            mine = torch.cat([p.grad.flatten() for p in model.parameters()])
+            local_grad = torch.cat([p.grad.flatten() for p in ref.parameters()])
+            world_seen = model.compression_state.process_group.size()
+            """
+        )
+    ).raise_for_error()
+    mine, local_grad, world_seen = (cluster.pull(n) for n in ("mine", "local_grad", "world_seen"))
+    assert world_seen == [1, 1]
+    for rank in (0, 1):
+        torch.testing.assert_close(mine[rank], local_grad[rank], rtol=1e-3, atol=1e-4)  # fp16 rounding
+    assert not torch.allclose(local_grad[0], local_grad[1], atol=1e-3)  # so an average would have shown
+
+
 def test_powersgd_steps_report_their_time_in_collectives(cluster):
     # PowerSGD runs torch's own hook, which nbdist does not time: DDP's timers must give
     # the time in collectives, not the hook records' missing figures read as zero.
