@@ -44,10 +44,24 @@ def cell_options(func: Any) -> Any:
     return func
 
 
+def strip_comment(line: str) -> str:
+    """The line without a trailing ``# comment``, as a shell reads it: ``#`` starts a comment only at the
+    start of a word and outside quotes (``%dist_start -n 4  # four ranks``; ``--sbatch-arg=--comment=a#b`` stays)."""
+    quote = ""
+    for i, ch in enumerate(line):
+        if quote:
+            quote = "" if ch == quote else quote
+        elif ch in "'\"":
+            quote = ch
+        elif ch == "#" and (i == 0 or line[i - 1].isspace()):
+            return line[:i].rstrip()
+    return line
+
+
 def parse(func: Any, line: str, cell: bool = False) -> Any:
     """The magic's arguments; a bad line is one UsageError naming what is wrong and the usage."""
     try:
-        return parse_argstring(func, line)
+        return parse_argstring(func, strip_comment(line))
     except UsageError as exc:
         text = str(exc).replace("\n", " ").strip()
         raise UsageError(f"{text}; type {usage(func, cell)}") from None
@@ -59,7 +73,7 @@ def check_choice(value: str | None, choices: tuple[str, ...], what: str) -> None
 
 
 def names_and_ranks(line: str, magic: str) -> tuple[list[str], str | None]:
-    words = shlex.split(line)
+    words = shlex.split(strip_comment(line))
     ranks = None
     if "--ranks" in words:
         i = words.index("--ranks")

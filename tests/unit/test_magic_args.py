@@ -147,3 +147,17 @@ def test_each_dist_start_option_lands_on_its_start_config_field():
     config = StartConfig(**{k: v for k, v in vars(args).items() if v is not None})
     assert (config.n, config.pin, config.partition, config.sbatch_args, config.time) == (3, False, "gpu", ["--mem=1G"], "5")
     assert parser.parse_args([]).pin is True
+
+
+def test_a_comment_after_a_magic_is_read_as_a_shell_reads_it(ip):
+    from nbdist.magics import DistMagics
+    from nbdist.magics.common import parse, strip_comment
+
+    assert strip_comment("-n 4 --oversubscribe   # four ranks on 2 cores") == "-n 4 --oversubscribe"
+    assert strip_comment("--sbatch-arg=--comment=a#b") == "--sbatch-arg=--comment=a#b"  # not at a word's start
+    assert strip_comment("--sbatch-arg '--comment # kept'") == "--sbatch-arg '--comment # kept'"  # quoted
+    assert strip_comment("# all of it") == ""
+    args = parse(DistMagics.dist_start, "-n 3 --oversubscribe  # three")
+    assert (args.n, args.oversubscribe) == (3, True)
+    assert names_and_ranks("a b  # two names", "dist_push") == (["a", "b"], None)
+    assert "unrecognized arguments: --bogus" in _usage(ip, "dist_start --bogus  # a comment does not hide an error")
