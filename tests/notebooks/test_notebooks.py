@@ -26,6 +26,10 @@ SHOWN = {
         "an unused head without find_unused_parameters: Expected to have finished reduction",
         "linear 0.8, 20-step warm-up    loss over the last 30 steps",
     ],
+    "02_": [
+        "FSDP rank 0: shards add up to 2.01 MiB, MemTracker measured 2.01 MiB held",
+        "bytes sent per byte of a 1 MiB tensor: {'all_reduce': 1.0, 'reduce_scatter': 1.0, 'all_gather': 0.5}",
+    ],
     "05_": [
         "4 ranks, topk:0.01: model 0.096 MB, measured",
         "top-k 1% sends as many bytes as the all-reduce at N = 100 ranks (model)",
