@@ -63,6 +63,11 @@ SHOWN = {
         "per step: TP adds 3 activation all-reduces; HSDP adds 2 gradient all-reduces across rows",
         "[rank 3] rank 3: row 1 of the mesh",
     ],
+    "14_": [
+        "the guide's script, ranks the tasks see: [0, 0] | each task reading its own: [0, 1]",
+        "row layer, do the ranks agree on the output? guide: False | fixed: True",
+        "fp32 Adam, ZeRO-1 on 2 ranks: 1.33x less held per rank (formula 1.33x)",
+    ],
     "13_": [
         "same final weights as the notebook, bit for bit: True",
         "wrote train.py (3 cell(s)) and train.sbatch",
