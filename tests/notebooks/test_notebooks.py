@@ -68,6 +68,17 @@ SHOWN = {
         "row layer, do the ranks agree on the output? guide: False | fixed: True",
         "fp32 Adam, ZeRO-1 on 2 ranks: 1.33x less held per rank (formula 1.33x)",
     ],
+    "15_": [
+        "bytes allocated while building: 0;",
+        "with explicit prefetching, the same weights bit for bit: True",
+        "saved on 4 ranks, loaded on 2, 2 more steps: largest difference from one process's 5 steps",
+        "the checkpoint holds the weights of the moment it was taken: True (training moved on: True)",
+    ],
+    "16_": [
+        "batch shell: USR1, passed on to torchrun | signal: saved at step",
+        "ended with the uninterrupted run's weights, bit for bit: True",
+        "foreground torchrun: finished all 60 steps | batch shell: USR1 trapped",
+    ],
     "13_": [
         "same final weights as the notebook, bit for bit: True",
         "wrote train.py (3 cell(s)) and train.sbatch",
