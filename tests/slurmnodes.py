@@ -2,7 +2,8 @@
 
 Each ``slurmd`` runs in its own network namespace (its own address on a bridge) and
 UTS namespace (its own hostname), from Debian's ``slurm-wlm`` and ``munge``; the
-controller (``slurmctld``) and the notebook side stay in this namespace at 10.77.0.1.
+controller (``slurmctld``) and the notebook side stay in this namespace at 10.77.0.1. Each node's link is
+shaped to 1 Gb/s (``LINK``), ordinary Ethernet, so traffic between nodes costs what it costs on a cluster.
 How it is built, and its two traps: docs/multinode-testing.md. Needs root; ``unavailable()`` says why not.
 
 Everything started here is ended by pid (never by name), and the namespaces, bridge
@@ -30,6 +31,7 @@ BRIDGE, SUBNET = "nbbr0", "10.77.0"
 HOST_ADDR = f"{SUBNET}.1"
 DUMMY, UNROUTED = "nbbr1", "10.78.0.1"  # a bridge with no ports: an address the nodes have no route to
 NODES = {"node1": f"{SUBNET}.2", "node2": f"{SUBNET}.3"}
+LINK = "1gbit"  # each node's link (see _network)
 GPUS = 2  # per node, for Slurm's bookkeeping only (see _fake_gpus)
 PACKAGES = ("slurm-wlm", "munge", "openmpi-bin")
 STATE_FILE = "/tmp/nbdist-slurmnodes.dir"  # where `up` left its directory, for `down`
@@ -207,6 +209,9 @@ class TwoNodeSlurm:
             _sh("ip", "link", "add", veth, "type", "veth", "peer", "name", "eth0", "netns", ns)
             self.links.append(veth)
             _sh("ip", "link", "set", veth, "master", BRIDGE, "up")
+            # every node's link runs at ordinary Ethernet's 1 Gb/s (what reaches the node; tc's token bucket), so
+            # a collective between nodes is slower than within one, as on a real cluster (notebook 07 measures it)
+            _sh("tc", "qdisc", "add", "dev", veth, "root", "tbf", "rate", LINK, "burst", "256kb", "latency", "50ms")
             _sh("ip", "-n", ns, "addr", "add", f"{addr}/24", "dev", "eth0")
             _sh("ip", "-n", ns, "link", "set", "eth0", "up")
             _sh("ip", "-n", ns, "link", "set", "lo", "up")

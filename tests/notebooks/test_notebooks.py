@@ -117,6 +117,9 @@ def test_multinode_notebook_on_a_two_node_slurm(slurm, tmp_path):
     assert "2 ranks ready" not in text  # the API, not the magic, started it
     assert "hosts by rank: ['node1', 'node2']" in text or "hosts by rank: ['node2', 'node1']" in text
     assert "DDP across 2 host(s) == one process" in text
+    # the nodes' links run at 1 Gb/s (tests/slurmnodes.LINK), loopback within a node at several: slower across
+    slower = re.search(r"across nodes [0-9.]+ GB/s \(([0-9.]+)x\)", text)
+    assert slower and float(slower.group(1)) > 2, slower
     assert "cancelled Slurm job(s)" in text
     assert slurm.wait_empty(30) == []
 
