@@ -4,7 +4,8 @@
    against raw ipyparallel (its Slurm engine launcher, then ``init_process_group`` by hand with what a
    careful user must set: rank from SLURM_PROCID, MASTER_ADDR, GLOO_SOCKET_IFNAME), alternating in
    one run. Targets: nbdist <= 0.5x raw and <= 6 s.
-2. all_reduce bus bandwidth across the two nodes vs within one node, same run, several sizes.
+2. all_reduce bus bandwidth across the two nodes vs within one node, same run, several sizes. Each node's
+   link runs at 1 Gb/s (tests/slurmnodes.LINK, since 2026-11-24; before, unshaped veths ran at loopback speed).
 
     python benchmarks/multinode.py [--rounds 5]
 """
