@@ -47,12 +47,13 @@ class _Line:
 
 
 def visible(line: str) -> str:
-    """What a terminal shows of a line with carriage returns: the last text written after one
-    (progress bars pad each update to the width of the one before)."""
+    """What a terminal shows of a line with carriage returns: the last text written after one, without
+    the spaces a progress bar pads an update with to cover a longer one before (so two ranks' last
+    states fold whatever they printed before)."""
     if "\r" not in line:
         return line
     parts = [p for p in line.split("\r") if p]
-    return parts[-1] if parts else ""
+    return parts[-1].rstrip(" ") if parts else ""
 
 
 def shape(text: str) -> str:

@@ -108,6 +108,15 @@ def test_a_progress_bar_is_a_live_line_until_it_ends():
     ]
 
 
+def test_finished_bars_fold_whatever_padding_their_last_update_carried():
+    # tqdm pads an update with spaces when the one before was longer: rank 1's last state ends in blanks
+    f = Folder([0, 1, 2])
+    f.feed(0, "stderr", "\rtrain: 100%|##| 9/9 [00:00<00:00, 7455.88it/s]\n", now=0.0)
+    f.feed(1, "stderr", "\rtrain:  89%|# | 8/9 [00:00<00:00, 10000.00it/s]\rtrain: 100%|##| 9/9 [00:00<00:00, 8179.70it/s]  \n", now=0.0)
+    f.feed(2, "stderr", "\rtrain: 100%|##| 9/9 [00:00<00:00, 9000.00it/s]\n", now=0.0)
+    assert _texts(f.ready(1.0)) == ["[ranks 0-2] train: 100%|##| 9/9 [00:00<00:00, 7455.88…9000.00it/s]  (low rank 0, high rank 2)"]
+
+
 def test_a_bar_that_never_ended_shows_its_last_state_when_the_cell_ends():
     f = Folder([0])
     f.feed(0, "stderr", "\r 10%|#  | 10/100\r 40%|#  | 40/100", now=0.0)
