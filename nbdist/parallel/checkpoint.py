@@ -100,7 +100,7 @@ def save_checkpoint(
     keep (None: all); ``asynchronous``: return once the state is copied, write in the background.
     """
     objects = _stateful(state)
-    extra = dict(extra or {})
+    given, extra = extra, dict(extra or {})  # the caller's dict is what a restart reloads and preemption saves
     ckpt_rank.check_plain(extra)
     if keep is not None and (isinstance(keep, bool) or not isinstance(keep, int) or keep < 1):
         raise ConfigError(f"keep ({keep!r}) must be 1 or more checkpoints to keep, or None to keep all.")
@@ -128,7 +128,7 @@ def save_checkpoint(
         if rank == 0:
             _publish(path, step, keep)
         _barrier()  # every rank sees the new latest before it goes on
-    _remember(path, model, optimizer, loader, objects, extra, keep)
+    _remember(path, model, optimizer, loader, objects, given, keep)
     return final
 
 
@@ -203,17 +203,18 @@ def _stateful(state: dict[str, Any] | None) -> dict[str, Any]:
 
 
 def _remember(
-    path: str, model: Any, optimizer: Any, loader: Any, objects: dict[str, Any], extra: dict, keep: int | None
+    path: str, model: Any, optimizer: Any, loader: Any, objects: dict[str, Any], extra: dict | None, keep: int | None
 ) -> None:
-    """The last save: preemption saves again the same way; the notebook learns the variable names
-    (so that after a restart and the setup cells' replay it can load into the new objects)."""
+    """The last save: preemption saves again the same way (``extra`` as it is then); the notebook learns
+    the variable names (so that after a restart and the setup cells' replay it can load into the new objects,
+    ``extra``'s dict included)."""
     preempt.DEFAULT[:] = [
         lambda step: save_checkpoint(
             path, model, optimizer, step or 0, extra=extra, loader=loader, state=objects, keep=keep
         )
     ]
     preempt.install()
-    names: dict[str, Any] = _names({"model": model, "optimizer": optimizer, "loader": loader})
+    names: dict[str, Any] = _names({"model": model, "optimizer": optimizer, "loader": loader, "extra": extra})
     if objects:
         names["state"] = {key: name for key, obj in objects.items() if (name := _names({"x": obj}).get("x"))}
     metrics.publish(KEY, {"path": os.path.abspath(path), "names": names})
@@ -254,8 +255,9 @@ def restore_latest(path: str, names: dict[str, Any]) -> int | None:
             "ran again; build the model, optimizer and the objects passed as state= in a %%distributed --setup cell."
         )
     loader = ns.get(names["loader"]) if "loader" in names else None
+    extra = ns.get(names["extra"]) if "extra" in names else None
     state = {key: ns[name] for key, name in names.get("state", {}).items()}
-    return load_checkpoint(path, ns[names["model"]], ns[names["optimizer"]], loader=loader, state=state)
+    return load_checkpoint(path, ns[names["model"]], ns[names["optimizer"]], loader=loader, state=state, extra=extra)
 
 
 def load_checkpoint(

@@ -65,6 +65,7 @@ for step, (x, y) in loader.steps(40):
     scaler.update()
     sched.step()
     meta["best"] = min(meta["best"], loss.item())
+    meta.setdefault("first", loss.item())  # set at step 0 only: a restarted rank has it only from extra=
     if (step + 1) % 5 == 0:
         SAVING = step + 1
         save_checkpoint(CKPT, model, opt, step + 1, loader=loader, extra=meta, keep=2, asynchronous=ASYNC,
@@ -73,7 +74,7 @@ for step, (x, y) in loader.steps(40):
         open(MARK, "w").close()
         os.kill(os.getpid(), 9)
 final = [t.detach().clone() for t in [*model.parameters(), *model.buffers()]]
-summary = (sched.last_epoch, scaler.get_scale(), meta["best"])
+summary = (sched.last_epoch, scaler.get_scale(), meta["best"], meta["first"])
 """
 
 
@@ -95,7 +96,7 @@ def _setup(
 
 @pytest.fixture(scope="module")
 def reference(ip, tmp_path_factory):
-    """The loop without a kill: each rank's final parameters and buffers, and (epoch, scale, best)."""
+    """The loop without a kill: each rank's final parameters and buffers, and (epoch, scale, best, first loss)."""
     ckpt = str(tmp_path_factory.mktemp("reference") / "ckpt")
     run_cell(ip, "%dist_start -n 2")
     try:
@@ -111,7 +112,7 @@ def _assert_same_run(reference) -> None:
     c = nbdist.current()
     final, summary = c.pull("final"), c.pull("summary")
     ref_final, ref_summary = reference
-    assert summary == ref_summary  # the scheduler's epoch, the scaler's scale, extra's running best
+    assert summary == ref_summary  # the scheduler's epoch, the scaler's scale, extra's running best and first loss
     for rank in (0, 1):
         assert len(final[rank]) == len(ref_final[rank])
         for i, (mine, theirs) in enumerate(zip(final[rank], ref_final[rank], strict=True)):
