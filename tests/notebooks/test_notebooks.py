@@ -47,6 +47,7 @@ SHOWN = {
         "Timed out",
         "rank 0 called allreduce([3] float)",
         "without clipping the loss left the numbers at step",
+        "lr 0.02 without clipping: loss",
         "DefaultCPUAllocator: can't allocate memory",
         "[rank 1] batch sizes with drop_last=False: [4, 1]; with drop_last=True: [4]",
         "did not finish in time",
@@ -78,6 +79,7 @@ SHOWN = {
         "batch shell: USR1, passed on to torchrun | signal: saved at step",
         "ended with the uninterrupted run's weights, bit for bit: True",
         "foreground torchrun: finished all 60 steps | batch shell: USR1 trapped",
+        "the first collective not every rank entered: #",
     ],
     "13_": [
         "same final weights as the notebook, bit for bit: True",
