@@ -110,6 +110,11 @@ PRIVATE_APIS = (
         "engine.collectives: the group's collective count, DDP's C++ calls included, for %dist_where",
     ),
     PrivateAPI(
+        "ipykernel ZMQInteractiveShell._showtraceback",
+        "ipython",
+        "engine.exits, engine.spawned: a cell's error in one line (an exit's status, a failed child), no IPython preamble",
+    ),
+    PrivateAPI(
         "argparse ArgumentParser._actions",
         "python",
         "magics.common: every option a magic's parser declares (the usage tests freeze them)",
@@ -209,6 +214,13 @@ def skip_controller_settle_sleep() -> None:
 
 
 # ----------------------------------------------------------------------------- IPython
+
+
+def show_error(shell: Any, exc: BaseException) -> None:
+    """Show ``exc`` as the cell's error in one line ``Name: text`` (sent to the notebook, and what the reply's
+    traceback holds), without the "use %tb" preamble IPython puts before an exception shown alone."""
+    if shell is not None:
+        shell._showtraceback(type(exc), exc, [f"{type(exc).__name__}: {exc}"])
 
 
 def cell_filenames(shell: Any) -> dict[str, Any]:

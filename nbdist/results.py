@@ -68,6 +68,7 @@ class Release(_Text):
     TIMEOUT = "timeout"
     INTERRUPT = "interrupt"
     WATCHDOG = "watchdog"
+    EXITED = "exited"
 
     @property
     def because(self) -> str:
@@ -76,6 +77,7 @@ class Release(_Text):
             Release.TIMEOUT: "the cell ran past its timeout",
             Release.INTERRUPT: "of Ctrl-C",
             Release.WATCHDOG: "other ranks had finished the cell and it waited in a collective past the watchdog",
+            Release.EXITED: "a rank's code had exited (exit(), quit() or sys.exit()) and it waited in a collective",
         }[self]
 
 
@@ -97,6 +99,7 @@ class RankResult:
     error: dict[str, Any] | None = None  # ename, evalue, traceback, line (see remote_error)
     wall_s: float | None = None
     host: str = ""  # set when the rank runs on another host than the notebook
+    exited: dict[str, Any] | None = None  # the cell's code exited here (engine/exits.py): status, line, code
 
     def __post_init__(self) -> None:
         self.status = RankStatus(self.status)
@@ -132,6 +135,9 @@ class RankResult:
             where = f" (cell line {self.error['line']})" if self.error.get("line") else ""
             return f"rank {self.rank}: {self.status}{took}, {self.error.get('ename')}: {first[0][:120] if first else ''}{where}"
         lines = len(self.stdout.splitlines()) + len(self.stderr.splitlines())
+        if self.exited is not None:
+            at = f" at cell line {self.exited['line']}" if self.exited.get("line") else ""
+            return f"rank {self.rank}: {self.status}{took}, exited with status {self.exited['status']}{at}"
         return f"rank {self.rank}: {self.status}{took}, {lines} line(s) of output"
 
     def text(self) -> str:
@@ -164,6 +170,11 @@ class RunResult:
     @property
     def ok(self) -> bool:
         return all(r.status == RankStatus.OK for r in self.ranks)
+
+    @property
+    def exited(self) -> dict[int, int]:
+        """The ranks whose code exited in this cell (exit(), quit(), sys.exit()), with each one's status."""
+        return {r.rank: int(r.exited["status"]) for r in self.ranks if r.exited is not None}
 
     @property
     def failed(self) -> list[RankResult]:

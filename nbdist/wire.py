@@ -1,8 +1,9 @@
 """Keys and message types nbdist sends between ranks and notebook over ipyparallel's channels: one place
-for both sides, the rank that publishes (engine/metrics.py, parallel/checkpoint.py, engine/debug.py) and
+for both sides, the rank that publishes (engine/metrics.py, parallel/checkpoint.py, engine/debug.py, engine/exits.py) and
 the notebook that reads (cells/watch.py, cells/pdbrelay.py). A leaf: it imports nothing."""
 
 METRICS = "nbdist.metrics."  # + a sequence number: rows logged with nbdist.log
+EXITED = "nbdist.exited"  # the cell's code called exit() on a rank: its status and cell line
 CHECKPOINT = "nbdist.checkpoint"  # the cell's last save_checkpoint: its path and the names it saved
 PDB = "application/vnd.nbdist.pdb+json"  # a display: a rank's live debugger printed this (and prompts, or left)
 PDB_REQUEST = "nbdist_pdb_request"  # control channel, notebook -> rank: a line typed for its debugger

@@ -11,6 +11,9 @@ The rules (docs/faults.md, rows 2, 3 and 10):
 * some ranks finished and others have run on for ``watchdog`` seconds: the loop is
   asked to ``PROBE`` where they are; waiting in a collective means a hang
   (``WATCHDOG``), anything else is legitimate work, looked at again a watchdog later;
+* a rank's code exited (``exit()``, engine/exits.py) while others still run: after ``grace`` seconds
+  the loop is asked to ``PROBE``; those waiting in a collective wait for the rank that left
+  (``EXITED``), anything else is legitimate work, looked at again a grace later;
 * Ctrl-C releases at once (``INTERRUPT``);
 * while a rank is in its debugger (``paused``: a person at a pdb prompt, cells/pdbrelay.py) nothing
   is released, and the time spent there does not count toward the grace, timeout or watchdog;
@@ -56,6 +59,8 @@ class ReleasePolicy:
         self.deadline = self.started + timeout if timeout else None
         self.first_failure: float | None = None  # when a rank was first seen failed
         self.first_finish: float | None = None  # when a rank was first seen done (reset by a harmless probe)
+        self.first_exit: float | None = None  # when a rank's code was first seen to have exited (reset likewise)
+        self.probing: Release = Release.WATCHDOG  # what a collective found by the pending PROBE means
         self.released: Release | None = None
         self.released_at: float | None = None
         self.killed = False
@@ -75,10 +80,11 @@ class ReleasePolicy:
         self.deadline = None if self.deadline is None else self.deadline + spent
         self.first_failure = None if self.first_failure is None else self.first_failure + spent
         self.first_finish = None if self.first_finish is None else self.first_finish + spent
+        self.first_exit = None if self.first_exit is None else self.first_exit + spent
 
-    def observe(self, *, failed: bool, finished: bool, paused: bool = False) -> Action:
-        """What to do now, given whether any rank has failed, whether any has finished, and whether a
-        rank is in its debugger (``paused``)."""
+    def observe(self, *, failed: bool, finished: bool, paused: bool = False, exited: bool = False) -> Action:
+        """What to do now, given whether any rank has failed, whether any has finished, whether a
+        rank is in its debugger (``paused``), and whether a rank's code exited (``exited``)."""
         now = self.clock()
         if paused and self.released is None:
             self.hold()
@@ -88,12 +94,18 @@ class ReleasePolicy:
             self.first_failure = now
         if finished and self.first_finish is None:
             self.first_finish = now
+        if exited and self.first_exit is None:
+            self.first_exit = now
         if self.released is None:
             if self.first_failure is not None and now - self.first_failure > self.grace:
                 return self._release(Release.FAILURE, now)
             if self.deadline is not None and now > self.deadline:
                 return self._release(Release.TIMEOUT, now)
+            if self.first_exit is not None and now - self.first_exit > self.grace:
+                self.probing = Release.EXITED
+                return Action.PROBE
             if self.watchdog and self.first_finish is not None and now - self.first_finish > self.watchdog:
+                self.probing = Release.WATCHDOG
                 return Action.PROBE
             return Action.WAIT
         if not self.killed and self.released_at is not None and now - self.released_at > self.escalate:
@@ -104,8 +116,11 @@ class ReleasePolicy:
     def probed(self, in_collective: bool) -> Action:
         """The answer to PROBE: do the running ranks wait inside a collective?"""
         if in_collective:
-            return self._release(Release.WATCHDOG, self.clock())
-        self.first_finish = self.clock()  # legitimate work on the other ranks; look again later
+            return self._release(self.probing, self.clock())
+        if self.probing is Release.EXITED:
+            self.first_exit = self.clock()  # legitimate work on the other ranks; look again a grace later
+        else:
+            self.first_finish = self.clock()
         return Action.WAIT
 
     def interrupt(self) -> Action:

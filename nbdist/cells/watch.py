@@ -14,13 +14,13 @@ import sys
 import time
 from collections import deque
 from collections.abc import Callable
-from datetime import datetime
 from typing import Any
 
 from .. import compat, wire
 from ..launch import procs
 from ..results import RankResult, RankState, RankStatus, Release, RunResult, classify, remote_error
 from ..world.engineset import EngineSet
+from . import replies
 from .interrupt import CtrlC
 from .output import Sink
 from .pdbrelay import Relay, send_line
@@ -127,9 +127,10 @@ class Watch:
                 running = self._running()
                 if not running:
                     return killed, interrupted
-                failed = bool(self.gone) or any(_error_of(c) is not None for c in self.children)
+                failed = bool(self.gone) or any(replies.error_of(c) is not None for c in self.children)
+                exited = any(replies.exit_of(c) is not None for c in self.children)
                 action = policy.observe(
-                    failed=failed, finished=len(running) < len(self.children), paused=self.relay.active
+                    failed=failed, finished=len(running) < len(self.children), paused=self.relay.active, exited=exited
                 )
                 if action is Action.PROBE:
                     self.reports = self.engines.where(running)
@@ -229,7 +230,7 @@ class Watch:
                 state = RankState.DEAD
             elif child.done():
                 done += 1
-                err = _error_of(child)
+                err = replies.error_of(child)
                 if err is None:
                     state = RankState.IDLE
                 else:
@@ -275,7 +276,7 @@ class Watch:
                 if stored and not seen.chars[name]:
                     seen.chars[name] = len(stored)
                     self.sink.stream(rank, name, stored)
-            outputs = _shown(md.get("outputs"))
+            outputs = replies.shown(md.get("outputs"))
             for content in outputs[seen.outputs :]:
                 self.sink.display(rank, content)
             seen.outputs = len(outputs)
@@ -308,11 +309,12 @@ class Watch:
             info = self.engines.ranks[rank]
             rr = RankResult(rank=rank, engine_id=info.engine_id, host="" if info.local else info.host)
             rr.stdout, rr.stderr = md.get("stdout") or "", md.get("stderr") or ""
-            rr.outputs = _shown(md.get("outputs"))
+            rr.outputs = replies.shown(md.get("outputs"))
             rr.result = md.get("execute_result")
-            rr.wall_s = _seconds_between(md.get("started"), md.get("completed"))
+            rr.wall_s = replies.seconds_between(md.get("started"), md.get("completed"))
             self.checkpoint = (md.get("data") or {}).get(wire.CHECKPOINT, self.checkpoint)
-            exc = _error_of(child)
+            rr.exited = replies.exit_of(child)
+            exc = replies.error_of(child)
             if i in self.gone and not child.done():
                 rr.status = RankStatus.DEAD
                 rr.error = {
@@ -361,38 +363,8 @@ def _typed(prompt: str) -> str:
     return input(prompt)  # looked up at each call: the kernel's input, or a test's
 
 
-def _shown(outputs: list[dict[str, Any]] | None) -> list[dict[str, Any]]:
-    """A rank's displays without its debugger's messages (those went to the relay)."""
-    return [c for c in outputs or [] if wire.PDB not in (c.get("data") or {})]
-
-
 def _call(sink: Any, method: str, *args: Any) -> None:
     """Call an optional sink method (a sink that does not subclass Sink may lack it)."""
     fn = getattr(sink, method, None)
     if fn is not None:
         fn(*args)
-
-
-def _error_of(child: Any) -> BaseException | None:
-    """The error one engine reported for this cell (ipyparallel stores it as the result)."""
-    if not child.done():
-        return None
-    exc = child.exception()
-    if exc is not None:
-        return exc
-    res = child.result()
-    if isinstance(res, BaseException):
-        return res
-    err = child.output.metadata.get("error")
-    return err if isinstance(err, BaseException) else None
-
-
-def _seconds_between(start: Any, end: Any) -> float | None:
-    try:
-        if isinstance(start, str):
-            start = datetime.fromisoformat(start)
-        if isinstance(end, str):
-            end = datetime.fromisoformat(end)
-        return float((end - start).total_seconds())
-    except (TypeError, ValueError):
-        return None

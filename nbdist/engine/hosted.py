@@ -19,7 +19,6 @@ torch's originals. ``run_script`` runs a script's source as ``__main__`` with ``
 
 from __future__ import annotations
 
-import builtins
 import linecache
 import os
 import sys
@@ -59,10 +58,13 @@ def init_process_group(backend: Any = None, init_method: str | None = None, *arg
     """Keep the world nbdist built when the request fits it; otherwise say what does not fit."""
     import torch.distributed as dist
 
+    __tracebackhide__ = True  # the cell's call, then the error
+
     if not dist.is_initialized():
         return ORIGINAL["init"](backend, init_method, *args, **kwargs)
     names = ("timeout", "world_size", "rank", "store", "group_name", "pg_options", "device_id")
     given = {**dict(zip(names, args, strict=False)), **kwargs}
+    torch_checks(backend, init_method, given)
     rank, size, current = dist.get_rank(), dist.get_world_size(), str(dist.get_backend())
     call = _call_text(backend, init_method, given)
     check_backend(backend, call, "the backend argument")
@@ -79,6 +81,54 @@ def init_process_group(backend: Any = None, init_method: str | None = None, *arg
         extra = f"; its {', '.join(ignored)} not applied" if ignored else ""
         print(f"nbdist: {call} kept the world nbdist built ({size} ranks, {current}){extra}", flush=True)
     return None
+
+
+def torch_checks(backend: Any, init_method: str | None, given: dict[str, Any]) -> None:
+    """Refuse what torch's init_process_group refuses before it would form a world, with torch's own
+    message, in torch's order: a call that fails under torchrun fails in a cell too."""
+    import datetime
+
+    import torch
+    from torch.distributed import Backend
+
+    __tracebackhide__ = True  # the cell's call, then the error
+    store, device = given.get("store"), given.get("device_id")
+    if store is not None and init_method is not None:
+        raise AssertionError("Cannot specify both init_method and store.")
+    if store is not None:
+        if not given.get("world_size", -1) > 0:
+            raise AssertionError("world_size must be positive if using store")
+        if not given.get("rank", -1) >= 0:
+            raise AssertionError("rank must be non-negative if using store")
+    acc = torch.accelerator.current_accelerator()
+    if isinstance(device, int):
+        if acc is None:
+            raise ValueError(
+                "device_id is an int, but no accelerator support is found from the current compilation. "
+                "Please use a different compiled version that supports your accelerator."
+            )
+        device = torch.device(acc.type, device)
+    if device is not None and device.type != "cpu":
+        if acc is None or device.type != acc.type:
+            raise ValueError(
+                f"device_id {device} does not match the current compilation's accelerator support: {acc}. "
+                "Please use a different compiled version that supports your accelerator."
+            )
+        if device.index is None:
+            raise ValueError("Please use a device_id with index.")
+        if device.index >= torch.accelerator.device_count():
+            raise ValueError(
+                f"device_id {device} is out of range. Please use a device index less than "
+                f"the number of accelerators available: {torch.accelerator.device_count()}."
+            )
+    if backend is None and device is not None:
+        backend = Backend.default_device_backend_map.get(device.type)
+    Backend("undefined" if backend is None else backend)  # an unknown name: torch's ValueError
+    timeout = given.get("timeout")
+    if timeout is not None and not isinstance(timeout, datetime.timedelta):
+        raise TypeError(f"Expected timeout argument to be of type datetime.timedelta, got {timeout}")
+    if device is not None and (device.index is None or device.type == "cpu"):
+        raise ValueError("init_process_group device_id parameter must be an accelerator with an index")
 
 
 def check_backend(backend: Any, call: str, setting: str) -> None:
@@ -137,19 +187,23 @@ def _call_text(backend: Any, init_method: str | None, given: dict[str, Any]) -> 
 def run_script(source: str, path: str, argv: list[str]) -> None:
     """Run a script on this rank as torchrun would: ``__name__ == "__main__"``, ``sys.argv``, its
     folder first on ``sys.path`` (torchrun's env vars are every rank's: engine/launched.py). Its
-    globals join the rank's namespace afterwards (as IPython's %run does); ``sys.exit(0)`` is
-    success, another status an error."""
+    globals join the rank's namespace afterwards (as IPython's %run does); ``exit()``, ``quit()`` and
+    ``sys.exit()`` end it as they end a script: status 0 is success, another status an error naming it."""
+    from . import exits
+
     code = compile(source, path, "exec")
     linecache.cache[path] = (len(source), None, source.splitlines(True), path)  # tracebacks show its lines
-    ns: dict[str, Any] = {"__name__": "__main__", "__file__": path, "__builtins__": builtins}
+    ns: dict[str, Any] = {"__name__": "__main__", "__file__": path, "__builtins__": exits.script_builtins()}
     saved = sys.argv, list(sys.path)
     sys.argv = [path, *argv]
     sys.path.insert(0, os.path.dirname(path))
     try:
         exec(code, ns)
     except SystemExit as exc:
-        if exc.code not in (None, 0):
-            raise RuntimeError(f"{os.path.basename(path)} exited with status {exc.code!r}") from None
+        status = exits.status_of(exc.code)
+        if status:
+            said = f" (its message: {exc.code!r})" if exc.code != status else ""
+            raise RuntimeError(f"{os.path.basename(path)} exited with status {status}{said}") from None
     finally:
         sys.argv, sys.path[:] = saved[0], saved[1]
         _share(ns)

@@ -25,7 +25,7 @@ from typing import Any
 
 from .. import compat
 from ..launch import net
-from . import adapters, collectives, debug, gpu, hosted, launched, preempt, world
+from . import adapters, collectives, debug, exits, gpu, hosted, launched, preempt, schedulers, spawned, world
 from .state import CELL_END, STATE
 
 _HOOKED: set[int] = set()  # shells whose cell events carry nbdist's hooks
@@ -86,6 +86,8 @@ def configure(
     collectives.install()
     hosted.install()  # torchrun-style init/destroy calls keep the world (%dist_run, pasted code)
     adapters.install()  # libraries that would start processes of their own run on the world instead
+    spawned.install()  # so do mp.spawn and hand-started processes that join a process group
+    schedulers.install()  # save_checkpoint finds the LR schedulers that hold its optimizer
     _preload_namespace()
     return {
         "rank": rank,
@@ -153,6 +155,8 @@ def _install_cell_hooks() -> None:
 
     def post(result: Any = None) -> None:
         debug.cell_over()
+        exits.at_end(result)  # exit(0) in the cell is success; any exit is told to the notebook
+        spawned.at_end(result)  # a process the cell's code started that failed fails the cell
         for fn in list(CELL_END):  # state.at_cell_end: before the cell counts as done (a background save completes)
             try:
                 fn()
@@ -167,6 +171,7 @@ def _install_cell_hooks() -> None:
 
     shell.events.register("pre_run_cell", pre)
     shell.events.register("post_run_cell", post)
+    exits.install(shell)  # exit(), quit(), sys.exit() end the cell's code, not the rank
     _HOOKED.add(id(shell))
 
 

@@ -36,7 +36,7 @@ from torch.distributed.checkpoint.api import CheckpointException  # a BaseExcept
 from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
 
 from .. import wire
-from ..engine import control, metrics, preempt
+from ..engine import control, metrics, preempt, schedulers
 from ..engine.state import at_cell_end
 from ..errors import ConfigError
 from . import ckpt_rank
@@ -99,7 +99,7 @@ def save_checkpoint(
     ShardedLoader, whose position each rank keeps; ``keep``: how many complete checkpoints to
     keep (None: all); ``asynchronous``: return once the state is copied, write in the background.
     """
-    objects = _stateful(state)
+    objects = _with_schedulers(optimizer, _stateful(state), say=True)
     given, extra = extra, dict(extra or {})  # the caller's dict is what a restart reloads and preemption saves
     ckpt_rank.check_plain(extra)
     if keep is not None and (isinstance(keep, bool) or not isinstance(keep, int) or keep < 1):
@@ -202,6 +202,33 @@ def _stateful(state: dict[str, Any] | None) -> dict[str, Any]:
     return state
 
 
+_SAID: set[int] = set()  # schedulers save_checkpoint said it keeps (once each)
+
+
+def _with_schedulers(optimizer: Any, objects: dict[str, Any], say: bool = False) -> dict[str, Any]:
+    """The ``state=`` objects and the LR schedulers that hold ``optimizer`` (engine/schedulers.py), each of
+    those by its variable name on the rank, else its class's name; ``say``: one line on rank 0 per new one."""
+    found = schedulers.bound(optimizer, objects.values())
+    if not found:
+        return objects
+    names = _names({str(i): s for i, s in enumerate(found)})
+    out = dict(objects)
+    for i, sched in enumerate(found):
+        key = names.get(str(i)) or type(sched).__name__
+        while key in out:
+            key += "_"
+        out[key] = sched
+        if say and id(sched) not in _SAID:
+            _SAID.add(id(sched))
+            if _rank() == 0:
+                print(
+                    f"nbdist: save_checkpoint keeps {key} ({type(sched).__name__}) too: it holds this optimizer, and "
+                    f"a run resumed without it would take other steps (state={{{key!r}: {key}}} says so yourself)",
+                    flush=True,
+                )
+    return out
+
+
 def _remember(
     path: str, model: Any, optimizer: Any, loader: Any, objects: dict[str, Any], extra: dict | None, keep: int | None
 ) -> None:
@@ -285,7 +312,7 @@ def load_checkpoint(
         raise ConfigError(f"checkpoint step {step} is not under {path!r}; complete steps: {complete_steps(path)}.")
     others = [s for s in complete_steps(path) if s != step]
     try:
-        dcp.FileSystemReader(directory).read_metadata()
+        saved = dcp.FileSystemReader(directory).read_metadata().state_dict_metadata
     except (Exception, CheckpointException) as exc:
         raise ConfigError(
             f"{directory} has no readable .metadata ({type(exc).__name__}): that checkpoint is damaged or was never "
@@ -304,6 +331,10 @@ def load_checkpoint(
         problem = next((p for p in problems if p), "")
     if problem:
         raise ConfigError(problem)
+    found = _with_schedulers(optimizer, objects)  # the schedulers save_checkpoint kept by itself, where saved
+    objects.update(
+        {k: o for k, o in found.items() if k not in objects and any(n.startswith(f"state.{k}.") for n in saved)}
+    )
     try:
         payload = _payload(model, optimizer, objects)
         dcp.load(payload, checkpoint_id=directory)
@@ -320,6 +351,11 @@ def load_checkpoint(
         if extra is not None:
             extra.update(own.get("extra") or {})
     return step
+
+
+def _saved(metadata: dict[str, Any], key: str) -> bool:
+    """Whether a checkpoint's metadata holds the state= object ``key`` (DCP flattens it to state.KEY.*)."""
+    return any(name.startswith(f"state.{key}.") for name in metadata)
 
 
 def _reason(exc: BaseException) -> str:

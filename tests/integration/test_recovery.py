@@ -205,3 +205,31 @@ def test_debug_collectives_turns_a_shape_mismatch_into_an_error_naming_both_rank
         r = c.run("from nbdist.parallel import apply_ddp\nm = apply_ddp(torch.nn.Linear(2, 1))")
         assert {x.error["ename"] for x in r.ranks} == {"ConfigError"} and c.dead_ranks() == []
         assert "without --debug-collectives" in r.ranks[0].error["evalue"]
+
+
+# The quick start's loop with an LR scheduler, saved without state=: the scheduler holds the optimizer,
+# so save_checkpoint keeps it too, and a rank killed mid-run resumes with the learning rate it had.
+SCHED_SETUP = SETUP + "sched = torch.optim.lr_scheduler.StepLR(opt, step_size=7, gamma=0.5)\n"
+SCHED_TRAIN = TRAIN.replace("opt.step()\n", "opt.step(); sched.step()\n")
+
+
+def test_a_scheduler_left_out_of_save_checkpoint_is_kept_and_recovery_is_bit_identical(ip, tmp_path, capsys):
+    assert SCHED_TRAIN != TRAIN
+    run_cell(ip, "%dist_start -n 2 --max-restarts 1")
+    try:
+        run_cell(ip, f"%%distributed --setup\nCKPT, MARK = {str(tmp_path / 'plain')!r}, ''\n{SCHED_SETUP}")
+        run_cell(ip, f"%%distributed\n{SCHED_TRAIN}")
+        out = capsys.readouterr().out
+        assert out.count("nbdist: save_checkpoint keeps sched (StepLR) too") == 1, out  # once, from rank 0
+        reference = nbdist.current().pull("final")
+        assert nbdist.current().pull("sched.get_last_lr()") == [[0.02 * 0.5**5]] * 2  # 40 steps: 5 halvings
+
+        mark = tmp_path / "mark"
+        run_cell(ip, f"%%distributed --setup\nCKPT, MARK = {str(tmp_path / 'killed')!r}, {str(mark)!r}\n{SCHED_SETUP}")
+        run_cell(ip, f"%%distributed\n{SCHED_TRAIN}")  # rank 1 kills itself at step 22; restored from step 20
+        assert mark.exists() and "restored step 20" in capsys.readouterr().out
+        recovered = nbdist.current().pull("final")
+        for rank in (0, 1):  # a scheduler started over at step 20 would have moved them (by 3.5e-4 at lr 0.02)
+            assert torch.equal(recovered[rank], reference[rank]), (recovered[rank] - reference[rank]).abs().max()
+    finally:
+        run_cell(ip, "%dist_stop")

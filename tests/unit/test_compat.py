@@ -81,6 +81,26 @@ def test_probe_cell_filenames():
     assert compat.cell_filenames(None) == {}
 
 
+def test_probe_show_error():
+    """ipykernel's shell publishes what _showtraceback gets as the cell's error and keeps it for the reply."""
+    import inspect
+
+    from ipykernel.zmqshell import ZMQInteractiveShell
+
+    params = list(inspect.signature(ZMQInteractiveShell._showtraceback).parameters)
+    assert params == ["self", "etype", "evalue", "stb"], params
+    shown = []
+
+    class Shell:
+        def _showtraceback(self, etype, evalue, stb):
+            shown.append((etype, evalue, stb))
+
+    exc = SystemExit("the code exited with status 3")
+    compat.show_error(Shell(), exc)
+    assert shown == [(SystemExit, exc, ["SystemExit: the code exited with status 3"])]
+    compat.show_error(None, exc)  # no shell: nothing to show
+
+
 def test_probe_abort_process_group():
     import torch.distributed as dist
 
@@ -239,7 +259,9 @@ def test_probe_control_channel_for_nbdist_messages():
 
     source = inspect.getsource(Client._send_control_request)
     assert "_control_stream" in source and "multi_future" in source, "see compat.send_control"
-    assert "control_handlers.get(msg_type" in inspect.getsource(Kernel.process_control), "see compat.add_control_handler"
+    assert "control_handlers.get(msg_type" in inspect.getsource(Kernel.process_control), (
+        "see compat.add_control_handler"
+    )
     kernel = types.SimpleNamespace(control_handlers={})
     compat.add_control_handler(kernel, "x_request", print)
     assert kernel.control_handlers == {"x_request": print}
