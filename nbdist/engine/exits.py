@@ -82,7 +82,7 @@ def install(shell: Any) -> None:
 def at_end(result: Any) -> None:
     """At the end of a cell (runtime's post-cell hook): an exit of status 0 is success; say where each
     exit happened, and tell the notebook."""
-    said = STATE.pop("exited", None)
+    said, STATE["exited"] = STATE["exited"], None
     if said is None or result is None or not isinstance(result.error_in_exec, SystemExit):
         return
     if said["status"] == 0:

@@ -24,6 +24,8 @@ import os
 import sys
 from typing import Any
 
+from .state import STATE
+
 ORIGINAL: dict[str, Any] = {}
 
 
@@ -60,6 +62,14 @@ def init_process_group(backend: Any = None, init_method: str | None = None, *arg
 
     __tracebackhide__ = True  # the cell's call, then the error
 
+    if STATE["child_of"] is not None:
+        rank, pid = STATE["child_of"]
+        raise RuntimeError(
+            f"init_process_group in a process that rank {rank}'s cell started (pid {os.getpid()}, a child of the "
+            f"rank's pid {pid}): the rank is already in the world, and its children cannot join it. Call the "
+            "process's target in the cell instead, with this rank: target(int(os.environ['RANK']), "
+            "int(os.environ['WORLD_SIZE']), ...)."
+        )
     if not dist.is_initialized():
         return ORIGINAL["init"](backend, init_method, *args, **kwargs)
     names = ("timeout", "world_size", "rank", "store", "group_name", "pg_options", "device_id")
@@ -90,6 +100,7 @@ def torch_checks(backend: Any, init_method: str | None, given: dict[str, Any]) -
 
     import torch
     from torch.distributed import Backend
+    from torch.distributed.distributed_c10d import BackendConfig
 
     __tracebackhide__ = True  # the cell's call, then the error
     store, device = given.get("store"), given.get("device_id")
@@ -123,12 +134,16 @@ def torch_checks(backend: Any, init_method: str | None, given: dict[str, Any]) -
             )
     if backend is None and device is not None:
         backend = Backend.default_device_backend_map.get(device.type)
-    Backend("undefined" if backend is None else backend)  # an unknown name: torch's ValueError
+    name = Backend("undefined" if backend is None else backend)
     timeout = given.get("timeout")
     if timeout is not None and not isinstance(timeout, datetime.timedelta):
         raise TypeError(f"Expected timeout argument to be of type datetime.timedelta, got {timeout}")
+    # the rest torch checks after the rendezvous, as it forms the group
     if device is not None and (device.index is None or device.type == "cpu"):
         raise ValueError("init_process_group device_id parameter must be an accelerator with an index")
+    BackendConfig(name)
+    if "," not in str(name) and ":" not in str(name) and name not in Backend.backend_type_map:
+        raise AssertionError(f"Unknown backend type {name}")
 
 
 def check_backend(backend: Any, call: str, setting: str) -> None:

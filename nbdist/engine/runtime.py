@@ -25,7 +25,7 @@ from typing import Any
 
 from .. import compat
 from ..launch import net
-from . import adapters, collectives, debug, exits, gpu, hosted, launched, preempt, schedulers, spawned, world
+from . import adapters, children, collectives, debug, exits, gpu, hosted, launched, preempt, schedulers, spawned, world
 from .state import CELL_END, STATE
 
 _HOOKED: set[int] = set()  # shells whose cell events carry nbdist's hooks
@@ -156,7 +156,7 @@ def _install_cell_hooks() -> None:
     def post(result: Any = None) -> None:
         debug.cell_over()
         exits.at_end(result)  # exit(0) in the cell is success; any exit is told to the notebook
-        spawned.at_end(result)  # a process the cell's code started that failed fails the cell
+        children.at_end(result)  # what the processes the cell started printed; one that failed fails the cell
         for fn in list(CELL_END):  # state.at_cell_end: before the cell counts as done (a background save completes)
             try:
                 fn()

@@ -18,9 +18,8 @@ rank whose world is up (``install``):
   code calls ``init_process_group`` (itself or through the cell's functions and arguments it gets):
   the k-th such process a cell starts is rank k's; this rank runs its own in place (``start()`` returns
   when it is done), the others are done elsewhere (``exitcode`` 0, ``join()`` returns at once);
-- any other process a cell's own code starts is a real child (a producer, a DataLoader's workers
-  are the loader's and untouched); one that ends with a non-zero ``exitcode`` fails the cell at its
-  end, naming it (``at_end``);
+- any other process a cell's own code starts is a real child (children.py: its output is shown, and
+  one that fails fails the cell); a DataLoader's workers are the loader's, untouched;
 - ``set_start_method`` checks the method and leaves the rank's own as it is: the processes a pasted
   script starts run on the world instead, and the rank's later DataLoader workers keep working.
 
@@ -37,12 +36,11 @@ from collections.abc import Callable
 from multiprocessing.process import BaseProcess
 from typing import Any
 
-from .. import compat
+from . import children
 from .state import STATE
 
 ORIGINAL: dict[str, Any] = {}
 _STARTED: dict[str, int] = {"cell": -1, "count": 0}  # processes joining the world started in this cell
-_CHILDREN: list[BaseProcess] = []  # processes the cells' own code started, until their end was checked
 
 
 def _world_up() -> bool:
@@ -70,6 +68,7 @@ def install() -> None:
     for module in (multiprocessing, tmp):
         setattr(module, "set_start_method", set_start_method)  # noqa: B010
     BaseProcess.start = _start  # type: ignore[method-assign]
+    children.install()
 
 
 # --------------------------------------------------------------------------- mp.spawn
@@ -225,9 +224,10 @@ def _start(self: BaseProcess) -> None:
     __tracebackhide__ = True  # a traceback goes from the cell to its own code
     target: Any = getattr(self, "_target", None)
     if not _world_up() or not _from_cell(target) or not _joins_world(target, getattr(self, "_args", ())):
-        ORIGINAL["start"](self)
         if _from_cell(target):
-            _CHILDREN.append(self)
+            children.start(self, ORIGINAL["start"])
+        else:
+            ORIGINAL["start"](self)
         return
     if _STARTED["cell"] != STATE["cell"]:
         _STARTED.update(cell=STATE["cell"], count=0)
@@ -250,7 +250,7 @@ def _start(self: BaseProcess) -> None:
     self._popen = _Ended(status)  # type: ignore[attr-defined]
     self._sentinel = None  # type: ignore[attr-defined]
     if status:
-        _CHILDREN.append(self)
+        children.ended(self)
 
 
 def _from_cell(target: Any) -> bool:
@@ -284,23 +284,3 @@ def _names(code: types.CodeType) -> set[str]:
         if isinstance(const, types.CodeType):
             names |= _names(const)
     return names
-
-
-def at_end(result: Any) -> None:
-    """At the end of a cell: a process its code started that ended with a non-zero status fails it."""
-    ended = [p for p in _CHILDREN if p.exitcode is not None]
-    _CHILDREN[:] = [p for p in _CHILDREN if p.exitcode is None]
-    failed = [p for p in ended if p.exitcode]
-    if not failed or result is None or result.error_in_exec is not None:
-        return
-    p, code = failed[0], int(failed[0].exitcode or 0)
-    why = f"was killed by signal {-code}" if code < 0 else f"exited with status {code}"
-    exc = ChildProcessError(
-        f"the process {p.name} (pid {p.pid}) that this cell started {why}; its own output says why. "
-        f"{'(and ' + str(len(failed) - 1) + ' more) ' if len(failed) > 1 else ''}"
-        f"If it was meant as a rank, call its target here with RANK and WORLD_SIZE instead."
-    )
-    result.error_in_exec = exc
-    from IPython import get_ipython
-
-    compat.show_error(get_ipython(), exc)

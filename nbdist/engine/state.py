@@ -21,6 +21,8 @@ STATE: dict[str, Any] = {
     "watcher": None,
     "debugging": False,  # a live pdb (breakpoint() in a cell) holds this rank, waiting for the notebook
     "kernel": None,  # this engine's kernel, once engine/debug.py took its control channel
+    "exited": None,  # the cell's code raised SystemExit: what engine/exits.py says of it at the cell's end
+    "child_of": None,  # in a process forked from a rank (a cell's own child): the rank and its pid
     "abort_after": 0.3,  # seconds an interrupted cell may take to stop before its process group is broken
 }
 
