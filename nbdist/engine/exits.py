@@ -66,7 +66,7 @@ def install(shell: Any) -> None:
     def showtraceback(exc_tuple: Any = None, *args: Any, **kwargs: Any) -> Any:
         etype, value, tb = exc_tuple or sys.exc_info()
         if isinstance(value, SystemExit) and kwargs.get("exception_only"):
-            said = _exited(value, tb)
+            said = describe(value, tb)
             STATE["exited"] = said
             if said["status"] == 0:
                 return None  # success: nothing to show but the rank's line (at_end)
@@ -104,7 +104,7 @@ def status_of(code: Any) -> int:
     return 1
 
 
-def _exited(exc: SystemExit, tb: TracebackType | None) -> dict[str, Any]:
+def describe(exc: SystemExit, tb: TracebackType | None) -> dict[str, Any]:
     """What to say of this SystemExit: its status, the cell line it came from, and one line of text."""
     from .debug import in_cell
 

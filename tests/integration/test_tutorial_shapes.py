@@ -31,7 +31,7 @@ from tests.torchrun import torchrun
 
 HANG_S = 180
 
-SPAWN_DDP = '''
+SPAWN_DDP = """
 import os
 
 import torch
@@ -89,7 +89,7 @@ def run_demo(demo_fn, world_size):
 if __name__ == "__main__":
     world_size = 2
     run_demo(demo_basic, world_size)
-'''
+"""
 
 PROCESS_TEMPLATE = '''
 """run.py: a hand-written data-parallel SGD, gradients averaged with all_reduce."""
@@ -146,7 +146,7 @@ if __name__ == "__main__":
     print("exit codes", [p.exitcode for p in processes])
 '''
 
-EXIT_EARLY = '''
+EXIT_EARLY = """
 import argparse
 import os
 
@@ -170,11 +170,11 @@ if __name__ == "__main__":
         open(f"{OUT}-rank{os.environ['RANK']}.exited", "w").close()
         exit()
     main(args)
-'''
+"""
 
 # torch's checks before it forms a world, in torch's order; under torchrun the last one (device_id on a CPU
 # rank) is refused after the rendezvous, so it comes last
-REFUSALS = '''
+REFUSALS = """
 import datetime, json, os
 import torch
 import torch.distributed as dist
@@ -197,7 +197,7 @@ for name, kwargs in cases.items():
         said[name] = f"{type(exc).__name__}: {exc}"
 with open(f"{OUT}-rank{os.environ['RANK']}.json", "w") as fh:
     json.dump(said, fh)
-'''
+"""
 
 
 def _program(text: str, path, out) -> str:
@@ -409,9 +409,14 @@ def test_bad_input_is_one_line_naming_the_value_and_the_fix_and_the_world_stays(
     run_cell(ip, "%%distributed\nimport argparse, sys\n_a = (vars(argparse.ArgumentParser().parse_args()), sys.argv)")
     assert nbdist.current().pull("_a") == [({}, ["<cell>"])] * 2
     with pytest.raises(RankError, match=r"a cell has no command line \(sys.argv is \['<cell>'\]\); pass the"):
-        run_cell(ip, "%%distributed\nimport argparse\n_p = argparse.ArgumentParser()\n_p.add_argument('--steps', required=True)\n_p.parse_args()")
+        run_cell(
+            ip,
+            "%%distributed\nimport argparse\n_p = argparse.ArgumentParser()\n_p.add_argument('--steps', required=True)\n_p.parse_args()",
+        )
     # set_start_method on the world: checked, and the rank's own method (fork) left for its DataLoaders
-    run_cell(ip, "%%distributed\nmp.set_start_method('spawn')\nmp.set_start_method('spawn')\n_m = mp.get_start_method()")
+    run_cell(
+        ip, "%%distributed\nmp.set_start_method('spawn')\nmp.set_start_method('spawn')\n_m = mp.get_start_method()"
+    )
     assert nbdist.current().pull("_m") == ["fork", "fork"]
     # an exception in fn fails the cell with fn's own traceback
     with pytest.raises(RankError, match=r"raised ZeroDivisionError") as err:

@@ -93,6 +93,31 @@ def test_legitimate_work_is_looked_at_again_a_watchdog_later(clock):
     assert p.released is None
 
 
+def test_a_rank_that_exited_gets_the_others_probed_after_the_grace_and_released_if_they_wait(clock):
+    p = policy(clock, grace=1.0, watchdog=60.0)  # rank 1's code called exit(); rank 0 still runs
+    assert p.observe(failed=False, finished=True, exited=True) is Action.WAIT
+    clock.advance(1.1)
+    assert p.observe(failed=False, finished=True, exited=True) is Action.PROBE
+    assert p.probed(in_collective=True) is Action.RELEASE
+    assert p.released is Release.EXITED and "had exited" in Release.EXITED.because
+
+
+def test_work_of_its_own_after_another_rank_exited_is_looked_at_again_a_grace_later(clock):
+    p = policy(clock, grace=1.0, watchdog=60.0)
+    p.observe(failed=False, finished=True, exited=True)
+    clock.advance(1.1)
+    assert p.observe(failed=False, finished=True, exited=True) is Action.PROBE
+    assert p.probed(in_collective=False) is Action.WAIT
+    clock.advance(0.9)
+    assert p.observe(failed=False, finished=True, exited=True) is Action.WAIT
+    clock.advance(0.2)
+    assert p.observe(failed=False, finished=True, exited=True) is Action.PROBE
+    clock.advance(60.0)  # the watchdog's probe, later, still means the watchdog
+    p.probed(in_collective=False)
+    assert p.observe(failed=False, finished=True) is Action.PROBE and p.probing is Release.WATCHDOG
+    assert p.released is None
+
+
 def test_no_watchdog_means_no_probe(clock):
     p = policy(clock, watchdog=None)
     p.observe(failed=False, finished=True)
