@@ -86,6 +86,8 @@ SHOWN = {
         "wrote train.py (3 cell(s)) and train.sbatch",
         "[rank 0] nbdist: init_process_group('gloo') kept the world nbdist built (2 ranks, gloo)",
         "[rank 1] the world after the script: 2.0 | the script's main() is here: True",
+        "the same final weights on both ranks as python tutorial_ddp.py's processes, bit for bit: True",
+        "[rank 1] the world after exit(): 2.0",
         "[rank 0] Accelerate sees 2 processes",
         "[rank 1] Accelerate sees 2 processes",
         "[rank 1] the world after three libraries: 2.0",
