@@ -87,7 +87,7 @@ def configure(
     hosted.install()  # torchrun-style init/destroy calls keep the world (%dist_run, pasted code)
     adapters.install()  # libraries that would start processes of their own run on the world instead
     spawned.install()  # so do mp.spawn and hand-started processes that join a process group
-    schedulers.install()  # save_checkpoint finds the LR schedulers that hold its optimizer
+    schedulers.install(first=True)  # save_checkpoint finds the LR schedulers that hold its optimizer
     _preload_namespace()
     return {
         "rank": rank,

@@ -23,8 +23,11 @@ _COUNT = itertools.count()
 _DONE: dict[str, bool] = {"installed": False, "swept": False}
 
 
-def install() -> None:
-    """Note every LR scheduler made from now on (once per process)."""
+def install(first: bool = False) -> None:
+    """Note every LR scheduler made from now on (once per process); ``first``: before any user code ran in
+    this process (a rank's configure), so there is nothing made before to look for."""
+    if first and not _DONE["installed"]:
+        _DONE["swept"] = True
     if _DONE["installed"]:
         return
     from torch.optim.lr_scheduler import LRScheduler
@@ -43,9 +46,11 @@ def _sweep() -> None:
     from torch.optim.lr_scheduler import LRScheduler
 
     _DONE["swept"] = True
+    before = -(10**12)  # made before every scheduler install() noted
     for obj in gc.get_objects():
-        if isinstance(obj, LRScheduler) and obj not in _MADE:
-            _MADE[obj] = next(_COUNT)
+        if issubclass(type(obj), LRScheduler) and obj not in _MADE:  # type(): no proxy's __class__ is asked
+            _MADE[obj] = before
+            before += 1
 
 
 def bound(optimizer: Any, known: Iterable[Any] = ()) -> list[Any]:
