@@ -53,6 +53,7 @@ bench: $(STAMP)
 	OMP_NUM_THREADS=1 $(BIN)/python benchmarks/preemption.py
 	OMP_NUM_THREADS=1 $(BIN)/python benchmarks/checkpoint.py
 	OMP_NUM_THREADS=1 $(BIN)/python benchmarks/multinode.py
+	OMP_NUM_THREADS=1 $(BIN)/python benchmarks/tutorial_shapes.py
 
 clean:
 	rm -rf $(VENV) benchmarks/results
