@@ -37,16 +37,11 @@ from multiprocessing.process import BaseProcess
 from typing import Any
 
 from . import children
+from .adapters import world_up
 from .state import STATE
 
 ORIGINAL: dict[str, Any] = {}
 _STARTED: dict[str, int] = {"cell": -1, "count": 0}  # processes joining the world started in this cell
-
-
-def _world_up() -> bool:
-    import torch.distributed as dist
-
-    return STATE["backend"] is not None and dist.is_available() and dist.is_initialized()
 
 
 def install() -> None:
@@ -98,7 +93,7 @@ def start_processes(
 ) -> Any:
     """torch.multiprocessing.start_processes: on the world, ``fn(rank, *args)`` runs in this rank."""
     __tracebackhide__ = True  # a traceback goes from the cell to its own code
-    if not _world_up():
+    if not world_up():
         return ORIGINAL["start_processes"](fn, args, nprocs, join, daemon, start_method=start_method)
     call = f"mp.{_name}({_fn_name(fn)}, nprocs={nprocs!r})"
     index = _index_for(nprocs, call)
@@ -128,9 +123,9 @@ def start_processes(
 def _index_for(nprocs: Any, call: str) -> int:
     """This rank's process index among ``nprocs``: RANK for the world's size, LOCAL_RANK for a host's."""
     __tracebackhide__ = True  # a traceback goes from the cell to its own code
-    world, local = int(os.environ.get("WORLD_SIZE", "1")), int(os.environ.get("LOCAL_WORLD_SIZE", "1"))
+    world, local = int(STATE["world_size"]), int(os.environ.get("LOCAL_WORLD_SIZE", STATE["world_size"]))
     if nprocs == world:
-        return int(os.environ.get("RANK", "0"))
+        return int(STATE["rank"])
     if nprocs == local:
         return int(os.environ.get("LOCAL_RANK", "0"))
     hosts = f" ({local} on each host)" if local != world else ""
@@ -185,7 +180,7 @@ def _fn_name(fn: Any) -> str:
 def set_start_method(method: Any, force: bool = False) -> None:
     """multiprocessing.set_start_method: on the world, checked and left as it is (see the module's doc)."""
     __tracebackhide__ = True  # a traceback goes from the cell to its own code
-    if not _world_up():
+    if not world_up():
         return ORIGINAL["set_start_method"](method, force=force)
     if method is not None:
         _check_method(method, f"set_start_method({method!r})")
@@ -223,7 +218,7 @@ def _start(self: BaseProcess) -> None:
     """Process.start: a target that joins the world runs on it (rank k's is the k-th); others start as usual."""
     __tracebackhide__ = True  # a traceback goes from the cell to its own code
     target: Any = getattr(self, "_target", None)
-    if not _world_up() or not _from_cell(target) or not _joins_world(target, getattr(self, "_args", ())):
+    if not world_up() or not _from_cell(target) or not _joins_world(target, getattr(self, "_args", ())):
         if _from_cell(target):
             children.start(self, ORIGINAL["start"])
         else:
@@ -231,7 +226,7 @@ def _start(self: BaseProcess) -> None:
         return
     if _STARTED["cell"] != STATE["cell"]:
         _STARTED.update(cell=STATE["cell"], count=0)
-    k, world, rank = _STARTED["count"], int(os.environ["WORLD_SIZE"]), int(os.environ["RANK"])
+    k, world, rank = _STARTED["count"], int(STATE["world_size"]), int(STATE["rank"])
     _STARTED["count"] += 1
     name = _fn_name(target)
     if k >= world:
