@@ -26,7 +26,7 @@ from typing import Any
 from .cells.history import History
 from .cells.output import Sink
 from .cells.run import PendingRun, execute
-from .config import RunConfig, StartConfig, parse_ranks
+from .config import RankSpec, RunConfig, StartConfig, parse_ranks
 from .errors import ClusterError
 from .launch import defaults
 from .launch.hosts import launcher_for
@@ -164,7 +164,7 @@ class Cluster:
             restarts=self.restarts,
         )
 
-    def restart(self, ranks: Any = None) -> float:
+    def restart(self, ranks: RankSpec = None) -> float:
         """Replace the engines of the given ranks (default: all) and rebuild the world.
 
         Ranks keep their numbers; the new engines get new engine ids. Ranks that are
@@ -292,7 +292,7 @@ class Cluster:
     def run(
         self,
         code: str,
-        ranks: Any = None,
+        ranks: RankSpec = None,
         timeout: float | None = None,
         block: bool = True,
         quiet: bool = False,
@@ -353,12 +353,12 @@ class Cluster:
         again.recovered[:0] = [*result.recovered, line]
         return again
 
-    def push(self, mapping: dict[str, Any], ranks: Any = None) -> None:
+    def push(self, mapping: dict[str, Any], ranks: RankSpec = None) -> None:
         """Send variables to the ranks' namespaces."""
         self._engines().push(mapping, parse_ranks(ranks, self.world_size))
         self.history.pushed.update(mapping)
 
-    def pull(self, name: str, ranks: Any = None) -> list[Any]:
+    def pull(self, name: str, ranks: RankSpec = None) -> list[Any]:
         """Fetch a variable from each rank; a list ordered by rank."""
         engines = self._engines()
         return engines.pull(name, parse_ranks(ranks, self.world_size))

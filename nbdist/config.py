@@ -71,7 +71,11 @@ def did_you_mean(value: str, choices: tuple[str, ...] | list[str]) -> str:
     return "choose one of " + ", ".join(repr(c) for c in choices) + "."
 
 
-def parse_ranks(spec: str | int | list[int] | tuple[int, ...] | range | None, world_size: int) -> list[int]:
+# Which ranks: one (0), several ('0,2', [0, 2], range(2)), a span ('1-3'), or None for every rank.
+RankSpec = str | int | list[int] | tuple[int, ...] | range | None
+
+
+def parse_ranks(spec: RankSpec, world_size: int) -> list[int]:
     """Turn a rank spec into a sorted list of ranks.
 
     Accepts None (every rank), an int, an iterable of ints, or a string such as

@@ -14,7 +14,7 @@ from IPython.core.magic import Magics, cell_magic, line_magic, magics_class, nee
 from IPython.core.magic_arguments import argument, magic_arguments
 
 from .. import cluster as api
-from ..config import BACKENDS, LAUNCHERS
+from ..config import BACKENDS, LAUNCHERS, RankSpec
 from ..errors import ClusterError, ConfigError
 from ..world import views
 from .common import USAGE, call, cell_options, check_choice, names_and_ranks, parse, show
@@ -265,7 +265,7 @@ class DistMagics(Magics):
         args = parse(self.rank, line, cell=True)
         return self._run(cell, args.spec, args)
 
-    def _run(self, cell: str, ranks: Any, args: Any) -> Any:
+    def _run(self, cell: str, ranks: RankSpec, args: Any) -> Any:
         """Run a cell with the options every cell magic takes (``cell_options``)."""
         cluster = call(api.current)
         block = not args.noblock

@@ -3,13 +3,16 @@
 from __future__ import annotations
 
 import shlex
-from typing import Any
+from collections.abc import Callable
+from typing import Any, TypeVar
 
 from IPython.core.error import UsageError
 from IPython.core.magic_arguments import argument, parse_argstring
 
 from ..config import did_you_mean
 from ..errors import ClusterError, ConfigError, NbdistError, RankError
+
+T = TypeVar("T")
 
 # Usage of the magics that parse their line by hand; the others' comes from their parsers (``usage``).
 USAGE = {
@@ -87,7 +90,7 @@ def names_and_ranks(line: str, magic: str) -> tuple[list[str], str | None]:
     return words, ranks
 
 
-def call(fn: Any) -> Any:
+def call(fn: Callable[[], T]) -> T:
     """Run an API call; turn configuration and cluster errors into one-line UsageErrors."""
     try:
         return fn()
