@@ -32,7 +32,7 @@ from .launch import defaults
 from .launch.hosts import launcher_for
 from .recovery import Recovery, Replay, repair
 from .results import RunResult
-from .world import kept, views
+from .world import kept, variables, views
 from .world.engineset import EngineSet, RankInfo
 from .world.rendezvous import World, build_world, choose_backend, configure_ranks, leave_world
 
@@ -355,13 +355,12 @@ class Cluster:
 
     def push(self, mapping: dict[str, Any], ranks: RankSpec = None) -> None:
         """Send variables to the ranks' namespaces."""
-        self._engines().push(mapping, parse_ranks(ranks, self.world_size))
+        variables.push(self._engines(), mapping, parse_ranks(ranks, self.world_size))
         self.history.pushed.update(mapping)
 
     def pull(self, name: str, ranks: RankSpec = None) -> list[Any]:
         """Fetch a variable from each rank; a list ordered by rank."""
-        engines = self._engines()
-        return engines.pull(name, parse_ranks(ranks, self.world_size))
+        return variables.pull(self._engines(), name, parse_ranks(ranks, self.world_size))
 
     def _replay(self) -> Replay:
         return Replay(

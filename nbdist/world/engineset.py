@@ -7,11 +7,9 @@ here is addressed by rank. Processes are ended by pid, only those this set start
 
 from __future__ import annotations
 
-import glob
 import json
 import logging
 import os
-import pickle
 import signal
 import time
 from collections.abc import Callable
@@ -20,10 +18,10 @@ from typing import Any
 
 from .. import compat
 from ..config import StartConfig
-from ..errors import ClusterError
 from ..launch import procs
 from ..launch.launchers import Launcher
-from ..results import RankState, remote_error
+from ..results import RankState
+from . import registration
 
 log = logging.getLogger("nbdist")
 
@@ -80,7 +78,7 @@ class EngineSet:
         self._record_jobs()
         self.client = self._ipp.connect_client_sync()
         compat.drop_unreadable_messages(self.client)
-        ids = self._wait_for_engines(self.config.n, known=set(), old_launchers=set())
+        ids = registration.wait_for_engines(self, self.config.n, known=set(), old_launchers=set())
         self.ranks = [RankInfo(rank=i, engine_id=eid) for i, eid in enumerate(self._in_launch_order(ids))]
         return self.ranks
 
@@ -88,10 +86,10 @@ class EngineSet:
         """Kill these ranks' engines and start new ones for the same ranks; return their new RankInfos."""
         self.kill(ranks)
         known = set(self.client.ids) | {r.engine_id for r in self.ranks}
-        old_launchers = {id(el) for el in self._launchers()}
+        old_launchers = {id(el) for el in self.launchers()}
         self._ipp.start_engines_sync(len(ranks))
         self._record_jobs()
-        new_ids = self._in_launch_order(self._wait_for_engines(len(ranks), known, old_launchers))
+        new_ids = self._in_launch_order(registration.wait_for_engines(self, len(ranks), known, old_launchers))
         for rank, eid in zip(ranks, new_ids, strict=True):
             self.ranks[rank] = RankInfo(rank=rank, engine_id=eid)
         return [self.ranks[r] for r in ranks]
@@ -103,7 +101,8 @@ class EngineSet:
         self._ipp = self.launcher.cluster(self.config, os.path.join(self.workdir, "profile"), fresh=False)
         self._ipp.cluster_id = cluster_id
 
-    def _launchers(self) -> list[Any]:
+    def launchers(self) -> list[Any]:
+        """The ipyparallel launcher objects of the engines this set started (one per local engine; one per job)."""
         if self._ipp is None:
             return []
         out: list[Any] = []
@@ -135,67 +134,7 @@ class EngineSet:
 
     def job_ids(self) -> list[str]:
         """The batch jobs (Slurm job ids) this set submitted."""
-        return self.launcher.job_ids(self._launchers()) or list(self.kept_jobs)
-
-    def _check_preflight(self) -> None:
-        """Fail with the first line an engine wrote when it could not reach the controller (engine/__main__.py)."""
-        for path in sorted(glob.glob(os.path.join(self.workdir, "preflight-*.txt"))):
-            try:
-                with open(path) as fh:
-                    line = fh.read().strip()
-            except OSError:
-                continue
-            raise ClusterError(f"{line} {self.launcher.unreachable_hint()}".strip())
-
-    def _wait_for_engines(self, n: int, known: set[int], old_launchers: set[int]) -> list[int]:
-        """Wait until n new engines registered; name the missing ranks if they don't (docs/faults.md, row 7).
-
-        ``known`` are engine ids that existed before, ``old_launchers`` the ids of
-        launcher objects that existed before this start (their exits are not news).
-        While a batch job waits in the queue the timeout does not run; the wait is
-        reported through ``progress`` and Ctrl-C ends it (the caller cancels the job).
-        """
-        started = time.monotonic()
-        deadline = started + self.config.timeout
-        said, said_at, asked_at = "", 0.0, 0.0
-        finished: list[Any] = []
-        while True:
-            new = sorted(set(self.client.ids) - known)
-            if len(new) >= n:
-                return new[:n]
-            launchers = [el for el in self._launchers() if id(el) not in old_launchers]
-            self._check_preflight()
-            now = time.monotonic()
-            if self.launcher.multi_host and now - asked_at >= 1.0:
-                asked_at = now
-                waiting, finished = self.launcher.queue(launchers)
-                if waiting:
-                    deadline = max(deadline, now + self.config.timeout)
-                    if now - started >= 2 and (waiting != said or now - said_at >= 15):
-                        self.progress(f"{waiting}; waited {now - started:.0f} s (Ctrl-C cancels it)")
-                        said, said_at = waiting, now
-            exited = [el for el in launchers if procs.exited(el) or el in finished]
-            # An engine that exited will never register; report once the others have. One launcher
-            # of several hosts (mpiexec, srun, a job) carries every engine: its exit ends the wait.
-            enough = self.launcher.multi_host or len(new) >= n - len(exited)
-            if (exited and enough) or time.monotonic() > deadline:
-                self._check_preflight()  # written just before those engines exited
-                missing = n - len(new)
-                first_missing = len(self.ranks) if known else len(new)
-                names = ", ".join(str(first_missing + i) for i in range(missing))
-                why = (
-                    f"{len(exited)} engine process(es) exited while starting"
-                    if exited
-                    else f"they did not register within {self.config.timeout:.0f} s"
-                )
-                logs = exited or (launchers if self.launcher.multi_host else [])
-                tail = _log_tail(getattr(logs[0], "output_file", "")) if logs else ""
-                raise ClusterError(
-                    f"{missing} of {n} engine(s) did not start, so rank(s) {names} have no engine: {why}."
-                    + (f" Engine log: {tail}" if tail else "")
-                    + " Check memory and the engine log, then try again (a larger --timeout helps on a busy machine)."
-                )
-            time.sleep(0.02)
+        return self.launcher.job_ids(self.launchers()) or list(self.kept_jobs)
 
     def kill(self, ranks: list[int]) -> None:
         """End the engines of these ranks (only processes this set started); wait until they have ended.
@@ -236,7 +175,7 @@ class EngineSet:
         """Process ids, on this host, of the controller and engines this set started, and their children."""
         pids = [r.pid for r in self.ranks if r.pid and r.local] + self.kept_pids
         if self._ipp is not None:
-            pids.extend(el.pid for el in self._launchers() if getattr(el, "pid", None))
+            pids.extend(el.pid for el in self.launchers() if getattr(el, "pid", None))
             controller = self._ipp.controller
             if controller is not None and getattr(controller, "pid", None):
                 pids.append(controller.pid)
@@ -331,70 +270,3 @@ class EngineSet:
     def apply(self, rank: int, fn: Any, /, *args: Any, **kwargs: Any) -> Any:
         """Call fn on one rank's engine; an AsyncResult."""
         return self.client[self.ranks[rank].engine_id].apply_async(fn, *args, **kwargs)
-
-    def push(self, mapping: dict[str, Any], ranks: list[int]) -> None:
-        """Send variables to these ranks' namespaces (docs/faults.md, row 8: unpicklable values named)."""
-        for name, value in mapping.items():
-            _check_picklable(name, value)
-        self.client[self.engine_ids(ranks)].push(mapping, block=True)
-
-    def pull(self, name: str, ranks: list[int]) -> list[Any]:
-        """A variable's value on each of these ranks, in rank order."""
-        out = []
-        for rank in ranks:
-            eid = self.ranks[rank].engine_id
-            try:
-                out.append(self.client[eid].pull(name, block=True))
-            except Exception as exc:
-                raise self._pull_error(name, rank, eid, exc) from None
-        return out
-
-    def _pull_error(self, name: str, rank: int, eid: int, exc: BaseException) -> ClusterError:
-        err = remote_error(exc)
-        if err["ename"] == "NameError":
-            return ClusterError(
-                f"rank {rank} (engine {eid}) has no variable {name!r}; define it in a %%distributed cell first."
-            )
-        try:
-            from ipyparallel import interactive
-
-            kind = self.client[eid].apply_sync(interactive(_type_name), name)
-        except Exception:
-            kind = "unknown"
-        hint = " Move it to the CPU first (.cpu())." if "cuda" in kind.lower() else ""
-        return ClusterError(
-            f"cannot fetch {name!r} (type {kind}) from rank {rank} (engine {eid}): {err['ename']}: "
-            f"{err['evalue']}. Convert it to a picklable value (a number, list, numpy array or CPU tensor)"
-            f" on the ranks first.{hint}"
-        )
-
-
-def _log_tail(path: str) -> str:
-    try:
-        with open(path, errors="replace") as fh:
-            return " | ".join(fh.read().strip().splitlines()[-3:])[-400:]
-    except OSError:
-        return ""
-
-
-def _check_picklable(name: str, value: Any) -> None:
-    try:
-        import cloudpickle as pickler  # what ipyparallel uses for functions and closures
-    except ImportError:  # pragma: no cover
-        pickler = pickle  # type: ignore[no-redef]
-    try:
-        pickler.dumps(value)
-    except Exception as exc:
-        raise ClusterError(
-            f"cannot send {name!r} (type {type(value).__module__}.{type(value).__qualname__}) to the ranks: "
-            f"{type(exc).__name__}: {exc}. Send a simpler value (numbers, lists, dicts, numpy arrays, "
-            "CPU tensors: use .cpu()), or build it inside a %%distributed cell."
-        ) from exc
-
-
-def _type_name(name: str) -> str:
-    """On an engine: the type (and device) of a variable in its namespace."""
-    value = globals()[name]
-    kind = f"{type(value).__module__}.{type(value).__qualname__}"
-    device = getattr(value, "device", None)
-    return f"{kind} on {device}" if device is not None else kind

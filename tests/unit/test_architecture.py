@@ -13,6 +13,9 @@ import pytest
 
 ROOT = pathlib.Path(__file__).resolve().parents[2] / "nbdist"
 MAX_LINES = 400
+# Folders where the next features land (a panel on the ranks' state, an elastic world, another launcher) keep
+# room under a lower cap; cells/ and cluster.py join them when they are split (issue 38).
+ROOMY = {"nbdist.world": 300}
 
 
 def _modules() -> dict[str, pathlib.Path]:
@@ -208,7 +211,8 @@ def _reach(start: str) -> set[str]:
 @pytest.mark.parametrize("name", sorted(MODULES))
 def test_no_module_is_over_400_lines(name):
     lines = len(MODULES[name].read_text().splitlines())
-    assert lines <= MAX_LINES, f"{MODULES[name]} has {lines} lines; split it by job (limit {MAX_LINES})"
+    limit = next((cap for folder, cap in ROOMY.items() if name.startswith(folder + ".")), MAX_LINES)
+    assert lines <= limit, f"{MODULES[name]} has {lines} lines; split it by job (limit {limit})"
 
 
 def test_no_private_name_crosses_a_module_boundary():
