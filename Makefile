@@ -6,7 +6,7 @@ BIN := $(VENV)/bin
 RUNTIME := $(VENV)/.runtime
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test lint bench clean system
+.PHONY: demo test unit lint bench clean system
 
 # What the demo needs: nbdist and its runtime dependencies (a user's install).
 $(RUNTIME): pyproject.toml
@@ -36,6 +36,10 @@ test: $(STAMP) system
 	$(BIN)/ruff check nbdist tests benchmarks notebooks deploy
 	$(BIN)/mypy
 	OMP_NUM_THREADS=1 $(BIN)/python -m pytest -q -p no:cacheprovider tests
+
+# The tests that need no cluster, no browser and no system package: under a minute, for the edit-test loop.
+unit: $(STAMP)
+	OMP_NUM_THREADS=1 $(BIN)/python -m pytest -q -p no:cacheprovider tests/unit
 
 lint: $(STAMP)
 	$(BIN)/ruff check nbdist tests benchmarks notebooks deploy
