@@ -1,12 +1,16 @@
-"""What one engine's reply to a cell says, read from ipyparallel's AsyncResult and its metadata: the error
-it reported, the exit its code made (engine/exits.py), how long it took, and the displays it showed."""
+"""What each engine's reply to a cell says, read from ipyparallel's AsyncResult and its metadata: the error
+it reported, the exit its code made (engine/exits.py), how long it took, the displays it showed; ``collect``
+gathers them into the cell's RunResult."""
 
 from __future__ import annotations
 
+import time
 from datetime import datetime
 from typing import Any
 
 from .. import wire
+from ..results import RankResult, RankStatus, Release, RunResult, classify, remote_error
+from ..world.engineset import EngineSet
 
 
 def shown(outputs: list[dict[str, Any]] | None) -> list[dict[str, Any]]:
@@ -42,3 +46,63 @@ def seconds_between(start: Any, end: Any) -> float | None:
         return float((end - start).total_seconds())
     except (TypeError, ValueError):
         return None
+
+
+def collect(
+    children: list[Any],
+    engines: EngineSet,
+    ranks: list[int],
+    *,
+    dead: dict[int, int],
+    killed: list[int],
+    released: Release | None,
+    reports: dict[int, dict[str, Any]],
+    metrics: dict[int, list[dict[str, Any]]],
+    started: float,
+) -> RunResult:
+    """Each rank's reply as a RankResult, in one RunResult: ``dead`` the children whose process ended before they
+    replied (by pid), ``killed`` the ranks nbdist ended, ``reports`` where released ranks were."""
+    checkpoint: dict[str, Any] | None = None
+    out = []
+    for i, child in enumerate(children):
+        rank = ranks[i]
+        md = child.output.metadata
+        info = engines.ranks[rank]
+        rr = RankResult(rank=rank, engine_id=info.engine_id, host="" if info.local else info.host)
+        rr.stdout, rr.stderr = md.get("stdout") or "", md.get("stderr") or ""
+        rr.outputs = shown(md.get("outputs"))
+        rr.result = md.get("execute_result")
+        rr.wall_s = seconds_between(md.get("started"), md.get("completed"))
+        checkpoint = (md.get("data") or {}).get(wire.CHECKPOINT, checkpoint)
+        rr.exited = exit_of(child)
+        exc = error_of(child)
+        if i in dead and not child.done():
+            rr.status = RankStatus.DEAD
+            rr.error = {
+                "ename": "EngineError",
+                "evalue": f"its process (pid {dead[i]}) ended",
+                "traceback": [],
+            }
+        elif rank in killed or not child.done():
+            rr.status = RankStatus.DEAD
+            rr.error = {"ename": "Killed", "evalue": "did not stop after an interrupt; nbdist ended it"}
+            rr.error["traceback"] = []
+        elif exc is not None:
+            rr.error = remote_error(exc)
+            rr.status = classify(rr.error, released)
+            report = reports.get(rank, {})
+            if report.get("cell_line") and not rr.error.get("line"):
+                rr.error["line"] = report["cell_line"]
+        else:
+            rr.status = RankStatus.OK
+        out.append(rr)
+    result = RunResult(
+        ranks=out,
+        wall_s=time.perf_counter() - started,
+        released=released,
+        reports=reports if released else {},
+        metrics=metrics,
+        checkpoint=checkpoint,
+    )
+    result.explain()
+    return result

@@ -1,0 +1,129 @@
+"""What the ranks send while a cell runs, in the order they sent it, handed to the sink: each rank's stdout,
+stderr and displays (message by message), its result and its metric rows; a rank debugger's messages go
+aside, to the watch's relay (``pdb``).
+
+Output is read from ipyparallel's per-engine metadata as it grows (the iopub callback only records the
+message and wakes the watch), so nothing is lost or printed twice.
+"""
+
+from __future__ import annotations
+
+import functools
+import queue
+from collections import deque
+from typing import Any
+
+from .. import wire
+from . import replies
+from .output import Sink
+
+_SHOWN_TYPES = ("stream", "display_data", "execute_result", "error", "data_message")
+
+
+class Heard:
+    """One cell's output from its ranks (``children``: ipyparallel's per-engine results, in rank order)."""
+
+    def __init__(self, children: list[Any], ranks: list[int], sink: Sink, wake: queue.SimpleQueue[int]) -> None:
+        self.children, self.ranks, self.sink, self.wake = children, ranks, sink, wake
+        self.seen = [_Seen() for _ in children]
+        self.metrics: dict[int, list[dict[str, Any]]] = {r: [] for r in ranks}
+        # What each rank wrote and displayed, message by message, in order (ipyparallel keeps each stream's
+        # text and the displays apart): (stream, text) or ("display", content), appended by its IO thread.
+        self.order: list[deque[tuple[str, Any]]] = [deque() for _ in children]
+        self.pdb: queue.SimpleQueue[tuple[int, dict[str, Any]]] = queue.SimpleQueue()  # (child, what its pdb said)
+        self.heard = [functools.partial(self._poke, i) for i in range(len(children))]
+
+    def listen(self) -> None:
+        """On the client's IO thread, between two messages: take what each rank already sent from the
+        store (a fast rank can print before the watch exists), then hear every later message."""
+        for i, (child, heard) in enumerate(zip(self.children, self.heard, strict=True)):
+            md = child.output.metadata
+            self.order[i].extend((name, md[name]) for name in ("stdout", "stderr") if md.get(name))
+            for content in md.get("outputs") or []:
+                self._heard_display(i, content)
+            child.iopub_callbacks.append(heard)
+
+    def _poke(self, i: int, msg: Any) -> None:
+        # Wake the watching thread only for what it shows; bookkeeping messages would just
+        # make it compete with ipyparallel's IO thread for the GIL.
+        kind = msg.get("header", {}).get("msg_type")
+        if kind == "stream":
+            content = msg.get("content", {})
+            self.order[i].append((content.get("name", "stdout"), content.get("text", "")))
+        elif kind == "display_data":
+            self._heard_display(i, msg.get("content", {}))
+        if kind in _SHOWN_TYPES:
+            self.wake.put(1)
+
+    def _heard_display(self, i: int, content: dict[str, Any]) -> None:
+        said = (content.get("data") or {}).get(wire.PDB)
+        if said is None:
+            self.order[i].append(("display", content))
+        else:
+            self.pdb.put((i, said))
+
+    def emit(self, last: bool = False) -> None:
+        """Hand the sink what each rank produced since the last call (``last``: the cell is over)."""
+        for i, child in enumerate(self.children):
+            md, rank, seen = child.output.metadata, self.ranks[i], self.seen[i]
+            self._emit_streams(i, md, rank, seen, last)
+            if md.get("execute_result") and not seen.result:
+                seen.result = True
+                self.sink.result(rank, md["execute_result"])
+            data = md.get("data") or {}
+            for key in sorted(k for k in data if k.startswith(wire.METRICS) and k not in seen.data):
+                seen.data.add(key)
+                rows = data[key].get("rows", [])
+                self.metrics[rank].extend(rows)
+                call_sink(self.sink, "metrics", rank, rows)
+
+    def _emit_streams(self, i: int, md: dict[str, Any], rank: int, seen: _Seen, last: bool = False) -> None:
+        """A rank's new stdout, stderr and displays in the order they were made, from the messages heard
+        (ipyparallel's stored text is rewritten at each carriage return, so it cannot be sliced by length);
+        ``last``: what no message was heard of (made before the watch listened) comes from the store."""
+        order = self.order[i]
+        while order:
+            name, item = order.popleft()
+            if name == "display":
+                seen.outputs += 1
+                self.sink.display(rank, item)
+            else:
+                seen.chars[name] += len(item)
+                self.sink.stream(rank, name, item)
+        if last:
+            for name in ("stdout", "stderr"):
+                stored = md.get(name) or ""
+                if stored and not seen.chars[name]:
+                    seen.chars[name] = len(stored)
+                    self.sink.stream(rank, name, stored)
+            outputs = replies.shown(md.get("outputs"))
+            for content in outputs[seen.outputs :]:
+                self.sink.display(rank, content)
+            seen.outputs = len(outputs)
+
+    def stop(self) -> None:
+        """Hear no more of these ranks' messages (the cell is over)."""
+        for child, heard in zip(self.children, self.heard, strict=True):
+            try:
+                child.iopub_callbacks.remove(heard)
+            except ValueError:
+                pass
+
+
+class _Seen:
+    """How much of one rank's output has been handed to the sink."""
+
+    __slots__ = ("chars", "outputs", "result", "data")
+
+    def __init__(self) -> None:
+        self.chars = {"stdout": 0, "stderr": 0}
+        self.outputs = 0
+        self.result = False
+        self.data: set[str] = set()
+
+
+def call_sink(sink: Any, method: str, *args: Any) -> None:
+    """Call an optional sink method (a sink that does not subclass Sink may lack it)."""
+    fn = getattr(sink, method, None)
+    if fn is not None:
+        fn(*args)
