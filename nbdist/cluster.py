@@ -25,16 +25,16 @@ from typing import Any
 
 from .cells.history import History
 from .cells.output import Sink
-from .cells.run import PendingRun, execute
+from .cells.run import PendingRun
 from .config import RankSpec, RunConfig, StartConfig, parse_ranks
 from .errors import ClusterError
 from .launch import defaults
 from .launch.hosts import launcher_for
-from .recovery import Recovery, Replay, repair
+from .recovery import CellPath, Recovery
 from .results import RunResult
 from .world import kept, variables, views
 from .world.engineset import EngineSet, RankInfo
-from .world.rendezvous import World, build_world, choose_backend, configure_ranks, leave_world
+from .world.rendezvous import World, form_world, leave_world, reform_world
 
 _CURRENT: Cluster | None = None  # the active cluster (strong: it owns processes)
 
@@ -78,7 +78,7 @@ def start(
     return cluster.start()
 
 
-class Cluster:
+class Cluster(views.WorldView):
     """n engines, ranks 0..n-1, one process group. Use as a context manager to stop it."""
 
     def __init__(
@@ -99,6 +99,9 @@ class Cluster:
         self._workdir = ""
         self._lock = threading.RLock()
         self.keeper: kept.Keeper | None = None  # --keep: the record %dist_attach reads, the lease kept fresh
+        self.cells = CellPath(  # a cell's way through the ranks, with recovery
+            self._engines, self.config, self.recovery, self.history, self.progress, self.restart, self.rebuild_world
+        )
 
     # ------------------------------------------------------------------ lifecycle
 
@@ -136,8 +139,7 @@ class Cluster:
         global _CURRENT
         self.engines = kept.reconnect(record, self.config, launcher_for(self.config))
         self._workdir, self.world, self.restarts = record.workdir, World(**record.world), record.restarts
-        self.keeper = kept.Keeper(record.workdir, record.keep_s)
-        self.keeper.record = record  # its start time stays the world's
+        self.keeper = kept.Keeper.of(record)
         self._kept()
         self.running = True
         _CURRENT = self
@@ -145,24 +147,11 @@ class Cluster:
 
     def _kept(self) -> None:
         """--keep: write (again, after a restart) what %dist_attach needs, and keep the lease fresh."""
-        if self.config.keep is not None and self.engines is not None and self.world is not None:
-            self.keeper = self.keeper or kept.Keeper(self._workdir, float(self.config.keep))
-            self.keeper.save(self.config, self.world, self.engines, self.restarts)
+        self.keeper = kept.keep(self.keeper, self.config, self._workdir, self.world, self.engines, self.restarts)
 
     def _form_world(self, configure: list[RankInfo]) -> None:
         """Configure these ranks' engines, choose the backend and build the world on every rank."""
-        engines, cfg = self._engines(), self.config
-        master_addr = configure_ranks(engines, configure, pin=cfg.pin, timeout=cfg.timeout)
-        backend = choose_backend(cfg.backend, [r.gpu for r in self.ranks])
-        self.world = build_world(
-            engines,
-            backend=backend,
-            master_addr=master_addr,
-            timeout=min(cfg.timeout, 30.0),
-            pg_timeout=cfg.pg_timeout,
-            debug=cfg.debug_collectives,
-            restarts=self.restarts,
-        )
+        self.world = form_world(self._engines(), configure, self.config, self.restarts)
 
     def restart(self, ranks: RankSpec = None) -> float:
         """Replace the engines of the given ranks (default: all) and rebuild the world.
@@ -187,16 +176,7 @@ class Cluster:
         engines = self._engines()
         if self.world is None:
             raise ClusterError("this cluster has no world yet; run %dist_restart to form it.")
-        leave_world(engines)
-        self.world = build_world(
-            engines,
-            backend=self.world.backend,
-            master_addr=self.world.master_addr,
-            timeout=min(self.config.timeout, 30.0),
-            pg_timeout=self.config.pg_timeout,
-            debug=self.config.debug_collectives,
-            restarts=self.restarts,
-        )
+        self.world = reform_world(engines, self.world, self.config, self.restarts)
         return self.world.seconds
 
     def stop(self) -> None:
@@ -224,69 +204,6 @@ class Cluster:
         state = "running" if self.running else "stopped"
         return f"<nbdist.Cluster {state}: {self.world_size} rank(s), backend={self.backend or '-'}>"
 
-    def _engines(self) -> EngineSet:
-        if self.engines is None or self.engines.client is None or not self.engines.ranks:
-            raise ClusterError("this cluster is stopped; start one with nbdist.start(n=2) or %dist_start -n 2.")
-        return self.engines
-
-    # ------------------------------------------------------------------ state
-
-    @property
-    def ranks(self) -> list[RankInfo]:
-        return self.engines.ranks if self.engines is not None else []
-
-    @property
-    def world_size(self) -> int:
-        return len(self.ranks)
-
-    @property
-    def client(self) -> Any:
-        """The ipyparallel Client (for what nbdist does not wrap)."""
-        return self.engines.client if self.engines is not None else None
-
-    @property
-    def chosen(self) -> str:
-        """What nbdist chose when the user left -n out, and why, in one line ('' when the user chose)."""
-        return self.choice.line(self.backend) if self.choice else ""
-
-    @property
-    def backend(self) -> str:
-        return self.world.backend if self.world else ""
-
-    @property
-    def master_addr(self) -> str:
-        return self.world.master_addr if self.world else ""
-
-    @property
-    def master_port(self) -> int:
-        return self.world.master_port if self.world else 0
-
-    def pids(self) -> list[int]:
-        """Process ids of the controller and engines this cluster started."""
-        return self.engines.pids() if self.engines is not None else []
-
-    def dead_ranks(self) -> list[int]:
-        """Ranks whose engine process has died or left the controller."""
-        return self._engines().dead_ranks()
-
-    def status(self) -> list[dict[str, Any]]:
-        """One row per rank: rank, engine id, host, pid, device, GPU (name, memory held), cores, backend, state."""
-        return views.status(self._engines(), self.backend)
-
-    @property
-    def shape(self) -> views.WorldShape:
-        """Backend, ranks, hosts and threads per rank: what a job script for this world needs."""
-        return views.shape(self._engines(), self.backend, self.config.threads or 1)
-
-    def where(self, wait: float = 1.0, group: bool = False) -> list[str]:
-        """Where each rank is now: its cell lines, its last collective, the odd one marked (doctor.py);
-        ``group``: ranks at the same place are one entry."""
-        return views.where(self._engines(), wait, group)
-
-    def view(self, ranks: list[int]) -> Any:
-        """An ipyparallel DirectView on these ranks' engines."""
-        return self._engines().view(ranks)
-
     # ------------------------------------------------------------------ work
 
     def run(
@@ -310,48 +227,12 @@ class Cluster:
         data); with ``max_restarts`` it is replayed after an automatic restart (recovery.py).
         """
         engines = self._engines()
-        cfg = RunConfig(
-            ranks=parse_ranks(ranks, self.world_size), timeout=timeout, block=block, quiet=quiet, each=each
-        )
+        cfg = RunConfig(ranks=parse_ranks(ranks, self.world_size), timeout=timeout, block=block, quiet=quiet, each=each)
         dead = engines.dead_ranks()
         if dead and self.recovery.left > 0:  # died between cells (a preempted rank left, say)
-            self.recovery.recover(dead, self._replay(), self.progress)
-        self.last = self._execute(code, cfg, sink, setup)
+            self.recovery.recover(dead, self.cells.replay(), self.progress)
+        self.last = self.cells.execute(code, cfg, sink, setup)
         return self.last
-
-    def _execute(self, code: str, cfg: RunConfig, sink: Sink | None, setup: bool) -> RunResult | PendingRun:
-        def then(result: RunResult, recover: list[int]) -> RunResult:
-            return self._after(result, recover, code, cfg, sink, setup)
-
-        return execute(
-            self._engines(),
-            code,
-            cfg,
-            grace=self.config.grace,
-            watchdog=self.config.watchdog,
-            on_done=self._repair,
-            sink=sink,
-            then=then,
-        )
-
-    def _after(
-        self, result: RunResult, dead: list[int], code: str, cfg: RunConfig, sink: Sink | None, setup: bool
-    ) -> RunResult:
-        """Remember the cell and the last checkpoint; recover ``dead`` (from ``_repair``) while the budget lasts."""
-        self.recovery.checkpoint = result.checkpoint or self.recovery.checkpoint
-        if result.ok:  # setup cells among them are what recovery replays
-            self.history.add(code, cfg.ranks, setup)
-        line = ""
-        try:
-            line = self.recovery.recover(dead, self._replay(), self.progress) if dead else ""
-        except ClusterError as exc:
-            result.notes.append(str(exc))
-        if not line:
-            return result
-        again = self._execute(code, RunConfig(ranks=cfg.ranks, timeout=cfg.timeout, quiet=cfg.quiet, each=cfg.each), sink, setup)
-        assert isinstance(again, RunResult)
-        again.recovered[:0] = [*result.recovered, line]
-        return again
 
     def push(self, mapping: dict[str, Any], ranks: RankSpec = None) -> None:
         """Send variables to the ranks' namespaces."""
@@ -361,20 +242,6 @@ class Cluster:
     def pull(self, name: str, ranks: RankSpec = None) -> list[Any]:
         """Fetch a variable from each rank; a list ordered by rank."""
         return variables.pull(self._engines(), name, parse_ranks(ranks, self.world_size))
-
-    def _replay(self) -> Replay:
-        return Replay(
-            restart=self.restart,
-            engines=self._engines(),
-            setup=self.history.setup_cells(),
-            grace=self.config.grace,
-            watchdog=self.config.watchdog,
-            timeout=self.config.timeout,
-        )
-
-    def _repair(self, result: RunResult, killed: list[int]) -> list[int]:
-        """After a release or a broken collective, make the world usable again (recovery.repair)."""
-        return repair(result, killed, self.recovery, self.config.auto_restart, self.restart, self.rebuild_world)
 
 
 def _print_line(line: str) -> None:

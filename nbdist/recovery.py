@@ -23,10 +23,10 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from .cells.history import Cell
+from .cells.history import Cell, History
 from .cells.output import Sink
-from .cells.run import execute
-from .config import RunConfig
+from .cells.run import PendingRun, execute
+from .config import RunConfig, StartConfig
 from .errors import ClusterError
 from .results import RankStatus, RunResult
 from .world.engineset import EngineSet
@@ -119,7 +119,9 @@ def _restore(replay: Replay, checkpoint: dict[str, Any] | None) -> int | None:
     if not checkpoint:
         return None
     engines = replay.engines
-    futures = [engines.apply(r, restore_on_rank, checkpoint["path"], checkpoint["names"]) for r in range(len(engines.ranks))]
+    futures = [
+        engines.apply(r, restore_on_rank, checkpoint["path"], checkpoint["names"]) for r in range(len(engines.ranks))
+    ]
     steps = []
     for rank, fut in enumerate(futures):
         try:
@@ -138,7 +140,7 @@ def repair(
     rebuild: Callable[[], float],
 ) -> list[int]:
     """After a release or a broken collective, make the world usable again and say how in the notes;
-    return the ranks left for automatic recovery (the Cluster's ``_after`` recovers them and runs the cell
+    return the ranks left for automatic recovery (``CellPath.after`` recovers them and runs the cell
     again). ``restart`` and ``rebuild`` are the Cluster's."""
     dead = sorted({r.rank for r in result.ranks if r.status == RankStatus.DEAD} | set(killed))
     listed = ", ".join(map(str, dead))
@@ -152,9 +154,7 @@ def repair(
             f"{recovery.budget}); run %dist_restart to bring the world back with the same ranks."
         )
     elif dead and not (killed or auto_restart):
-        result.notes.append(
-            f"rank(s) {listed} died; run %dist_restart to bring the world back with the same ranks."
-        )
+        result.notes.append(f"rank(s) {listed} died; run %dist_restart to bring the world back with the same ranks.")
     elif dead:
         try:
             restart(dead)
@@ -173,3 +173,68 @@ def repair(
         except Exception as exc:
             result.notes.append(f"rebuilding the process group failed ({exc}); run %dist_restart.")
     return []
+
+
+@dataclass(slots=True)
+class CellPath:
+    """A cell's way through a cluster's ranks with its repair policy: run it (cells/run.py); when ranks died
+    and the budget lasts, restart them, replay the setup cells, restore, and run it again. The callables are
+    the Cluster's: its engines (raising when it is stopped), ``restart`` and ``rebuild_world``."""
+
+    engines: Callable[[], EngineSet]
+    config: StartConfig
+    recovery: Recovery
+    history: History
+    say: Callable[[str], None]
+    restart: Callable[[list[int]], float]
+    rebuild: Callable[[], float]
+
+    def execute(self, code: str, cfg: RunConfig, sink: Sink | None, setup: bool) -> RunResult | PendingRun:
+        def then(result: RunResult, recover: list[int]) -> RunResult:
+            return self.after(result, recover, code, cfg, sink, setup)
+
+        return execute(
+            self.engines(),
+            code,
+            cfg,
+            grace=self.config.grace,
+            watchdog=self.config.watchdog,
+            on_done=self.repair,
+            sink=sink,
+            then=then,
+        )
+
+    def after(
+        self, result: RunResult, dead: list[int], code: str, cfg: RunConfig, sink: Sink | None, setup: bool
+    ) -> RunResult:
+        """Remember the cell and the last checkpoint; recover ``dead`` (from ``repair``) while the budget lasts."""
+        self.recovery.checkpoint = result.checkpoint or self.recovery.checkpoint
+        if result.ok:  # setup cells among them are what recovery replays
+            self.history.add(code, cfg.ranks, setup)
+        line = ""
+        try:
+            line = self.recovery.recover(dead, self.replay(), self.say) if dead else ""
+        except ClusterError as exc:
+            result.notes.append(str(exc))
+        if not line:
+            return result
+        again = self.execute(
+            code, RunConfig(ranks=cfg.ranks, timeout=cfg.timeout, quiet=cfg.quiet, each=cfg.each), sink, setup
+        )
+        assert isinstance(again, RunResult)
+        again.recovered[:0] = [*result.recovered, line]
+        return again
+
+    def replay(self) -> Replay:
+        return Replay(
+            restart=self.restart,
+            engines=self.engines(),
+            setup=self.history.setup_cells(),
+            grace=self.config.grace,
+            watchdog=self.config.watchdog,
+            timeout=self.config.timeout,
+        )
+
+    def repair(self, result: RunResult, killed: list[int]) -> list[int]:
+        """After a release or a broken collective, make the world usable again (``repair``)."""
+        return repair(result, killed, self.recovery, self.config.auto_restart, self.restart, self.rebuild)

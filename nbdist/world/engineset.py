@@ -94,10 +94,11 @@ class EngineSet:
             self.ranks[rank] = RankInfo(rank=rank, engine_id=eid)
         return [self.ranks[r] for r in ranks]
 
-    def adopt(self, client: Any, ranks: list[RankInfo], cluster_id: str) -> None:
-        """Take over a running world (a kept one, kept.py): its client, its ranks, and a launcher that starts
-        engines for its controller (%dist_restart) without touching that controller or its keys."""
-        self.client, self.ranks = client, ranks
+    def adopt(self, client: Any, ranks: list[RankInfo], cluster_id: str, pids: list[int], jobs: list[str]) -> None:
+        """Take over a running world (a kept one, kept.py): its client, its ranks, the processes and batch jobs
+        it runs in (``pids``, ``jobs``: stopped with it), and a launcher that starts engines for its controller
+        (%dist_restart) without touching that controller or its keys."""
+        self.client, self.ranks, self.kept_pids, self.kept_jobs = client, ranks, pids, jobs
         self._ipp = self.launcher.cluster(self.config, os.path.join(self.workdir, "profile"), fresh=False)
         self._ipp.cluster_id = cluster_id
 

@@ -90,6 +90,13 @@ class Keeper:
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
 
+    @classmethod
+    def of(cls, record: Record) -> Keeper:
+        """The keeper of a world kept before (``attach``): its start time stays the world's."""
+        keeper = cls(record.workdir, record.keep_s)
+        keeper.record = record
+        return keeper
+
     def save(self, config: StartConfig, world: World, engines: EngineSet, restarts: int) -> Record:
         """Write (again: after a restart the pids change) the record; start touching the lease."""
         ranks = {r.pid for r in engines.ranks}
@@ -105,11 +112,17 @@ class Keeper:
             config=dataclasses.asdict(config),
             world=dataclasses.asdict(world),
             ranks=[dataclasses.asdict(r) for r in engines.ranks],
-            procs=[[pid, born] for pid in engines.pids() if pid not in ranks and (born := parentwatch.start_time(pid)) is not None],
+            procs=[
+                [pid, born]
+                for pid in engines.pids()
+                if pid not in ranks and (born := parentwatch.start_time(pid)) is not None
+            ],
             jobs=engines.job_ids(),
             restarts=restarts,
         )
-        engines.client[[r.engine_id for r in engines.ranks]].apply_sync(parentwatch.keep_world, self.workdir, self.keep_s)
+        engines.client[[r.engine_id for r in engines.ranks]].apply_sync(
+            parentwatch.keep_world, self.workdir, self.keep_s
+        )
         path = self.record.path
         tmp = f"{path}.{os.getpid()}.tmp"
         with open(os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600), "w") as fh:
@@ -159,7 +172,9 @@ def find(name: str | None = None) -> Record:
         paths = [p for p in paths if os.path.basename(p) in (name, f"{name}.json")]
     if not paths:
         what = f"no world named {name!r} is kept" if name else "no world is kept"
-        raise ConfigError(f"{what} in {directory}; start one with %dist_start -n 2 --keep 30m, then restart the kernel.")
+        raise ConfigError(
+            f"{what} in {directory}; start one with %dist_start -n 2 --keep 30m, then restart the kernel."
+        )
     ended: list[str] = []
     for path in paths:
         owner = os.stat(path).st_uid
@@ -216,10 +231,26 @@ def reconnect(record: Record, config: StartConfig, launcher: Launcher) -> Engine
             )
     engines = EngineSet(config, launcher, record.workdir)
     cluster_id = os.path.basename(record.connection).removeprefix("ipcontroller-").removesuffix("-client.json")
-    engines.adopt(client, ranks, cluster_id)  # %dist_restart starts engines for its controller from here
-    engines.kept_pids = [int(pid) for pid, born in record.procs if _alive(pid, born)]
-    engines.kept_jobs = list(record.jobs)
+    pids = [int(pid) for pid, born in record.procs if _alive(pid, born)]
+    engines.adopt(client, ranks, cluster_id, pids, list(record.jobs))  # %dist_restart starts engines from here
     return engines
+
+
+def keep(
+    keeper: Keeper | None,
+    config: StartConfig,
+    workdir: str,
+    world: World | None,
+    engines: EngineSet | None,
+    restarts: int,
+) -> Keeper | None:
+    """--keep: write (again, after a restart) what %dist_attach needs and keep the lease fresh; the Keeper (None
+    when the world is not kept)."""
+    if config.keep is None or engines is None or world is None:
+        return keeper
+    keeper = keeper or Keeper(workdir, float(config.keep))
+    keeper.save(config, world, engines, restarts)
+    return keeper
 
 
 def _alive(pid: float, born: float) -> bool:

@@ -13,6 +13,7 @@ import socket
 import time
 from dataclasses import dataclass
 
+from ..config import StartConfig
 from ..engine import runtime, world
 from ..errors import ClusterError, ConfigError
 from .engineset import EngineSet, RankInfo
@@ -191,6 +192,32 @@ def build_world(
             + ". Run %dist_restart to start fresh engines."
         )
     return World(backend=backend, master_addr=master_addr, master_port=port, seconds=time.perf_counter() - tic)
+
+
+def form_world(engines: EngineSet, ranks: list[RankInfo], config: StartConfig, restarts: int) -> World:
+    """Configure these ranks' engines (new ones: all, or those restarted), choose the backend, and build the
+    world on every rank; the ``World``."""
+    master_addr = configure_ranks(engines, ranks, pin=config.pin, timeout=config.timeout)
+    backend = choose_backend(config.backend, [r.gpu for r in engines.ranks])
+    return _build(engines, backend, master_addr, config, restarts)
+
+
+def reform_world(engines: EngineSet, world: World, config: StartConfig, restarts: int) -> World:
+    """Tear the process group down on every rank and build a new one on the same backend and address."""
+    leave_world(engines)
+    return _build(engines, world.backend, world.master_addr, config, restarts)
+
+
+def _build(engines: EngineSet, backend: str, master_addr: str, config: StartConfig, restarts: int) -> World:
+    return build_world(
+        engines,
+        backend=backend,
+        master_addr=master_addr,
+        timeout=min(config.timeout, 30.0),
+        pg_timeout=config.pg_timeout,
+        debug=config.debug_collectives,
+        restarts=restarts,
+    )
 
 
 def leave_world(engines: EngineSet) -> None:
