@@ -29,7 +29,7 @@ from .cells.run import PendingRun
 from .config import RankSpec, RunConfig, StartConfig, parse_ranks
 from .errors import ClusterError
 from .launch import defaults
-from .launch.hosts import launcher_for
+from .launch.registry import launcher_for
 from .recovery import CellPath, Recovery
 from .results import RunResult
 from .world import kept, variables, views

@@ -1,4 +1,5 @@
-"""Launchers for ranks on several hosts, all on ipyparallel's own engine-set launchers; and ``launcher_for``.
+"""The launchers for ranks on several hosts that nbdist brings, each on ipyparallel's own engine-set launchers
+(their shared base is across.py's ``ManyHostsLauncher``):
 
 - ``slurm``: the engines are one ``sbatch`` job (ipyparallel's ``SlurmEngineSetLauncher``,
   its template extended with --nodes, --time, --gpus-per-node, ...);
@@ -6,11 +7,7 @@
   ``srun --overlap`` step (ipyparallel's ``MPIEngineSetLauncher`` with srun as its mpiexec);
 - ``mpi``: ``mpiexec`` (ipyparallel's ``MPIEngineSetLauncher``).
 
-The controller always runs beside the kernel. It listens on the address that routes to
-the nodes (or ``--ip``), never on every interface; engines read its 0600 connection file
-from the cluster's private directory, which must be visible from the nodes (the home
-directory, or ``$NBDIST_WORKDIR``). Ranks follow the launch rank (SLURM_PROCID, the MPI
-rank), not the order in which engines registered.
+Ranks follow the launch rank (SLURM_PROCID, the MPI rank), not the order in which engines registered.
 """
 
 from __future__ import annotations
@@ -18,22 +15,18 @@ from __future__ import annotations
 import functools
 import os
 import shutil
-import socket
 import subprocess
-import sys
 import tempfile
 from typing import Any
 
 from .. import compat
 from ..config import LAUNCHERS, StartConfig
 from ..errors import ClusterError, ConfigError
-from . import net, procs, slurm
-from .launchers import IPP_LOG, Launcher, LocalLauncher, secure_controller
+from . import slurm
+from .across import HB_MISSES, ManyHostsLauncher
+from .launchers import IPP_LOG
 from .pool import ENGINE_CMD
 
-# Engines end when the controller's heartbeat stops for HB_MISSES checks of (period + 0.5 s):
-# about 12 s after the kernel (and so the controller) is gone.
-HB_MISSES = 20
 SBATCH_TEMPLATE = """#!/bin/sh
 #SBATCH --job-name=nbdist-{cluster_id}
 #SBATCH --ntasks={n}
@@ -106,97 +99,7 @@ def _engine_launchers() -> tuple[type, type]:
     return SbatchEngines, StepEngines
 
 
-class _ManyHosts(Launcher):
-    """What the launchers for several hosts share: the controller's address, its environment, a shared dir."""
-
-    rank_vars: tuple[str, ...] = ("SLURM_PROCID",)
-
-    def __init__(self) -> None:
-        self.ip = ""
-
-    def node_addresses(self, config: StartConfig) -> list[str]:
-        """Addresses of the nodes engines may run on (to find the interface that reaches them)."""
-        return []
-
-    def controller_ip(self, config: StartConfig) -> str:
-        """``--ip`` when given (checked to be this host's), else this host's address on the route to the nodes."""
-        if config.ip:
-            if not net.is_local(config.ip):
-                raise ConfigError(f"--ip {config.ip} is not an address of this host; use one of: {net.describe()}.")
-            return config.ip
-        addrs = self.node_addresses(config)
-        for addr in addrs:
-            try:
-                return net.route_source(socket.gethostbyname(addr))
-            except OSError:
-                continue
-        if not addrs:
-            return net.LOOPBACK  # every engine runs on this host
-        raise ConfigError(
-            f"no interface of this host routes to the nodes ({', '.join(addrs)}); name the one they reach "
-            f"with --ip (this host has: {net.describe()})."
-        )
-
-    def cluster(self, config: StartConfig, profile_dir: str, fresh: bool = True) -> Any:
-        import ipyparallel as ipp
-
-        self.ip = self.controller_ip(config)
-        workdir = os.path.dirname(profile_dir)
-        cluster = ipp.Cluster(
-            profile_dir=profile_dir,
-            n=config.n,
-            delay=0,
-            send_engines_connection_env=False,  # engines read the 0600 connection file, not an env var
-            engine_timeout=int(config.timeout),
-            controller_ip=self.ip,
-            controller_args=["--usethreads", f"--HeartMonitor.period={config.heartbeat_ms}"],
-            controller="Local",
-            engines=self.engine_set(),
-            log=IPP_LOG,
-            load_profile=False,
-            shutdown_atexit=config.keep is None,  # a kept world outlives the kernel's exit (a restart)
-        )
-        if fresh:
-            secure_controller(profile_dir)
-        env = procs.process_env(config.threads or 1, config.keep)
-        env.update(
-            NBDIST_CONTROLLER_IP=self.ip,
-            NBDIST_CLUSTER_DIR=workdir,  # this cluster's directory (under workdir_base)
-            NBDIST_RANK_VARS=",".join(self.rank_vars),
-        )
-        c = cluster.config
-        c.LocalControllerLauncher.controller_cmd = [sys.executable, "-m", "nbdist.engine.controller"]
-        c.LocalControllerLauncher.environment = dict(env, NBDIST_JOBS_FILE=os.path.join(workdir, "jobs"))
-        klass = self.engine_set().__name__
-        c[klass].engine_cmd = list(ENGINE_CMD)
-        # The nanny (ipyparallel's default) carries signals to engines on other hosts.
-        c[klass].engine_args = [f"--IPEngine.max_heartbeat_misses={HB_MISSES}"]
-        c[klass].environment = env
-        self.configure_engines(c[klass], config)
-        return cluster
-
-    def engine_set(self) -> type:
-        raise NotImplementedError
-
-    def configure_engines(self, c: Any, config: StartConfig) -> None:
-        """Set the engine-set launcher's own options."""
-
-    def master_address(self, rank0_addr: str) -> str:
-        return rank0_addr
-
-    def unreachable_hint(self) -> str:
-        return (
-            f"Start again with --ip naming an address of this host that the nodes reach (this host has: "
-            f"{net.describe()}), or open the port in the firewall."
-        )
-
-    def workdir_base(self) -> str | None:
-        base = os.environ.get("NBDIST_WORKDIR") or os.path.join(os.path.expanduser("~"), ".nbdist")
-        os.makedirs(base, mode=0o700, exist_ok=True)
-        return base
-
-
-class SlurmLauncher(_ManyHosts):
+class SlurmLauncher(ManyHostsLauncher):
     """Engines as one sbatch job; the controller stays with the kernel."""
 
     spec = LAUNCHERS["slurm"]
@@ -236,7 +139,7 @@ class SlurmLauncher(_ManyHosts):
         return "; ".join(pending), gone
 
 
-class SrunLauncher(_ManyHosts):
+class SrunLauncher(ManyHostsLauncher):
     """Inside an allocation: engines as one ``srun --overlap`` step of the kernel's own job."""
 
     spec = LAUNCHERS["srun"]
@@ -271,7 +174,7 @@ class SrunLauncher(_ManyHosts):
         return "", []  # srun's own exit is seen through its process
 
 
-class MpiLauncher(_ManyHosts):
+class MpiLauncher(ManyHostsLauncher):
     """Engines through mpiexec; rank = MPI rank."""
 
     spec = LAUNCHERS["mpi"]
@@ -304,16 +207,6 @@ class MpiLauncher(_ManyHosts):
         if config.oversubscribe or config.n > (os.cpu_count() or 1):
             env["OMPI_MCA_rmaps_base_oversubscribe"] = "1"
         c.environment = env
-
-
-LAUNCHER_CLASSES: dict[str, type[Launcher]] = {
-    cls.spec.name: cls for cls in (LocalLauncher, SlurmLauncher, SrunLauncher, MpiLauncher)
-}
-
-
-def launcher_for(config: StartConfig) -> Launcher:
-    """The launcher named by ``config.launcher`` (StartConfig checked the name against config.LAUNCHERS)."""
-    return LAUNCHER_CLASSES[config.launcher]()
 
 
 def batch_script(config: StartConfig) -> str:

@@ -2,9 +2,10 @@
 
 A launcher turns a StartConfig into an ``ipyparallel.Cluster`` (its controller and engine-set
 launchers, the address the controller binds, the environment of the processes) and says
-where rank 0's rendezvous store listens. ``Launcher`` holds the defaults for one host and
-``LocalLauncher`` runs everything here on 127.0.0.1; the launchers for several hosts
-(ipyparallel's Slurm and MPI engine sets) are in hosts.py, with ``launcher_for``.
+where rank 0's rendezvous store listens. ``Launcher`` holds the defaults for one host,
+``build_cluster`` builds the ipyparallel cluster every launcher starts, and ``LocalLauncher``
+runs everything here on 127.0.0.1. The base for several hosts is across.py's, nbdist's own
+launchers for them are in hosts.py, and registry.py finds a launcher by its name.
 """
 
 from __future__ import annotations
@@ -87,45 +88,77 @@ class LocalLauncher(Launcher):
         self._server: int | None = None  # a fork server this start began itself (pool.py)
 
     def cluster(self, config: StartConfig, profile_dir: str, fresh: bool = True) -> Any:
-        import ipyparallel as ipp
-
         # No warm process for these engines yet (a script, a first start with other settings): begin
         # one now, beside the controller, so torch is imported once, not once per rank. It serves
         # %dist_restart too, and ends with this cluster (one that %load_ext began stays for the next).
         self._server = pool.warm(config.n, config.threads or 1)
-
-        cluster = ipp.Cluster(
-            profile_dir=profile_dir,
-            n=config.n,
-            delay=0,
-            send_engines_connection_env=False,
-            engine_timeout=int(config.timeout),
-            controller_ip=LOOPBACK,
-            controller_args=["--usethreads", f"--HeartMonitor.period={config.heartbeat_ms}"],
-            controller="Local",
+        cluster, _ = build_cluster(
+            config,
+            profile_dir,
+            fresh=fresh,
+            ip=LOOPBACK,
             engines=WarmEngineSetLauncher,
-            log=IPP_LOG,
-            load_profile=False,
-            shutdown_atexit=config.keep is None,  # a kept world outlives the kernel's exit (a restart)
+            engine_args=["--IPEngine.enable_nanny=False"],
         )
-        if fresh:
-            secure_controller(profile_dir)
-        env = procs.process_env(config.threads or 1, config.keep)
         c = cluster.config
-        c.LocalControllerLauncher.controller_cmd = [sys.executable, "-m", "nbdist.engine.controller"]
-        c.LocalEngineSetLauncher.engine_cmd = list(ENGINE_CMD)
-        c.LocalEngineSetLauncher.engine_args = ["--IPEngine.enable_nanny=False"]
         c.LocalEngineSetLauncher.delay = 0.0
         c.LocalProcessLauncher.stop_seconds_until_kill = 2
-        for klass in ("LocalControllerLauncher", "LocalEngineSetLauncher"):
-            c[klass].environment = dict(env)
-        c.LocalControllerLauncher.environment["NBDIST_CLUSTER_DIR"] = os.path.dirname(profile_dir)
         return cluster
 
     def stopped(self) -> None:
         if self._server is not None:
             pool.close(self._server)
             self._server = None
+
+
+def build_cluster(
+    config: StartConfig,
+    profile_dir: str,
+    *,
+    fresh: bool,
+    ip: str,
+    engines: type,
+    engine_args: list[str],
+    env: dict[str, str] | None = None,
+    controller_env: dict[str, str] | None = None,
+) -> tuple[Any, Any]:
+    """The ipyparallel.Cluster a launcher starts, as every launcher needs it: nbdist's controller (binding ``ip``,
+    CurveZMQ and signed messages when ``fresh``, its heartbeat, watching the kernel), ``config.n`` engines of the
+    engine-set launcher ``engines`` running nbdist's engine command with ``engine_args``, and the environment of
+    every process (threads, the kept world's lease; ``env`` adds to the engines' and the controller's,
+    ``controller_env`` to the controller's). Returns the cluster, not started, and its engine-set launcher's
+    config section, for the options the launcher sets itself."""
+    import ipyparallel as ipp
+
+    cluster = ipp.Cluster(
+        profile_dir=profile_dir,
+        n=config.n,
+        delay=0,
+        send_engines_connection_env=False,  # engines read the 0600 connection file, not an env var
+        engine_timeout=int(config.timeout),
+        controller_ip=ip,
+        controller_args=["--usethreads", f"--HeartMonitor.period={config.heartbeat_ms}"],
+        controller="Local",
+        engines=engines,
+        log=IPP_LOG,
+        load_profile=False,
+        shutdown_atexit=config.keep is None,  # a kept world outlives the kernel's exit (a restart)
+    )
+    if fresh:
+        secure_controller(profile_dir)
+    environment = {**procs.process_env(config.threads or 1, config.keep), **(env or {})}
+    c = cluster.config
+    c.LocalControllerLauncher.controller_cmd = [sys.executable, "-m", "nbdist.engine.controller"]
+    c.LocalControllerLauncher.environment = {
+        **environment,
+        "NBDIST_CLUSTER_DIR": os.path.dirname(profile_dir),  # the controller removes it when the kernel dies
+        **(controller_env or {}),
+    }
+    section = c[engines.__name__]
+    section.engine_cmd = list(ENGINE_CMD)
+    section.engine_args = list(engine_args)
+    section.environment = dict(environment)
+    return cluster, section
 
 
 def secure_controller(profile_dir: str) -> None:

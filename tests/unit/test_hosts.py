@@ -198,7 +198,7 @@ def test_a_rank_that_cannot_reach_master_addr_says_so_in_one_line():
 def test_one_list_of_launchers_names_each_class_the_checks_and_the_help():
     """config.LAUNCHERS is the one list: a class per entry, each carrying its entry, and the magic's help from it."""
     from nbdist.config import LAUNCHERS
-    from nbdist.launch.hosts import LAUNCHER_CLASSES
+    from nbdist.launch.registry import LAUNCHER_CLASSES
     from nbdist.magics import DistMagics
 
     assert set(LAUNCHER_CLASSES) == set(LAUNCHERS)
