@@ -119,15 +119,9 @@ def _restore(replay: Replay, checkpoint: dict[str, Any] | None) -> int | None:
     if not checkpoint:
         return None
     engines = replay.engines
-    futures = [
-        engines.apply(r, restore_on_rank, checkpoint["path"], checkpoint["names"]) for r in range(len(engines.ranks))
-    ]
-    steps = []
-    for rank, fut in enumerate(futures):
-        try:
-            steps.append(fut.get(timeout=replay.timeout))
-        except Exception as exc:
-            raise ClusterError(f"automatic recovery: rank {rank} could not load {checkpoint['path']}: {exc}") from exc
+    every = list(range(len(engines.ranks)))
+    loaded = engines.call(every, restore_on_rank, checkpoint["path"], checkpoint["names"], timeout=replay.timeout)
+    steps = loaded.ordered(f"automatic recovery: loading {checkpoint['path']}", every)
     return steps[0]
 
 

@@ -13,6 +13,7 @@ from typing import Any
 from ..cluster import Cluster, current
 from . import benchfns
 
+BOUND_S = 600.0  # the most one measurement may take on the ranks
 DEFAULT_SIZES = [4 << 10 << (2 * i) for i in range(8)]  # 4 KiB, 16 KiB, ..., 64 MiB
 
 
@@ -20,8 +21,13 @@ def bench(cluster: Cluster | None = None, sizes: list[int] | None = None, scalin
     cluster = cluster or current()
     sizes = sizes or DEFAULT_SIZES
     n = cluster.world_size
-    view = cluster.view(list(range(n)))
-    sweeps = view.apply_sync(benchfns.allreduce_sweep, sizes)
+    engines, every = cluster.engines, list(range(n))
+    assert engines is not None  # current() is a running cluster
+
+    def on(ranks: list[int], fn: Any, **kwargs: Any) -> list[Any]:  # a measurement may take minutes, never forever
+        return engines.call(ranks, fn, timeout=BOUND_S, **kwargs).ordered(f"%dist_bench ({fn.__name__})", ranks)
+
+    sweeps = on(every, benchfns.allreduce_sweep, sizes=sizes)
     rows = []
     for i, size in enumerate(sizes):
         seconds = max(s[i]["seconds"] for s in sweeps)  # the slowest rank sets the pace
@@ -29,13 +35,12 @@ def bench(cluster: Cluster | None = None, sizes: list[int] | None = None, scalin
         rows.append(
             {"bytes": size, "seconds": seconds, "algbw_GBps": algbw / 1e9, "busbw_GBps": algbw * 2 * (n - 1) / n / 1e9}
         )
-    memcpy = min(view.apply_sync(benchfns.memcpy_bandwidth)) / 1e9
+    memcpy = min(on(every, benchfns.memcpy_bandwidth)) / 1e9
     report: dict[str, Any] = {"world_size": n, "backend": cluster.backend, "allreduce": rows, "memcpy_GBps": memcpy}
     if scaling:
-        rank0 = cluster.view([0])
-        alone = rank0.apply_sync(benchfns.train_throughput, distributed=False)[0]
-        alone_all_cores = rank0.apply_sync(benchfns.train_throughput, distributed=False, threads=_cores())[0]
-        together = view.apply_sync(benchfns.train_throughput, distributed=True)
+        alone = on([0], benchfns.train_throughput, distributed=False)[0]
+        alone_all_cores = on([0], benchfns.train_throughput, distributed=False, threads=_cores())[0]
+        together = on(every, benchfns.train_throughput, distributed=True)
         total = sum(t["samples_per_s"] for t in together)
         report["scaling"] = {
             "one_rank_samples_per_s": alone["samples_per_s"],

@@ -49,7 +49,7 @@ def debug(
         raise ConfigError(
             f"rank {rank} is dead: its exception went with its process; restart it with %dist_restart --ranks {rank}."
         )
-    banner = engines.apply(rank, on_rank.open_session).get(timeout=HANG_S)
+    banner = engines.call([rank], on_rank.open_session, timeout=HANG_S).ordered("opening pdb", [rank])[0]
     if not banner:
         raise ConfigError(f"rank {rank} has no exception to debug: a cell must have raised there first.")
     say(f"post-mortem pdb on rank {rank} (q to leave)\n{banner.rstrip()}")
@@ -58,7 +58,7 @@ def debug(
             line = ask(f"(Pdb rank {rank}) ")
         except (EOFError, KeyboardInterrupt, NotImplementedError):  # NotImplementedError: a front end without input
             line = "q"
-        output, over = engines.apply(rank, on_rank.command, line).get(timeout=HANG_S)
+        output, over = engines.call([rank], on_rank.command, line, timeout=HANG_S).ordered("pdb", [rank])[0]
         if output:
             say(output.rstrip("\n"))
         if over:

@@ -22,10 +22,9 @@ from ..launch import procs
 from ..launch.launchers import Launcher
 from ..results import RankState
 from . import registration
+from .answers import Answers, Call
 
 log = logging.getLogger("nbdist")
-
-
 @dataclass(slots=True)
 class RankInfo:
     """One rank: its torch rank, the ipyparallel engine serving it, and where it runs."""
@@ -79,7 +78,7 @@ class EngineSet:
         self.client = self._ipp.connect_client_sync()
         compat.drop_unreadable_messages(self.client)
         ids = registration.wait_for_engines(self, self.config.n, known=set(), old_launchers=set())
-        self.ranks = [RankInfo(rank=i, engine_id=eid) for i, eid in enumerate(self._in_launch_order(ids))]
+        self.ranks = [RankInfo(rank=i, engine_id=eid) for i, eid in enumerate(registration.in_launch_order(self, ids))]
         return self.ranks
 
     def replace(self, ranks: list[int]) -> list[RankInfo]:
@@ -89,7 +88,7 @@ class EngineSet:
         old_launchers = {id(el) for el in self.launchers()}
         self._ipp.start_engines_sync(len(ranks))
         self._record_jobs()
-        new_ids = self._in_launch_order(registration.wait_for_engines(self, len(ranks), known, old_launchers))
+        new_ids = registration.in_launch_order(self, registration.wait_for_engines(self, len(ranks), known, old_launchers))
         for rank, eid in zip(ranks, new_ids, strict=True):
             self.ranks[rank] = RankInfo(rank=rank, engine_id=eid)
         return [self.ranks[r] for r in ranks]
@@ -112,16 +111,6 @@ class EngineSet:
             children = getattr(engine_set, "launchers", None)
             out.extend(children.values() if children is not None else [engine_set])
         return out
-
-    def _in_launch_order(self, ids: list[int]) -> list[int]:
-        """Engine ids sorted by launch rank (SLURM_PROCID, the MPI rank), when the launcher gives one."""
-        if not self.launcher.rank_vars:
-            return ids
-        from ..engine.runtime import launch_rank
-
-        ranks = self.client[ids].apply_sync(launch_rank, list(self.launcher.rank_vars))
-        order = sorted(range(len(ids)), key=lambda i: (ranks[i] is None, ranks[i] or 0, i))
-        return [ids[i] for i in order]
 
     def _record_jobs(self) -> None:
         """Write the batch job ids this set submitted where the controller finds them (it cancels them
@@ -268,6 +257,30 @@ class EngineSet:
             view = self._views[ids] = self.client[list(ids)]
         return view
 
-    def apply(self, rank: int, fn: Any, /, *args: Any, **kwargs: Any) -> Any:
-        """Call fn on one rank's engine; an AsyncResult."""
-        return self.client[self.ranks[rank].engine_id].apply_async(fn, *args, **kwargs)
+    def call(self, ranks: list[int], fn: Callable[..., Any], /, *args: Any, timeout: float, **kwargs: Any) -> Answers:
+        """The one door to the ranks: ``fn(*args, **kwargs)`` on each of these ranks' engines at once, waited for
+        at most ``timeout`` seconds in all (``call_each`` when each rank gets its own arguments)."""
+        return self.call_each({r: (fn, args, kwargs) for r in ranks}, timeout=timeout)
+
+    def call_each(self, calls: dict[int, Call], *, timeout: float, by_engine: bool = False) -> Answers:
+        """Each rank's own call (``fn, args, kwargs``), all sent at once; every rank's value, its error, or that it
+        did not answer within ``timeout`` seconds (a stopped controller, a rank stuck in C code): never a longer
+        wait. ``by_engine``: the keys are engine ids (before ranks are assigned)."""
+        deadline = time.monotonic() + timeout
+        futures: dict[int, Any] = {}
+        answers = Answers(timeout=timeout)
+        for key, (fn, args, kwargs) in calls.items():
+            eid = key if by_engine else self.ranks[key].engine_id
+            try:
+                futures[key] = self.client[eid].apply_async(fn, *args, **kwargs)
+            except Exception as exc:  # the engine is gone from the controller
+                answers.errors[key] = exc
+        for key, fut in futures.items():
+            try:
+                answers.values[key] = fut.get(timeout=max(0.0, deadline - time.monotonic()))
+            except Exception as exc:
+                if fut.ready():
+                    answers.errors[key] = exc
+                else:
+                    answers.late.append(key)
+        return answers

@@ -120,9 +120,9 @@ class Keeper:
             jobs=engines.job_ids(),
             restarts=restarts,
         )
-        engines.client[[r.engine_id for r in engines.ranks]].apply_sync(
-            parentwatch.keep_world, self.workdir, self.keep_s
-        )
+        every = [r.rank for r in engines.ranks]
+        told = engines.call(every, parentwatch.keep_world, self.workdir, self.keep_s, timeout=engines.config.timeout)
+        told.ordered("keeping the world", every)
         path = self.record.path
         tmp = f"{path}.{os.getpid()}.tmp"
         with open(os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600), "w") as fh:
@@ -212,10 +212,15 @@ def reconnect(record: Record, config: StartConfig, launcher: Launcher) -> Engine
     compat.drop_unreadable_messages(client)
     ranks = [RankInfo(**r) for r in record.ranks]
     missing = [r.rank for r in ranks if r.engine_id not in client.ids]
+    engines = EngineSet(config, launcher, record.workdir)
+    cluster_id = os.path.basename(record.connection).removeprefix("ipcontroller-").removesuffix("-client.json")
+    pids = [int(pid) for pid, born in record.procs if _alive(pid, born)]
+    engines.adopt(client, ranks, cluster_id, pids, list(record.jobs))  # %dist_restart starts engines from here
     try:
         if missing:
             raise ClusterError(f"rank(s) {missing} of the kept world {record.name} are gone from its controller")
-        answers = client[[r.engine_id for r in ranks]].apply_async(state.whoami).get(timeout=PROVE_S)
+        every = [r.rank for r in ranks]
+        answers = engines.call(every, state.whoami, timeout=PROVE_S).ordered("whoami", every)
     except Exception as exc:
         client.close(linger=0)
         raise ClusterError(
@@ -229,10 +234,6 @@ def reconnect(record: Record, config: StartConfig, launcher: Launcher) -> Engine
                 f"engine {info.engine_id} of the kept world answered as rank {rank} (pid {pid}), not as rank "
                 f"{info.rank} (pid {info.pid}); it is not the world that was kept."
             )
-    engines = EngineSet(config, launcher, record.workdir)
-    cluster_id = os.path.basename(record.connection).removeprefix("ipcontroller-").removesuffix("-client.json")
-    pids = [int(pid) for pid, born in record.procs if _alive(pid, born)]
-    engines.adopt(client, ranks, cluster_id, pids, list(record.jobs))  # %dist_restart starts engines from here
     return engines
 
 

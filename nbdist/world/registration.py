@@ -19,6 +19,7 @@ from ..config import StartConfig
 from ..errors import ClusterError
 from ..launch import procs
 from ..launch.launchers import Launcher
+from .answers import Answers, Call
 
 
 class Registering(Protocol):
@@ -32,6 +33,8 @@ class Registering(Protocol):
     ranks: list[Any]
 
     def launchers(self) -> list[Any]: ...
+
+    def call_each(self, calls: dict[int, Call], *, timeout: float, by_engine: bool = False) -> Answers: ...
 
 
 def check_preflight(engines: Registering) -> None:
@@ -102,3 +105,19 @@ def _log_tail(path: str) -> str:
             return " | ".join(fh.read().strip().splitlines()[-3:])[-400:]
     except OSError:
         return ""
+
+
+def in_launch_order(engines: Registering, ids: list[int]) -> list[int]:
+    """Engine ids sorted by launch rank (SLURM_PROCID, the MPI rank), when the launcher gives one."""
+    if not engines.launcher.rank_vars:
+        return ids
+    from ..engine.runtime import launch_rank
+
+    answers = engines.call_each(
+        {eid: (launch_rank, (list(engines.launcher.rank_vars),), {}) for eid in ids},
+        timeout=engines.config.timeout,
+        by_engine=True,
+    )
+    ranks = answers.ordered("the engines' launch ranks", ids, who="engine")
+    order = sorted(range(len(ids)), key=lambda i: (ranks[i] is None, ranks[i] or 0, i))
+    return [ids[i] for i in order]

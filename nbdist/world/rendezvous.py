@@ -97,7 +97,8 @@ def configure_ranks(engines: EngineSet, ranks: list[RankInfo], *, pin: bool, tim
     LOCAL_RANK is a rank's position among the ranks on its host (SLURM_LOCALID for a Slurm launch).
     """
     config = engines.config
-    infos = engines.client[[r.engine_id for r in ranks]].apply_sync(runtime.local_info)
+    asked = engines.call([r.rank for r in ranks], runtime.local_info, timeout=timeout)
+    infos = asked.ordered("the ranks' hosts and processes", [r.rank for r in ranks])
     allowed = {}
     here = socket.gethostname()
     for r, info in zip(ranks, infos, strict=True):
@@ -114,26 +115,27 @@ def configure_ranks(engines: EngineSet, ranks: list[RankInfo], *, pin: bool, tim
     for r in ranks:
         r.cpus = plan_cpus(allowed[r.rank], r.local_rank, r.local_world_size) if pin else None
     master_addr = engines.launcher.master_address(every[0].addr)
-    futures = [
-        engines.apply(
-            r.rank,
+    calls = {
+        r.rank: (
             runtime.configure,
-            rank=r.rank,
-            world_size=len(every),
-            local_rank=r.local_rank,
-            local_world_size=r.local_world_size,
-            master_addr=master_addr,
-            threads=config.threads,
-            report_dir=engines.workdir,
-            cpus=r.cpus,
-            node_rank=r.node_rank,
-            interface=engines.launcher.multi_host,
-            max_restarts=config.max_restarts,
+            (),
+            dict(
+                rank=r.rank,
+                world_size=len(every),
+                local_rank=r.local_rank,
+                local_world_size=r.local_world_size,
+                master_addr=master_addr,
+                threads=config.threads,
+                report_dir=engines.workdir,
+                cpus=r.cpus,
+                node_rank=r.node_rank,
+                interface=engines.launcher.multi_host,
+                max_restarts=config.max_restarts,
+            ),
         )
         for r in ranks
-    ]
-    for fut in futures:
-        fut.get(timeout=timeout)
+    }
+    engines.call_each(calls, timeout=timeout).ordered("giving the ranks their rank", [r.rank for r in ranks])
     return master_addr
 
 
@@ -155,35 +157,42 @@ def build_world(
     """
     tic = time.perf_counter()
     ranks = engines.ranks
-    try:
-        port = int(engines.apply(0, world.open_store, master_addr, timeout).get(timeout=timeout + 5))
-    except Exception as exc:
-        raise ClusterError(f"rank 0 (engine {ranks[0].engine_id}) could not open the rendezvous store: {exc}") from exc
-    futures = [
-        engines.apply(
-            r.rank,
-            world.join_world,
-            master_addr=master_addr,
-            port=port,
-            backend=backend,
-            timeout=timeout,
-            pg_timeout=pg_timeout,
-            gpu_index=r.gpu,
-            debug=debug,
-            restarts=restarts,
+    opened = engines.call([0], world.open_store, master_addr, timeout, timeout=timeout + 5)
+    if 0 not in opened.values:
+        raise ClusterError(
+            f"rank 0 (engine {ranks[0].engine_id}) could not open the rendezvous store: "
+            + opened.problem("opening the store")
         )
-        for r in ranks
-    ]
+    port = int(opened.values[0])
+    joined = engines.call_each(
+        {
+            r.rank: (
+                world.join_world,
+                (),
+                dict(
+                    master_addr=master_addr,
+                    port=port,
+                    backend=backend,
+                    timeout=timeout,
+                    pg_timeout=pg_timeout,
+                    gpu_index=r.gpu,
+                    debug=debug,
+                    restarts=restarts,
+                ),
+            )
+            for r in ranks
+        },
+        timeout=timeout + 5,
+    )
     expected = len(ranks) * (len(ranks) + 1) / 2
     errors: list[str] = []
-    for r, fut in zip(ranks, futures, strict=True):
-        try:
-            total = fut.get(timeout=timeout + 5)
-        except Exception as exc:
-            errors.append(f"rank {r.rank} (engine {r.engine_id}): {_short(exc)}")
-            continue
-        if total != expected:
-            errors.append(f"rank {r.rank}: the proving all_reduce gave {total}, expected {expected}")
+    if joined.late:
+        errors.append(joined.problem("joining the process group"))
+    for r in ranks:
+        if r.rank in joined.errors:
+            errors.append(f"rank {r.rank} (engine {r.engine_id}): {_short(joined.errors[r.rank])}")
+        elif r.rank in joined.values and joined.values[r.rank] != expected:
+            errors.append(f"rank {r.rank}: the proving all_reduce gave {joined.values[r.rank]}, expected {expected}")
     if errors:
         leave_world(engines)
         raise ClusterError(
@@ -204,7 +213,7 @@ def form_world(engines: EngineSet, ranks: list[RankInfo], config: StartConfig, r
 
 def reform_world(engines: EngineSet, world: World, config: StartConfig, restarts: int) -> World:
     """Tear the process group down on every rank and build a new one on the same backend and address."""
-    leave_world(engines)
+    leave_world(engines, timeout=min(config.timeout, 30.0))
     return _build(engines, world.backend, world.master_addr, config, restarts)
 
 
@@ -220,12 +229,12 @@ def _build(engines: EngineSet, backend: str, master_addr: str, config: StartConf
     )
 
 
-def leave_world(engines: EngineSet) -> None:
-    """Destroy the process group on every rank, whatever state it is in."""
-    try:
-        engines.client[engines.engine_ids(list(range(len(engines.ranks))))].apply_sync(world.leave_world)
-    except Exception:
-        pass
+def leave_world(engines: EngineSet, timeout: float = 30.0) -> None:
+    """Destroy the process group on every rank, whatever state it is in; ClusterError naming the ranks that did
+    not answer within ``timeout`` (a rank that raised has dropped its group anyway)."""
+    left = engines.call(list(range(len(engines.ranks))), world.leave_world, timeout=timeout)
+    if left.late:
+        raise ClusterError(left.problem("leaving the process group") + "; run %dist_restart once they answer again.")
 
 
 def _short(exc: BaseException) -> str:

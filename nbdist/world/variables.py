@@ -18,19 +18,15 @@ def push(engines: EngineSet, mapping: dict[str, Any], ranks: list[int]) -> None:
     """Send variables to these ranks' namespaces (docs/faults.md, row 8: unpicklable values named)."""
     for name, value in mapping.items():
         _check_picklable(name, value)
-    engines.client[engines.engine_ids(ranks)].push(mapping, block=True)
+    engines.call(ranks, _set, mapping, timeout=engines.config.timeout).ordered("sending variables", ranks)
 
 
 def pull(engines: EngineSet, name: str, ranks: list[int]) -> list[Any]:
     """A variable's value on each of these ranks, in rank order."""
-    out = []
-    for rank in ranks:
-        eid = engines.ranks[rank].engine_id
-        try:
-            out.append(engines.client[eid].pull(name, block=True))
-        except Exception as exc:
-            raise _pull_error(engines, name, rank, eid, exc) from None
-    return out
+    got = engines.call(ranks, _get, name, timeout=engines.config.timeout)
+    for rank, exc in sorted(got.errors.items()):
+        raise _pull_error(engines, name, rank, engines.ranks[rank].engine_id, exc)
+    return got.ordered(f"fetching {name!r}", ranks)
 
 
 def _pull_error(engines: EngineSet, name: str, rank: int, eid: int, exc: BaseException) -> ClusterError:
@@ -39,12 +35,8 @@ def _pull_error(engines: EngineSet, name: str, rank: int, eid: int, exc: BaseExc
         return ClusterError(
             f"rank {rank} (engine {eid}) has no variable {name!r}; define it in a %%distributed cell first."
         )
-    try:
-        from ipyparallel import interactive
-
-        kind = engines.client[eid].apply_sync(interactive(_type_name), name)
-    except Exception:
-        kind = "unknown"
+    asked = engines.call([rank], _type_name, name, timeout=engines.config.timeout)
+    kind = str(asked.values.get(rank, "unknown"))
     hint = " Move it to the CPU first (.cpu())." if "cuda" in kind.lower() else ""
     return ClusterError(
         f"cannot fetch {name!r} (type {kind}) from rank {rank} (engine {eid}): {err['ename']}: "
@@ -70,7 +62,21 @@ def _check_picklable(name: str, value: Any) -> None:
 
 def _type_name(name: str) -> str:
     """On an engine: the type (and device) of a variable in its namespace."""
-    value = globals()[name]
+    value = _get(name)
     kind = f"{type(value).__module__}.{type(value).__qualname__}"
     device = getattr(value, "device", None)
     return f"{kind} on {device}" if device is not None else kind
+
+
+def _set(mapping: dict[str, Any]) -> None:
+    """On an engine: these variables into its namespace."""
+    from IPython import get_ipython
+
+    get_ipython().user_ns.update(mapping)  # type: ignore[union-attr]
+
+
+def _get(name: str) -> Any:
+    """On an engine: a variable (or an expression of them) of its namespace; NameError when it has none."""
+    from IPython import get_ipython
+
+    return eval(name, get_ipython().user_ns)  # type: ignore[union-attr]

@@ -56,14 +56,13 @@ def status(engines: EngineSet, backend: str) -> list[dict[str, Any]]:
 def _gpu_info(engines: EngineSet, states: dict[int, RankState]) -> dict[int, str]:
     """'NVIDIA H100 80GB HBM3, 1234/81559 MiB' per idle rank; 'busy' for a rank still running a cell."""
     idle = [r.rank for r in engines.ranks if states[r.rank] == RankState.IDLE]
-    futures = {rank: engines.apply(rank, gpu.info) for rank in idle}
+    asked = engines.call(idle, gpu.info, timeout=2)
     out = {r.rank: "busy" for r in engines.ranks if states[r.rank] == RankState.BUSY}
-    for rank, fut in futures.items():
-        try:
-            info = fut.get(timeout=2)
-        except Exception:
+    for rank in idle:
+        if rank not in asked.values:
             out[rank] = "busy"
             continue
+        info = asked.values[rank]
         out[rank] = f"{info['name']}, {info['memory_mib']}/{info['total_mib']} MiB" if info else ""
     return out
 
