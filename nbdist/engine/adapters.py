@@ -47,12 +47,12 @@ def world_up() -> bool:
     """True while this rank is in the world nbdist built."""
     import torch.distributed as dist
 
-    return STATE["backend"] is not None and dist.is_available() and dist.is_initialized()
+    return STATE.backend is not None and dist.is_available() and dist.is_initialized()
 
 
 def say(line: str) -> None:
     """One line from rank 0, tagged as nbdist's."""
-    if STATE["rank"] == 0:
+    if STATE.rank == 0:
         print(f"nbdist: {line}", flush=True)
 
 

@@ -9,7 +9,7 @@ it printed, under a line naming it, and the first that ended with a non-zero sta
 naming it and its last line. One still running is looked at again at the end of the next cell.
 
 Any process forked from a rank (these, and a DataLoader's workers) knows it is not the rank
-(``STATE["child_of"]``): engine/hosted.py refuses it the world, in one line, instead of letting it
+(``STATE.child_of``): engine/hosted.py refuses it the world, in one line, instead of letting it
 use the rank's sockets or hang waiting for peers.
 """
 
@@ -38,8 +38,8 @@ def install() -> None:
 
 
 def _in_child() -> None:
-    if STATE["child_of"] is None:
-        STATE["child_of"] = (STATE["rank"], os.getppid())
+    if STATE.child_of is None:
+        STATE.child_of = (STATE.rank, os.getppid())
     path = _CAPTURE["path"]
     if path:
         fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
@@ -52,7 +52,7 @@ def _in_child() -> None:
 
 def start(process: BaseProcess, original: Callable[[BaseProcess], None]) -> None:
     """Start a cell's own process with ``original`` (multiprocessing's start), its output to a file when forked."""
-    directory = STATE["report_dir"] or tempfile.gettempdir()
+    directory = STATE.report_dir or tempfile.gettempdir()
     fd, path = tempfile.mkstemp(prefix="child-", suffix=".out", dir=directory)  # 0600
     os.close(fd)
     _CAPTURE["path"] = path

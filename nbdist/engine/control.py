@@ -24,12 +24,12 @@ def control_group(purpose: str) -> Any:
     watcher shuts down to release a blocked rank (``abort_world``)."""
     import torch.distributed as dist
 
-    groups = STATE["control"] if STATE.get("control_of") is dist.group.WORLD else {}
+    groups = STATE.control if STATE.control_of is dist.group.WORLD else {}
     if purpose not in groups:
         before = tcp_fds()
         groups[purpose] = dist.new_group(backend="gloo")
         STATE.update(control=groups, control_of=dist.group.WORLD)
-        STATE["pg_fds"] = sorted(set(STATE["pg_fds"]) | (tcp_fds() - before))
+        STATE.pg_fds = sorted(set(STATE.pg_fds) | (tcp_fds() - before))
     return groups[purpose]
 
 

@@ -97,7 +97,7 @@ def install() -> None:
     compat.add_control_handler(
         kernel, wire.PDB_REQUEST, lambda stream, idents, msg: _on_line(kernel, stream, idents, msg)
     )
-    STATE["kernel"] = kernel
+    STATE.kernel = kernel
     sys.breakpointhook = breakpoint
 
 
@@ -106,14 +106,14 @@ def breakpoint(*args: Any, rank: int | None = None, **kwargs: Any) -> None:  # n
 
     ``sys.breakpointhook`` on every rank, so the builtin ``breakpoint()`` comes here.
     ``PYTHONBREAKPOINT=0`` turns it off, as for any Python."""
-    if os.environ.get("PYTHONBREAKPOINT") == "0" or (rank is not None and rank != STATE["rank"]):
+    if os.environ.get("PYTHONBREAKPOINT") == "0" or (rank is not None and rank != STATE.rank):
         return
-    kernel, frame = STATE.get("kernel"), inspect.currentframe()
-    if kernel is None or STATE["busy_since"] is None or frame is None:
-        print(f"nbdist: breakpoint() on rank {STATE['rank']} outside a %%distributed cell: skipped", file=sys.stderr)
+    kernel, frame = STATE.kernel, inspect.currentframe()
+    if kernel is None or STATE.busy_since is None or frame is None:
+        print(f"nbdist: breakpoint() on rank {STATE.rank} outside a %%distributed cell: skipped", file=sys.stderr)
         return
     session = kernel.get_parent("shell").get("header", {}).get("session", "")
-    RankPdb(STATE["rank"], session).stop_at(frame.f_back)
+    RankPdb(STATE.placed()[0], session).stop_at(frame.f_back)
 
 
 class RankPdb(pdb.Pdb):
@@ -142,14 +142,14 @@ class RankPdb(pdb.Pdb):
 
     def interaction(self, frame: Any, tb: Any) -> None:
         LIVE["session"] = self.session
-        STATE["debugging"] = True
+        STATE.debugging = True
         real_input, builtins.input = builtins.input, _no_input
         try:
             super().interaction(frame, tb)
         finally:
             builtins.input = real_input
             if self.last.split(" ", 1)[0] not in STEPS:  # c or q: the notebook may take the next rank
-                STATE["debugging"] = False
+                STATE.debugging = False
                 LIVE.clear()
                 self._publish("left")
         if self.quitting:  # what pdb would raise at the next line, saying why
@@ -240,8 +240,8 @@ def _on_line(kernel: Any, stream: Any, idents: Any, msg: dict[str, Any]) -> None
 
 def cell_over() -> None:
     """The cell ended (runtime's post-cell hook): a step past its last line leaves the debugger here."""
-    if STATE["debugging"] or sys.gettrace() is not None and LIVE:
+    if STATE.debugging or sys.gettrace() is not None and LIVE:
         sys.settrace(None)
-        STATE["debugging"] = False
+        STATE.debugging = False
         LIVE.clear()
-        _tell("left", STATE["rank"])
+        _tell("left", STATE.placed()[0])

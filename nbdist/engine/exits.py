@@ -67,7 +67,7 @@ def install(shell: Any) -> None:
         etype, value, tb = exc_tuple or sys.exc_info()
         if isinstance(value, SystemExit) and kwargs.get("exception_only"):
             said = describe(value, tb)
-            STATE["exited"] = said
+            STATE.exited = said
             if said["status"] == 0:
                 return None  # success: nothing to show but the rank's line (at_end)
             return compat.show_error(shell, SystemExit(said["text"]))
@@ -82,7 +82,7 @@ def install(shell: Any) -> None:
 def at_end(result: Any) -> None:
     """At the end of a cell (runtime's post-cell hook): an exit of status 0 is success; say where each
     exit happened, and tell the notebook."""
-    said, STATE["exited"] = STATE["exited"], None
+    said, STATE.exited = STATE.exited, None
     if said is None or result is None or not isinstance(result.error_in_exec, SystemExit):
         return
     if said["status"] == 0:

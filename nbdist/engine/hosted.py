@@ -62,8 +62,8 @@ def init_process_group(backend: Any = None, init_method: str | None = None, *arg
 
     __tracebackhide__ = True  # the cell's call, then the error
 
-    if STATE["child_of"] is not None:
-        rank, pid = STATE["child_of"]
+    if STATE.child_of is not None:
+        rank, pid = STATE.child_of
         raise RuntimeError(
             f"init_process_group in a process that rank {rank}'s cell started (pid {os.getpid()}, a child of the "
             f"rank's pid {pid}): the rank is already in the world, and its children cannot join it. Call the "

@@ -131,7 +131,7 @@ def wait_while_kept(interval: float = 0.5) -> None:
     lease = os.path.join(directory, wire.LEASE)
     while True:
         state = sys.modules.get("nbdist.engine.state")  # an engine: is a cell running? (not imported elsewhere)
-        if state is not None and state.STATE.get("busy_since") is not None:
+        if state is not None and state.STATE.busy_since is not None:
             touch(lease)
         try:
             idle = time.time() - os.stat(lease).st_mtime

@@ -84,7 +84,7 @@ def _on_sigterm(signum: int, frame: Any) -> None:
         return
     PREEMPT["asked"] = time.time()
     threading.Thread(target=_deadline, name="nbdist-preempt", daemon=True).start()
-    if STATE.get("busy_since") is None:  # no cell: save now, then go
+    if STATE.busy_since is None:  # no cell: save now, then go
         _run_hooks(None)
         leave()
 

@@ -79,7 +79,7 @@ def configure(
     pin(cpus)  # before the process group starts gloo's threads, so they inherit it
     torch.set_num_threads(threads)
     STATE.update(rank=rank, world_size=world_size, report_dir=report_dir, abort_after=abort_after)
-    STATE["main_ident"] = threading.main_thread().ident
+    STATE.main_ident = threading.main_thread().ident
     _install_watcher()
     _install_cell_hooks()
     debug.install()  # breakpoint() in a cell: pdb typed from the notebook
@@ -132,9 +132,9 @@ def pin(cpus: list[int] | None) -> None:
     OpenMP pool), on these cores; None: every core this engine may use."""
     if not hasattr(os, "sched_setaffinity"):
         return
-    if "all_cpus" not in STATE:
-        STATE["all_cpus"] = sorted(os.sched_getaffinity(0))
-    os.sched_setaffinity(0, cpus or STATE["all_cpus"])
+    if STATE.all_cpus is None:
+        STATE.all_cpus = sorted(os.sched_getaffinity(0))
+    os.sched_setaffinity(0, cpus or STATE.all_cpus)
 
 
 # --------------------------------------------------------------------------- cells
@@ -150,8 +150,8 @@ def _install_cell_hooks() -> None:
         return
 
     def pre(info: Any = None) -> None:
-        STATE["busy_since"] = time.monotonic()
-        STATE["cell"] += 1
+        STATE.busy_since = time.monotonic()
+        STATE.cell += 1
 
     def post(result: Any = None) -> None:
         debug.cell_over()
@@ -162,7 +162,7 @@ def _install_cell_hooks() -> None:
                 fn()
             except Exception as exc:
                 print(f"nbdist: {exc}", file=sys.stderr, flush=True)
-        STATE["busy_since"] = None
+        STATE.busy_since = None
         from .metrics import flush
 
         flush()  # what the cell logged since the last batch
@@ -213,23 +213,23 @@ def where(frame: Any) -> dict[str, Any]:
 
 
 def _write_report(reason: str) -> None:
-    frame = compat.thread_frames().get(STATE["main_ident"])
-    busy = STATE["busy_since"] is not None
-    report = {
-        "rank": STATE["rank"],
+    frame = compat.thread_frames().get(STATE.main_ident) if STATE.main_ident is not None else None
+    busy = STATE.busy_since is not None
+    report: dict[str, Any] = {
+        "rank": STATE.rank,
         "reason": reason,
         "time": time.time(),
         "busy": busy,
-        "debugging": STATE["debugging"],
+        "debugging": STATE.debugging,
     }
     if frame is not None and busy:
         report.update(where(frame))
     else:
         report["collective"] = collectives.describe()
-    directory = STATE["report_dir"]
+    directory = STATE.report_dir
     if not directory:
         return
-    path = os.path.join(directory, f"rank{STATE['rank']}.json")
+    path = os.path.join(directory, f"rank{STATE.rank}.json")
     tmp = path + f".{os.getpid()}.tmp"
     with open(os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600), "w") as fh:
         json.dump(report, fh)
@@ -244,7 +244,7 @@ def _noop_handler(signum: int, frame: Any) -> None:
 
 
 def _install_watcher() -> None:
-    if STATE["watcher"] is not None:
+    if STATE.watcher is not None:
         return
     rsock, wsock = socket.socketpair()
     rsock.setblocking(True)
@@ -252,7 +252,7 @@ def _install_watcher() -> None:
     signal.signal(signal.SIGUSR1, _noop_handler)
     previous = signal.set_wakeup_fd(wsock.fileno(), warn_on_full_buffer=False)
     thread = threading.Thread(target=_watch, args=(rsock, wsock, previous), name="nbdist-watcher", daemon=True)
-    STATE["watcher"] = thread
+    STATE.watcher = thread
     thread.start()
 
 
@@ -270,16 +270,16 @@ def _watch(rsock: socket.socket, wsock: socket.socket, previous: int) -> None:
         try:
             if signal.SIGUSR1 in signums:
                 _write_report("report")
-            if signal.SIGINT in signums and STATE["busy_since"] is not None:
-                cell = STATE["cell"]
-                deadline = time.monotonic() + STATE["abort_after"]
+            if signal.SIGINT in signums and STATE.busy_since is not None:
+                cell = STATE.cell
+                deadline = time.monotonic() + STATE.abort_after
                 while time.monotonic() < deadline:
-                    if STATE["busy_since"] is None or STATE["cell"] != cell:
+                    if STATE.busy_since is None or STATE.cell != cell:
                         break
                     time.sleep(0.02)
                 else:
                     _write_report("interrupt")
-                    if STATE["pg_fds"] or STATE["backend"] == "nccl":
+                    if STATE.pg_fds or STATE.backend == "nccl":
                         world.abort_world()
         except Exception:  # the watcher must survive anything
             traceback.print_exc(file=sys.__stderr__)

@@ -123,9 +123,10 @@ def start_processes(
 def _index_for(nprocs: Any, call: str) -> int:
     """This rank's process index among ``nprocs``: RANK for the world's size, LOCAL_RANK for a host's."""
     __tracebackhide__ = True  # a traceback goes from the cell to its own code
-    world, local = int(STATE["world_size"]), int(os.environ.get("LOCAL_WORLD_SIZE", STATE["world_size"]))
+    rank, world = STATE.placed()
+    local = int(os.environ.get("LOCAL_WORLD_SIZE", world))
     if nprocs == world:
-        return int(STATE["rank"])
+        return rank
     if nprocs == local:
         return int(os.environ.get("LOCAL_RANK", "0"))
     hosts = f" ({local} on each host)" if local != world else ""
@@ -224,9 +225,9 @@ def _start(self: BaseProcess) -> None:
         else:
             ORIGINAL["start"](self)
         return
-    if _STARTED["cell"] != STATE["cell"]:
-        _STARTED.update(cell=STATE["cell"], count=0)
-    k, world, rank = _STARTED["count"], int(STATE["world_size"]), int(STATE["rank"])
+    if _STARTED["cell"] != STATE.cell:
+        _STARTED.update(cell=STATE.cell, count=0)
+    k, (rank, world) = _STARTED["count"], STATE.placed()
     _STARTED["count"] += 1
     name = _fn_name(target)
     if k >= world:

@@ -33,13 +33,13 @@ def open_store(host: str, timeout: float) -> int:
     store = TCPStore(
         host,
         port,
-        STATE["world_size"],
+        STATE.world_size,
         is_master=True,
         wait_for_workers=False,
         timeout=datetime.timedelta(seconds=timeout),
         master_listen_fd=listener.detach(),  # the store's server owns and closes it
     )
-    STATE["store"] = store
+    STATE.store = store
     return port
 
 
@@ -63,7 +63,7 @@ def join_world(
     import torch.distributed as dist
     from torch.distributed import TCPStore
 
-    rank, world_size = STATE["rank"], STATE["world_size"]
+    rank, world_size = STATE.placed()
     cpu_only = backend == "gloo" and gpu_index is None
     launched.apply(launched.world_env(master_addr=master_addr, port=port, restarts=restarts, cpu_only=cpu_only))
     if rank != 0 and not master_addr.startswith("127."):
@@ -74,8 +74,8 @@ def join_world(
                 f"{net.likely_fix(reason)}; open the port range between the nodes, or start with --ip on "
                 "the interface the nodes share."
             )
-    if rank != 0 or STATE["store"] is None:
-        STATE["store"] = TCPStore(
+    if rank != 0 or STATE.store is None:
+        STATE.store = TCPStore(
             master_addr,
             port,
             world_size,
@@ -91,7 +91,7 @@ def join_world(
     collectives.set_debug(debug)
     hosted.init_world(
         backend,
-        store=STATE["store"],
+        store=STATE.store,
         rank=rank,
         world_size=world_size,
         timeout=datetime.timedelta(seconds=pg_timeout),
@@ -100,7 +100,7 @@ def join_world(
     STATE.update(backend=backend, aborted=False)
     probe = torch.tensor([float(rank + 1)], device=device)
     dist.all_reduce(probe)
-    STATE["pg_fds"] = sorted(control.tcp_fds() - before)
+    STATE.pg_fds = sorted(control.tcp_fds() - before)
     return float(probe.item())
 
 
@@ -119,15 +119,15 @@ def leave_world() -> None:
 
 def abort_world() -> str:
     """Break this rank's process group so a collective blocked on it returns now."""
-    STATE["aborted"] = True
-    if STATE["backend"] == "nccl":
+    STATE.aborted = True
+    if STATE.backend == "nccl":
         try:
             compat.abort_process_group()
             return "nccl abort"
         except Exception as exc:  # pragma: no cover - GPU only
             return f"nccl abort failed: {exc}"
     closed = 0
-    for fd in STATE["pg_fds"]:
+    for fd in STATE.pg_fds:
         try:
             sock = socket.socket(fileno=fd)
         except OSError:

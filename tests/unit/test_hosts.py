@@ -181,14 +181,13 @@ def test_a_rank_that_cannot_reach_master_addr_says_so_in_one_line():
     with socket.socket() as sock:
         sock.bind((addr, 0))
         port = sock.getsockname()[1]  # bound, not listening: refused
-        old = dict(runtime.STATE)
+        old = runtime.STATE.values()
         runtime.STATE.update(rank=1, world_size=2, store=None)
         try:
             with pytest.raises(ConnectionError) as info:
                 world.join_world(master_addr=addr, port=port, backend="gloo", timeout=2, pg_timeout=10)
         finally:
-            runtime.STATE.clear()
-            runtime.STATE.update(old)
+            runtime.STATE.update(**old)
     text = str(info.value)
     assert "\n" not in text
     assert f"cannot reach MASTER_ADDR {addr}:{port} (" in text and "refused" in text.lower()
