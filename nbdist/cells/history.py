@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-SCRIPT = "# %dist_run "  # the first line of the code a %dist_run cell sends (scripts.py)
+SCRIPT = "# %dist_run "  # the first line of the code a %dist_run cell sends (tools/runscript.py)
 
 
 @dataclass(slots=True)

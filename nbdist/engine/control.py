@@ -1,7 +1,7 @@
 """nbdist's own process groups on a rank: gloo groups beside the training's, one per purpose.
 
 ``world`` records the connections of the groups it forms so the watcher can shut them down
-(``world.abort_world``); the groups made here join that list. Nothing here imports the rest of
+(``group.abort_world``); the groups made here join that list. Nothing here imports the rest of
 the engine but its state, so ``preempt`` and ``parallel.checkpoint`` can use it from below.
 """
 

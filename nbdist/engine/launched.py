@@ -11,7 +11,7 @@ friends. A rank of nbdist *is* a launched worker, so it shows exactly that:
   ``runtime.configure`` before any cell runs;
 - ``world_env``: the ones that change each time the process group is formed (its port, the
   restart count) and Accelerate's CPU switch on ranks without a GPU, as ``accelerate launch
-  --cpu`` sets it; set by ``world.join_world``;
+  --cpu`` sets it; set by ``group.join_world``;
 - ``not_interactive``: IPython sets ``sys.ps1`` in every shell, ipyparallel's engines included,
   "so that scripts can decide if they are running interactively". A rank is not a prompt a
   person types at (its cells come from the notebook, which has its own); left there, Lightning

@@ -25,7 +25,7 @@ from typing import Any
 
 from .. import compat
 from ..launch import net
-from . import adapters, children, collectives, debug, exits, gpu, hosted, launched, preempt, schedulers, spawned, world
+from . import adapters, children, collectives, debug, exits, gpu, group, hosted, launched, preempt, schedulers, spawned
 from .state import CELL_END, STATE
 
 _HOOKED: set[int] = set()  # shells whose cell events carry nbdist's hooks
@@ -280,6 +280,6 @@ def _watch(rsock: socket.socket, wsock: socket.socket, previous: int) -> None:
                 else:
                     _write_report("interrupt")
                     if STATE.pg_fds or STATE.backend == "nccl":
-                        world.abort_world()
+                        group.abort_world()
         except Exception:  # the watcher must survive anything
             traceback.print_exc(file=sys.__stderr__)

@@ -9,7 +9,7 @@ from typing import Any
 @dataclass(slots=True)
 class RankSide:
     """What one rank's process knows of itself. Set by runtime.configure, the world's join and leave
-    (engine/world.py), the cell hooks and the watcher thread; read across engine/ and parallel/."""
+    (engine/group.py), the cell hooks and the watcher thread; read across engine/ and parallel/."""
 
     rank: int | None = None
     world_size: int | None = None

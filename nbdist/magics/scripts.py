@@ -12,7 +12,7 @@ from IPython.core.magic_arguments import argument, magic_arguments
 from .. import cluster as api
 from ..tools import debug as debugging
 from ..tools import export as exporting
-from ..tools.scripts import run_script
+from ..tools.runscript import run_script
 from .common import USAGE, call, parse, show, usage
 
 _RUN_OPTIONS = {"--ranks": True, "--timeout": True, "--noblock": False, "--quiet": False}  # True: takes a value

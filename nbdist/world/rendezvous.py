@@ -14,7 +14,7 @@ import time
 from dataclasses import dataclass
 
 from ..config import StartConfig
-from ..engine import runtime, world
+from ..engine import group, runtime
 from ..errors import ClusterError, ConfigError
 from .engineset import EngineSet, RankInfo
 
@@ -157,7 +157,7 @@ def build_world(
     """
     tic = time.perf_counter()
     ranks = engines.ranks
-    opened = engines.call([0], world.open_store, master_addr, timeout, timeout=timeout + 5)
+    opened = engines.call([0], group.open_store, master_addr, timeout, timeout=timeout + 5)
     if 0 not in opened.values:
         raise ClusterError(
             f"rank 0 (engine {ranks[0].engine_id}) could not open the rendezvous store: "
@@ -167,7 +167,7 @@ def build_world(
     joined = engines.call_each(
         {
             r.rank: (
-                world.join_world,
+                group.join_world,
                 (),
                 dict(
                     master_addr=master_addr,
@@ -232,7 +232,7 @@ def _build(engines: EngineSet, backend: str, master_addr: str, config: StartConf
 def leave_world(engines: EngineSet, timeout: float = 30.0) -> None:
     """Destroy the process group on every rank, whatever state it is in; ClusterError naming the ranks that did
     not answer within ``timeout`` (a rank that raised has dropped its group anyway)."""
-    left = engines.call(list(range(len(engines.ranks))), world.leave_world, timeout=timeout)
+    left = engines.call(list(range(len(engines.ranks))), group.leave_world, timeout=timeout)
     if left.late:
         raise ClusterError(left.problem("leaving the process group") + "; run %dist_restart once they answer again.")
 

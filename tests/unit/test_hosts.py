@@ -173,7 +173,7 @@ def test_addresses_on_this_host():
 
 
 def test_a_rank_that_cannot_reach_master_addr_says_so_in_one_line():
-    from nbdist.engine import runtime, world
+    from nbdist.engine import group, runtime
 
     addr = next((ip for ip in net.interfaces().values() if not ip.startswith("127.")), None)
     if addr is None:
@@ -185,7 +185,7 @@ def test_a_rank_that_cannot_reach_master_addr_says_so_in_one_line():
         runtime.STATE.update(rank=1, world_size=2, store=None)
         try:
             with pytest.raises(ConnectionError) as info:
-                world.join_world(master_addr=addr, port=port, backend="gloo", timeout=2, pg_timeout=10)
+                group.join_world(master_addr=addr, port=port, backend="gloo", timeout=2, pg_timeout=10)
         finally:
             runtime.STATE.update(**old)
     text = str(info.value)

@@ -13,7 +13,7 @@ from nbdist.config import StartConfig
 from nbdist.errors import ConfigError
 from nbdist.launch.hosts import batch_script
 from nbdist.tools.export import export, sbatch_text
-from nbdist.tools.scripts import script_cell
+from nbdist.tools.runscript import script_cell
 from nbdist.world.views import WorldShape
 
 SLURM = {"launcher": "slurm", "n": 2}
