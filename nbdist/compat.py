@@ -253,6 +253,25 @@ def lightning_script_launcher(module: Any) -> Any:
     return module._SubprocessScriptLauncher
 
 
+def lightning_wrap_configure_launcher(cls: Any, wrap: Any) -> None:
+    """Replace ``cls._configure_launcher`` (a DDPStrategy's) by ``wrap(original)``; the original stays reachable as
+    ``__wrapped__``."""
+    original = cls._configure_launcher
+    wrapped = wrap(original)
+    wrapped.__wrapped__ = original
+    cls._configure_launcher = wrapped
+
+
+def lightning_launch_settings(strategy: Any) -> tuple[str, str | None]:
+    """A DDPStrategy's start method ("popen", "fork", "spawn", ...) and the backend it was asked for, if any."""
+    return strategy._start_method, getattr(strategy, "_process_group_backend", None)
+
+
+def lightning_set_launcher(strategy: Any, launcher: Any) -> None:
+    """Make ``launcher`` the one the DDPStrategy launches with."""
+    strategy._launcher = launcher
+
+
 def abort_process_group() -> None:
     """Abort the default process group (NCCL): collectives blocked on it return with an error."""
     import torch.distributed as dist

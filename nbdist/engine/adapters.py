@@ -61,29 +61,30 @@ def say(line: str) -> None:
 
 def lightning_ddp(module: ModuleType) -> None:
     """DDPStrategy: fork/spawn start methods run on the world; a backend it lacks fails."""
-    cls = module.DDPStrategy
-    original = cls._configure_launcher
     script_launcher = compat.lightning_script_launcher(module)
 
-    def _configure_launcher(self: Any) -> None:
-        original(self)
-        if not world_up():
-            return
-        wanted = getattr(self, "_process_group_backend", None)
-        if wanted:
-            hosted.check_backend(
-                wanted, f"{type(self).__name__}(process_group_backend={wanted!r})", "process_group_backend"
-            )
-        if self._start_method != "popen":
-            say(
-                f"Lightning's DDP strategy with start_method={self._start_method!r} would start "
-                f"{self.num_processes} processes on every rank; it runs on the world nbdist built instead "
-                f"({os.environ.get('WORLD_SIZE')} ranks), as strategy='ddp' does"
-            )
-            self._launcher = script_launcher(self.cluster_environment, self.num_processes, self.num_nodes)
+    def wrap(original: Callable[[Any], None]) -> Callable[[Any], None]:
+        def _configure_launcher(self: Any) -> None:
+            original(self)
+            if not world_up():
+                return
+            method, wanted = compat.lightning_launch_settings(self)
+            if wanted:
+                hosted.check_backend(
+                    wanted, f"{type(self).__name__}(process_group_backend={wanted!r})", "process_group_backend"
+                )
+            if method != "popen":
+                say(
+                    f"Lightning's DDP strategy with start_method={method!r} would start "
+                    f"{self.num_processes} processes on every rank; it runs on the world nbdist built instead "
+                    f"({os.environ.get('WORLD_SIZE')} ranks), as strategy='ddp' does"
+                )
+                launcher = script_launcher(self.cluster_environment, self.num_processes, self.num_nodes)
+                compat.lightning_set_launcher(self, launcher)
 
-    _configure_launcher.__wrapped__ = original  # type: ignore[attr-defined]
-    cls._configure_launcher = _configure_launcher
+        return _configure_launcher
+
+    compat.lightning_wrap_configure_launcher(module.DDPStrategy, wrap)
 
 
 def lightning_torchelastic(module: ModuleType) -> None:

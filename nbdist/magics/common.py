@@ -19,7 +19,6 @@ USAGE = {
     "dist_mode": "%dist_mode on|off",
     "dist_push": "%dist_push NAME [NAME ...] [--ranks SPEC]",
     "dist_pull": "%dist_pull NAME [--ranks SPEC]",
-    "dist_run": "%dist_run [--ranks SPEC] [--timeout S] [--noblock] [--quiet] script.py [script args ...]",
 }
 
 

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-import shlex
+import argparse
 from typing import Any
 
 from IPython.core.error import UsageError
@@ -13,45 +13,35 @@ from .. import cluster as api
 from ..tools import debug as debugging
 from ..tools import export as exporting
 from ..tools.runscript import run_script
-from .common import USAGE, call, parse, show, usage
-
-_RUN_OPTIONS = {"--ranks": True, "--timeout": True, "--noblock": False, "--quiet": False}  # True: takes a value
+from .common import call, cell_options, parse, show, usage
 
 
 @magics_class
 class ScriptMagics(Magics):
+    @magic_arguments()
+    @argument("--ranks", default=None, metavar="SPEC", help="ranks to run on: 0, 0,2 or 1-3 (default: all)")
+    @cell_options
+    @argument("script", nargs="?", default=None, metavar="script.py", help="the torchrun-style script to run")
+    @argument("args", nargs=argparse.REMAINDER, metavar="...", help="the script's own arguments (its sys.argv[1:])")
     @line_magic
     def dist_run(self, line: str = "") -> Any:
         """%dist_run train.py --epochs 1: run a torchrun-style script, unchanged, on every rank as one cell."""
-        try:
-            words = shlex.split(line)
-        except ValueError as exc:
-            raise UsageError(f"{exc} in {line!r}; type {USAGE['dist_run']}") from None
-        opts: dict[str, Any] = {}
-        while words and words[0].startswith("--") and words[0].split("=")[0] in _RUN_OPTIONS:
-            name, _, value = words.pop(0).partition("=")
-            if _RUN_OPTIONS[name] and not value:
-                if not words:
-                    raise UsageError(f"{name} needs a value; type {USAGE['dist_run']}")
-                value = words.pop(0)
-            opts[name] = value if _RUN_OPTIONS[name] else True
-        if not words:
-            raise UsageError(f"name the script to run; type {USAGE['dist_run']}")
-        try:
-            timeout = float(opts["--timeout"]) if "--timeout" in opts else None
-        except ValueError:
-            raise UsageError(f"--timeout {opts['--timeout']!r} is not a number of seconds; e.g. --timeout 60") from None
-        block = not opts.get("--noblock")
+        args = parse(self.dist_run, line)
+        if not args.script:
+            raise UsageError(f"name the script to run; type {usage(self.dist_run)}")
         cluster = call(api.current)
+        block = not args.noblock
         result = call(
             lambda: run_script(
                 cluster,
-                words[0],
-                words[1:],
-                ranks=opts.get("--ranks"),
-                timeout=timeout,
+                args.script,
+                args.args,
+                ranks=args.ranks,
+                timeout=args.timeout,
                 block=block,
-                quiet=bool(opts.get("--quiet")),
+                quiet=args.quiet,
+                each=args.each,
+                setup=args.setup,
             )
         )
         return show(result, block)
@@ -83,7 +73,9 @@ class ScriptMagics(Magics):
             return
         if not args.path:
             raise UsageError(f"name the script to write; type {usage(self.dist_export)}")
-        done = call(lambda: exporting.export(cluster.history, cluster.shape, args.path, cells=args.cells, force=args.force))
+        done = call(
+            lambda: exporting.export(cluster.history, cluster.shape, args.path, cells=args.cells, force=args.force)
+        )
         print(
             f"wrote {done.script} ({len(done.cells)} cell(s)) and {done.sbatch.name}; "
             f"run it with: {done.command}, or on Slurm: sbatch {done.sbatch.name}"

@@ -144,7 +144,7 @@ def test_probe_lightning_ddp_launcher():
         source = inspect.getsource(module.DDPStrategy)
         assert hasattr(module, "_SubprocessScriptLauncher"), f"{name} no longer imports _SubprocessScriptLauncher"
         assert "def _configure_launcher" in source, f"{name}.DDPStrategy has no _configure_launcher: see compat.py"
-        for attr in ("self._start_method", "self._process_group_backend"):
+        for attr in ("self._start_method", "self._process_group_backend", "self._launcher"):
             assert attr in source, f"{name}.DDPStrategy no longer sets {attr}: see engine/adapters.py"
 
 

@@ -94,6 +94,7 @@ FROZEN = {
     "dist_status": "--all",
     "dist_dashboard": "--ranks",
     "dist_where": "--all",
+    "dist_run": "--ranks --timeout --noblock --quiet --each --setup script args",
     "dist_export": "path --cells --list --force",
     "dist_debug": "rank",
     "dist_attach": "name",
