@@ -67,7 +67,7 @@ PRIVATE_APIS = (
         "parallel.instrument: DDP's own C++ timers of the gradient all-reduce, read every step on CPU",
     ),
     PrivateAPI(
-        "lightning DDPStrategy._configure_launcher/_start_method/_process_group_backend, strategies.ddp."
+        "lightning DDPStrategy._configure_launcher/_start_method/_process_group_backend/_launcher, strategies.ddp."
         "_SubprocessScriptLauncher (lightning.fabric and lightning.pytorch, and the twin packages)",
         "lightning",
         "engine.adapters: a fork/spawn DDP strategy gets Lightning's script launcher and runs on the world; a "
