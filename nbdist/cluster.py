@@ -100,7 +100,7 @@ class Cluster(views.WorldView):
         self._lock = threading.RLock()
         self.keeper: kept.Keeper | None = None  # --keep: the record %dist_attach reads, the lease kept fresh
         self.cells = CellPath(  # a cell's way through the ranks, with recovery
-            self._engines, self.config, self.recovery, self.history, self.progress, self.restart, self.rebuild_world
+            self._engines, self.config, self.recovery, self.history, self._say, self.restart, self.rebuild_world
         )
 
     # ------------------------------------------------------------------ lifecycle
@@ -233,6 +233,10 @@ class Cluster(views.WorldView):
             self.recovery.recover(dead, self.cells.replay(), self.progress)
         self.last = self.cells.execute(code, cfg, sink, setup)
         return self.last
+
+    def _say(self, line: str) -> None:
+        """A line for the person (``progress``, looked up each time: it may be replaced after the start)."""
+        self.progress(line)
 
     def push(self, mapping: dict[str, Any], ranks: RankSpec = None) -> None:
         """Send variables to the ranks' namespaces."""
