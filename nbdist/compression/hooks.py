@@ -114,90 +114,30 @@ def _per_bucket(store: dict[int, torch.Tensor], index: int, buf: torch.Tensor) -
 
 
 def compression_hook(state: HookState, bucket: dist.GradBucket) -> torch.futures.Future[torch.Tensor]:
-    """The one hook behind every compressor in ``compressors``."""
+    """The one hook behind every compressor in ``compressors``: compress the bucket where it lives, send it with
+    the compressor's collective, and decompress the mean back into the bucket; each step recorded."""
     group = state.process_group
     world = dist.get_world_size(group)
-    buf = bucket.buffer()
-    d, index = buf.numel(), bucket.index()
-    comp = state.compressor
-    warming_up = state.iteration < state.start_iter and comp.warm_up
-    step = state.iteration
+    buf, index, step = bucket.buffer(), bucket.index(), state.iteration
     if bucket.is_last():
         state.iteration += 1
     tic = time.perf_counter()
-    if warming_up:
-        wire = buf.div_(world)
-        record = {
-            "step": step,
-            "bucket": index,
-            "bytes_before": d * buf.element_size(),
-            "bytes_after": d * buf.element_size(),
-            "compress_s": 0.0,
-            "warmup": True,
-        }
-        state.add(record)
-        launch = record["launch"] = time.perf_counter()
-        fut = dist.all_reduce(wire, group=group, async_op=True).get_future()
-
-        def reduced(f: torch.futures.Future) -> torch.Tensor:
-            record["collective_s"] = time.perf_counter() - launch
-            return f.value()[0]
-
-        return fut.then(reduced)
-
-    # Full-size tensors live in the bucket itself or in per-bucket buffers: fresh
-    # multi-megabyte allocations each step cost more in page faults than compressing.
-    # A bucket that changed size (DDP rebuilds its buckets after the first step) starts afresh.
-    scratch = state.scratch.get(index)
-    if scratch is None or scratch.get("numel") != d:
-        scratch = state.scratch[index] = {"numel": d}
-    # The gradient is compressed where it lives: Numba kernels on the CPU, torch ops on a GPU.
-    in_place = buf.dtype == torch.float32 and buf.is_contiguous()
-    rank = 0 if comp.shared_seed else dist.get_rank(group)
-    seed = mix_seed(state.seed, step, index, rank)
-    if comp.error_feedback:
-        # The residual takes the gradient in (x = residual + grad) and keeps what was not
-        # sent (x - sent) for the next step; DGC's velocity likewise.
-        residual = _per_bucket(state.residuals, index, buf)
-        velocity = _per_bucket(state.velocities, index, buf) if comp.momentum else None
-        grad = buf.detach() if in_place else buf.detach().float()
-        payload = comp.compress_feedback(grad, residual, velocity, seed=seed, world=world, scratch=scratch)
-    else:
-        if in_place:
-            x = buf.detach()
-        else:
-            x = dense_buffer(scratch, "x", d, buf)
-            x.copy_(buf.detach())
-        payload = comp.compress(x, seed=seed, world=world, scratch=scratch)
+    if step < state.start_iter and state.compressor.warm_up:
+        return _uncompressed(state, buf, step, index, group, world)
+    scratch = _scratch(state, index, buf.numel())
+    in_place = buf.dtype == torch.float32 and buf.is_contiguous()  # compressed where it lives, no copy
+    payload = _compress(state, buf, step, index, scratch, in_place, group, world)
     wire = payload.tensor.contiguous()
-    record = {
-        "step": step,
-        "bucket": index,
-        "bytes_before": d * buf.element_size(),
-        "bytes_after": wire.numel() * wire.element_size(),
-        "compress_s": time.perf_counter() - tic,
-    }
-    state.add(record)
-    t_coll = record["launch"] = time.perf_counter()
-    if comp.collective == ALL_REDUCE:
-        fut = dist.all_reduce(wire, group=group, async_op=True).get_future()
-        gathered = None
-    else:
-        gathered = [torch.empty_like(wire) for _ in range(world)]
-        fut = dist.all_gather(gathered, wire, group=group, async_op=True).get_future()
+    record = state.add(_record(step, index, buf, wire, compress_s=time.perf_counter() - tic))
+    fut, gathered = _send(state.compressor, wire, group, world, record)
 
     def decompress(f: torch.futures.Future) -> torch.Tensor:
-        record["collective_s"] = time.perf_counter() - t_coll
+        record["collective_s"] = time.perf_counter() - record["launch"]
         t = time.perf_counter()
         result = f.value()[0] if gathered is None else gathered
-        mean = comp.decompress(
-            result,
-            d,
-            world,
-            payload.context,
-            scratch,
-            out=buf if in_place else None,
-            out_zeroed=in_place and payload.grad_zeroed,
+        out, zeroed = (buf, payload.grad_zeroed) if in_place else (None, False)
+        mean = state.compressor.decompress(
+            result, buf.numel(), world, payload.context, scratch, out=out, out_zeroed=zeroed
         )
         if mean is not buf:
             buf.copy_(mean.to(device=buf.device, dtype=buf.dtype))
@@ -205,6 +145,81 @@ def compression_hook(state: HookState, bucket: dist.GradBucket) -> torch.futures
         return buf
 
     return fut.then(decompress)
+
+
+def _record(step: int, index: int, buf: torch.Tensor, wire: torch.Tensor, **more: Any) -> dict[str, Any]:
+    """One bucket's step as the dashboard reads it: bytes before and after compression, and the times."""
+    return {
+        "step": step,
+        "bucket": index,
+        "bytes_before": buf.numel() * buf.element_size(),
+        "bytes_after": wire.numel() * wire.element_size(),
+        **more,
+    }
+
+
+def _uncompressed(
+    state: HookState, buf: torch.Tensor, step: int, index: int, group: Any, world: int
+) -> torch.futures.Future[torch.Tensor]:
+    """A warm-up step: the mean by a plain all-reduce, recorded as such."""
+    wire = buf.div_(world)
+    record = state.add(_record(step, index, buf, wire, compress_s=0.0, warmup=True))
+    launch = record["launch"] = time.perf_counter()
+    fut = dist.all_reduce(wire, group=group, async_op=True).get_future()
+
+    def reduced(f: torch.futures.Future) -> torch.Tensor:
+        record["collective_s"] = time.perf_counter() - launch
+        return f.value()[0]
+
+    return fut.then(reduced)
+
+
+def _scratch(state: HookState, index: int, numel: int) -> dict[str, Any]:
+    """This bucket's reusable buffers: fresh multi-megabyte allocations each step cost more in page faults than
+    compressing. A bucket that changed size (DDP rebuilds its buckets after the first step) starts afresh."""
+    scratch = state.scratch.get(index)
+    if scratch is None or scratch.get("numel") != numel:
+        scratch = state.scratch[index] = {"numel": numel}
+    return scratch
+
+
+def _compress(
+    state: HookState,
+    buf: torch.Tensor,
+    step: int,
+    index: int,
+    scratch: dict[str, Any],
+    in_place: bool,
+    group: Any,
+    world: int,
+) -> Any:
+    """The compressor's payload for this bucket (Numba kernels on the CPU, torch ops on a GPU). With error
+    feedback the residual takes the gradient in (x = residual + grad) and keeps what was not sent for the next
+    step; DGC's velocity likewise."""
+    comp = state.compressor
+    seed = mix_seed(state.seed, step, index, 0 if comp.shared_seed else dist.get_rank(group))
+    if comp.error_feedback:
+        residual = _per_bucket(state.residuals, index, buf)
+        velocity = _per_bucket(state.velocities, index, buf) if comp.momentum else None
+        grad = buf.detach() if in_place else buf.detach().float()
+        return comp.compress_feedback(grad, residual, velocity, seed=seed, world=world, scratch=scratch)
+    if in_place:
+        x = buf.detach()
+    else:
+        x = dense_buffer(scratch, "x", buf.numel(), buf)
+        x.copy_(buf.detach())
+    return comp.compress(x, seed=seed, world=world, scratch=scratch)
+
+
+def _send(
+    comp: Compressor, wire: torch.Tensor, group: Any, world: int, record: dict[str, Any]
+) -> tuple[torch.futures.Future, list[torch.Tensor] | None]:
+    """Start the compressor's collective on the payload: an all-reduce, or an all-gather (its list)."""
+    record["launch"] = time.perf_counter()
+    if comp.collective == ALL_REDUCE:
+        return dist.all_reduce(wire, group=group, async_op=True).get_future(), None
+    gathered = [torch.empty_like(wire) for _ in range(world)]
+    return dist.all_gather(gathered, wire, group=group, async_op=True).get_future(), gathered
 
 
 class PowerSGDHookState(Records):
