@@ -31,7 +31,7 @@ from .errors import ClusterError
 from .launch import defaults
 from .launch.registry import launcher_for
 from .recovery import CellPath, Recovery
-from .results import RunResult
+from .results import RankState, RunResult
 from .world import kept, variables, views
 from .world.engineset import EngineSet, RankInfo
 from .world.rendezvous import World, form_world, leave_world, reform_world
@@ -162,11 +162,16 @@ class Cluster(views.WorldView):
         engines = self._engines()
         tic = time.perf_counter()
         targets = parse_ranks(ranks, self.world_size)
-        with self._lock:
-            replaced = engines.replace(targets)
-            self.restarts += 1
-            leave_world(engines)
-            self._form_world(replaced)
+        try:
+            with self._lock:
+                replaced = engines.replace(targets)
+                self.restarts += 1
+                leave_world(engines)
+                self._form_world(replaced)
+        finally:  # in the world again, or (when the restart failed) dead or waiting for the next restart
+            dead = set(engines.dead_ranks())
+            engines.board.set([r for r in targets if r not in dead], RankState.IDLE)
+            engines.board.set([r for r in targets if r in dead], RankState.DEAD)
         self.running = True
         self._kept()
         return time.perf_counter() - tic

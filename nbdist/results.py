@@ -53,12 +53,15 @@ class RankStatus(_Text):
 
 
 class RankState(_Text):
-    """What a rank is doing now."""
+    """What a rank is doing now (world/board.py keeps each rank's)."""
 
-    IDLE = "idle"
-    BUSY = "busy"
-    FAILED = "failed"  # its last cell raised
-    DEAD = "dead"
+    IDLE = "idle"  # waiting for a cell; its last one (if any) succeeded
+    BUSY = "busy"  # running a cell
+    DEBUGGING = "debugging"  # stopped at its debugger's prompt in a cell (breakpoint())
+    FAILED = "failed"  # its last cell raised; it waits for the next one
+    EXITED = "exited"  # its last cell's code exited (exit(), sys.exit()); the rank is up and waits
+    RESTARTING = "restarting"  # its engine is being replaced (a restart, or automatic recovery)
+    DEAD = "dead"  # its process is gone
 
 
 class Release(_Text):

@@ -24,10 +24,15 @@ class Cell:
 
     def title(self) -> str:
         """Its first line that says something, for listings."""
-        if self.script:
-            return f"%dist_run {self.script}"
-        lines = [ln.strip() for ln in self.code.splitlines() if ln.strip() and not ln.strip().startswith("#")]
-        return (lines[0] if lines else "(empty)")[:70]
+        return title(self.code)
+
+
+def title(code: str) -> str:
+    """A cell's first line that says something ('%dist_run train.py --epochs 1' for a script), for listings."""
+    if code.startswith(SCRIPT):
+        return f"%dist_run {code.splitlines()[0][len(SCRIPT) :]}"
+    lines = [ln.strip() for ln in code.splitlines() if ln.strip() and not ln.strip().startswith("#")]
+    return (lines[0] if lines else "(empty)")[:70]
 
 
 @dataclass(slots=True)

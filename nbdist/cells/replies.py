@@ -9,7 +9,7 @@ from datetime import datetime
 from typing import Any
 
 from .. import wire
-from ..results import RankResult, RankStatus, Release, RunResult, classify, remote_error
+from ..results import RankResult, RankState, RankStatus, Release, RunResult, classify, remote_error
 from ..world.engineset import EngineSet
 
 
@@ -35,6 +35,17 @@ def error_of(child: Any) -> BaseException | None:
 def exit_of(child: Any) -> dict[str, Any] | None:
     """What a rank's exit() in this cell said (engine/exits.py): status, cell line, code; None if none."""
     return (child.output.metadata.get("data") or {}).get(wire.EXITED)
+
+
+def state_of(child: Any) -> RankState:
+    """The state a rank's reply leaves it in until the cell is over: exited, failed, dead (its engine died:
+    ipyparallel's EngineError), or idle."""
+    if exit_of(child) is not None:
+        return RankState.EXITED
+    err = error_of(child)
+    if err is None:
+        return RankState.IDLE
+    return RankState.DEAD if getattr(err, "ename", "") == "EngineError" else RankState.FAILED
 
 
 def seconds_between(start: Any, end: Any) -> float | None:

@@ -23,6 +23,7 @@ from ..config import RunConfig
 from ..errors import ClusterError
 from ..results import RunResult
 from ..world.engineset import EngineSet
+from .history import title
 from .output import Sink, TaggedPrinter
 from .watch import OnDone, Watch
 
@@ -81,7 +82,7 @@ def execute(
     if sink is None:
         sink = TaggedPrinter(quiet_ranks=set(cfg.ranks[1:]) if cfg.quiet else set(), ranks=cfg.ranks, fold=not cfg.each)
     ar = engines.view(cfg.ranks).execute(code, silent=False, block=False)
-    watch = Watch(engines, cfg.ranks, ar, sink, grace=grace, watchdog=watchdog, on_done=on_done)
+    watch = Watch(engines, cfg.ranks, ar, sink, grace=grace, watchdog=watchdog, on_done=on_done, cell=title(code))
     if not cfg.block:
         return PendingRun(watch, then)
     result, recover = watch.follow(timeout=cfg.timeout, stream=True)

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import functools
 import queue
+import re
 import sys
 import time
 from collections.abc import Callable
@@ -42,14 +43,17 @@ class Watch:
         watchdog: float | None,
         on_done: OnDone,
         ask: Callable[[str], str] | None = None,
+        cell: str = "",
     ) -> None:
         self.engines, self.ranks, self.ar, self.sink = engines, ranks, ar, sink
+        self.board = engines.board  # each rank's state: busy now, then what its reply says (world/board.py)
+        self.board.set(ranks, RankState.BUSY, cell=cell)
         self.ask = ask or _typed  # a person's answer to a rank's debugger prompt (the notebook's input box)
         self.grace, self.watchdog, self.on_done = grace, watchdog, on_done
         self.tic = time.perf_counter()
         self.wake: queue.SimpleQueue[int] = queue.SimpleQueue()
         self.children = compat.async_result_children(ar)  # one per rank, in the order of ``ranks``
-        self.states: dict[int, RankState] = {}
+        self.states: dict[int, RankState] = {}  # what the sink was told
         self.reports: dict[int, dict[str, Any]] = {}  # where released ranks were
         # Ranks whose process nbdist started on this host, by pid: a death is seen at once, from the process,
         # instead of when the controller's heart monitor misses its beats (1-2 s later).
@@ -61,8 +65,13 @@ class Watch:
         self.out = Heard(self.children, ranks, sink, self.wake)  # what the ranks send, in order, to the sink
         self.relay = Relay(functools.partial(send_line, engines), ask=self.ask, say=self._say)
         compat.on_io_thread(engines.client, self.out.listen)
-        for child in self.children:
-            child.add_done_callback(lambda f: self.wake.put(1))
+        for i, child in enumerate(self.children):
+            child.add_done_callback(functools.partial(self._replied, i))
+
+    def _replied(self, i: int, child: Any) -> None:
+        """A rank's reply came (on the client's IO thread): its state goes on the board; the watch wakes."""
+        self.board.set([self.ranks[i]], replies.state_of(child))
+        self.wake.put(1)
 
     def follow(self, timeout: float | None, stream: bool) -> tuple[RunResult, list[int]]:
         """Watch until every rank is done, releasing or killing ranks as the policy says.
@@ -92,6 +101,7 @@ class Watch:
             started=self.tic,
         )
         recover = self.on_done(result, killed)
+        self._over()
         if interrupted:
             for note in result.notes:
                 print(note, file=sys.stderr)
@@ -142,6 +152,7 @@ class Watch:
                 elif action is Action.KILL:
                     killed = running
                     self.engines.kill(running)
+                    self.board.set(killed, RankState.DEAD)
                     return killed, interrupted
             except KeyboardInterrupt:
                 interrupted = True
@@ -156,7 +167,12 @@ class Watch:
                 i, content = self.out.pdb.get_nowait()
             except queue.Empty:
                 break
-            self.relay.take(self.ranks[i], content)
+            rank = self.ranks[i]
+            self.relay.take(rank, content)
+            if content.get("state") == "prompt":
+                self.board.set([rank], RankState.DEBUGGING, line=_pdb_line(content.get("text", "")))
+            elif not self.children[i].done():
+                self.board.set([rank], RankState.BUSY)
         for i, child in enumerate(self.children if self.relay.inside else []):
             if child.done() and self.ranks[i] in self.relay.inside:
                 self.relay.ended(self.ranks[i])
@@ -185,6 +201,7 @@ class Watch:
         for i, pid in self.pids.items():
             if i not in self.gone and not self.children[i].done() and not procs.alive(pid):
                 self.gone.add(i)
+                self.board.set([self.ranks[i]], RankState.DEAD)
 
     def _release(self, running: list[int]) -> None:
         """Note where the running ranks are, then interrupt them (their watchers do the rest)."""
@@ -192,26 +209,30 @@ class Watch:
         self.engines.signal(running)
 
     def _report_states(self) -> None:
-        """Tell the sink which ranks are busy or done (and, after 2 s, show progress)."""
+        """Tell the sink each rank's state as the board has it, when it changed (and, after 2 s, progress)."""
+        board = self.board.get()
         done = 0
         for i, child in enumerate(self.children):
-            state = RankState.BUSY
-            if i in self.gone and not child.done():
-                done += 1
-                state = RankState.DEAD
-            elif child.done():
-                done += 1
-                err = replies.error_of(child)
-                if err is None:
-                    state = RankState.IDLE
-                else:
-                    state = RankState.DEAD if getattr(err, "ename", "") == "EngineError" else RankState.FAILED
             rank = self.ranks[i]
+            done += child.done() or i in self.gone
+            state = board[rank].state if rank in board else RankState.BUSY
             if self.states.get(rank) != state:
                 self.states[rank] = state
                 call_sink(self.sink, "state", rank, state)
         if time.perf_counter() - self.tic > 2.0 and done < len(self.children):
             call_sink(self.sink, "progress", done, len(self.children))
+
+    def _over(self) -> None:
+        """The cell is over: a rank that failed or exited in it waits for the next one (idle); one still
+        marked busy never replied (killed, or its process ended) and is dead unless it was restarted."""
+        board = self.board.get()
+        ended = [r for r in self.ranks if r in board and board[r].state in (RankState.FAILED, RankState.EXITED)]
+        self.board.set(ended, RankState.IDLE)
+        unanswered = {r for r in self.ranks if r in board and board[r].state in (RankState.BUSY, RankState.DEBUGGING)}
+        if unanswered:
+            dead = unanswered & set(self.engines.dead_ranks())
+            self.board.set(sorted(dead), RankState.DEAD)
+            self.board.set(sorted(unanswered - dead), RankState.IDLE)
 
     def _finish_output(self, stream: bool) -> None:
         # Output can trail the reply by a moment (iopub and shell are separate sockets).
@@ -228,6 +249,14 @@ class Watch:
             self._report_states()
             self.sink.flush()
         self.out.stop()
+
+
+_PDB_AT = re.compile(r"^> .*?\((\d+)\)", re.M)  # pdb's '> <cell>(12)<module>()': where it stopped
+
+
+def _pdb_line(text: str) -> int | None:
+    found = _PDB_AT.findall(text)
+    return int(found[-1]) if found else None
 
 
 def _typed(prompt: str) -> str:

@@ -159,6 +159,8 @@ class DistMagics(Magics):
                 print(text)
             print("(%dist_status --all: one row per rank)")
             return
+        for r in rows:  # a busy rank's line, when it said
+            r["state"] += f" at cell line {r['line']}" if r["line"] is not None else ""
         cols = ["rank", "engine_id", "host", "pid", "device", "backend", "state"]
         if any(r["gpu"] for r in rows):
             cols.insert(5, "gpu")

@@ -8,4 +8,7 @@ STATE_COLOURS: dict[str, str] = {
     "busy": "#f9a825",
     "dead": "#c62828",
     "failed": "#c62828",
+    "debugging": "#6a1b9a",
+    "exited": "#546e7a",
+    "restarting": "#1565c0",
 }

@@ -23,6 +23,7 @@ from ..launch.launchers import Launcher
 from ..results import RankState
 from . import registration
 from .answers import Answers, Call
+from .board import Board, RankNow
 
 log = logging.getLogger("nbdist")
 @dataclass(slots=True)
@@ -63,6 +64,7 @@ class EngineSet:
         self._views: dict[tuple[int, ...], Any] = {}
         self.kept_pids: list[int] = []  # reattached to a kept world (kept.py): its controller and what it started
         self.kept_jobs: list[str] = []  # and the batch jobs it runs in
+        self.board = Board()  # each rank's state (board.py): written where a change is seen, read by the views
 
     # ------------------------------------------------------------------ processes
 
@@ -79,10 +81,13 @@ class EngineSet:
         compat.drop_unreadable_messages(self.client)
         ids = registration.wait_for_engines(self, self.config.n, known=set(), old_launchers=set())
         self.ranks = [RankInfo(rank=i, engine_id=eid) for i, eid in enumerate(registration.in_launch_order(self, ids))]
+        self.board.reset([r.rank for r in self.ranks])
         return self.ranks
 
     def replace(self, ranks: list[int]) -> list[RankInfo]:
-        """Kill these ranks' engines and start new ones for the same ranks; return their new RankInfos."""
+        """Kill these ranks' engines and start new ones for the same ranks; return their new RankInfos.
+        They are ``restarting`` on the board until their caller has them in the world again."""
+        self.board.set(ranks, RankState.RESTARTING)
         self.kill(ranks)
         known = set(self.client.ids) | {r.engine_id for r in self.ranks}
         old_launchers = {id(el) for el in self.launchers()}
@@ -98,6 +103,7 @@ class EngineSet:
         it runs in (``pids``, ``jobs``: stopped with it), and a launcher that starts engines for its controller
         (%dist_restart) without touching that controller or its keys."""
         self.client, self.ranks, self.kept_pids, self.kept_jobs = client, ranks, pids, jobs
+        self.board.reset([r.rank for r in ranks])
         self._ipp = self.launcher.cluster(self.config, os.path.join(self.workdir, "profile"), fresh=False)
         self._ipp.cluster_id = cluster_id
 
@@ -207,20 +213,14 @@ class EngineSet:
         live = set(self.client.ids)
         return [r.rank for r in self.ranks if r.engine_id not in live or (r.local and r.pid and not procs.alive(r.pid))]
 
-    def states(self) -> dict[int, RankState]:
-        """Each rank's state now: dead, busy (running or queued work) or idle."""
-        dead = set(self.dead_ranks())
-        queue: Any = {}
-        try:
-            queue = self.client.queue_status(targets=[r.engine_id for r in self.ranks if r.rank not in dead])
-        except Exception:
-            pass
-        out = {}
-        for r in self.ranks:
-            q = queue.get(r.engine_id, {}) if isinstance(queue, dict) else {}
-            busy = q.get("queue", 0) or q.get("tasks", 0)
-            out[r.rank] = RankState.DEAD if r.rank in dead else (RankState.BUSY if busy else RankState.IDLE)
-        return out
+    def states(self) -> dict[int, RankNow]:
+        """Each rank's state now (the board), with the deaths nobody was watching for written to it first:
+        a rank that died between cells, or while a --noblock cell ran uncollected."""
+        board = self.board.get()
+        for rank in self.dead_ranks():
+            if board.get(rank) is None or board[rank].state not in (RankState.DEAD, RankState.RESTARTING):
+                self.board.set([rank], RankState.DEAD)
+        return self.board.get()
 
     def where(self, ranks: list[int], wait: float = 0.5) -> dict[int, dict[str, Any]]:
         """Where these ranks are now: SIGUSR1 makes each one's watcher write its stack summary."""
@@ -242,6 +242,7 @@ class EngineSet:
                     except (OSError, ValueError):
                         pass
             time.sleep(0.01)
+        self.board.reported({r: (bool(rep.get("debugging")), rep.get("cell_line")) for r, rep in reports.items() if rep.get("busy")})
         return reports
 
     # ------------------------------------------------------------------ reaching the engines

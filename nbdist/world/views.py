@@ -4,6 +4,7 @@ Cluster shows of its world."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -13,6 +14,7 @@ from ..engine import gpu
 from ..errors import ClusterError
 from ..launch.defaults import Choice
 from ..results import RankState
+from .board import Listener, RankNow
 from .engineset import EngineSet, RankInfo
 from .rendezvous import World
 
@@ -31,10 +33,22 @@ def shape(engines: EngineSet, backend: str, threads: int) -> WorldShape:
     return WorldShape(backend, len(engines.ranks), max(1, len({r.host for r in engines.ranks})), threads)
 
 
+def states(engines: EngineSet, lines: bool = False) -> dict[int, RankNow]:
+    """Each rank's state (the board, world/board.py); ``lines``: busy ranks are asked where they are first, so
+    each one's cell line is fresh (0.5 s at most)."""
+    now = engines.states()
+    busy = [r for r, n in now.items() if n.state in (RankState.BUSY, RankState.DEBUGGING)]
+    if lines and busy:
+        engines.where(busy)  # their reports put their lines on the board
+        now = engines.board.get()
+    return now
+
+
 def status(engines: EngineSet, backend: str) -> list[dict[str, Any]]:
-    """One row per rank: rank, engine id, host, pid, device, GPU (name, memory held), cores, backend, state."""
-    states = engines.states()
-    gpus = _gpu_info(engines, states) if backend == "nccl" else {}
+    """One row per rank: rank, engine id, host, pid, device, GPU (name, memory held), cores, backend, state,
+    and for a busy rank its cell (first line) and line."""
+    now = states(engines, lines=True)
+    gpus = _gpu_info(engines, {r: n.state for r, n in now.items()}) if backend == "nccl" else {}
     return [
         {
             "rank": r.rank,
@@ -47,7 +61,9 @@ def status(engines: EngineSet, backend: str) -> list[dict[str, Any]]:
             "gpu": gpus.get(r.rank, ""),
             "cpus": format_cpus(r.cpus),
             "backend": backend,
-            "state": str(states[r.rank]),
+            "state": str(now[r.rank].state),
+            "cell": now[r.rank].cell if now[r.rank].state in (RankState.BUSY, RankState.DEBUGGING) else "",
+            "line": now[r.rank].line if now[r.rank].state in (RankState.BUSY, RankState.DEBUGGING) else None,
         }
         for r in engines.ranks
     ]
@@ -70,11 +86,17 @@ def _gpu_info(engines: EngineSet, states: dict[int, RankState]) -> dict[int, str
 def where(engines: EngineSet, wait: float = 1.0, group: bool = False) -> list[str]:
     """Where each rank is now: its cell lines, its last collective, the odd one marked (doctor.py);
     ``group``: ranks at the same place are one entry."""
-    dead = set(engines.dead_ranks())
-    live = [r.rank for r in engines.ranks if r.rank not in dead]
+    now = engines.states()
+    gone = {r: n.state for r, n in now.items() if n.state in (RankState.DEAD, RankState.RESTARTING)}
+    live = [r.rank for r in engines.ranks if r.rank not in gone]
     reports = engines.where(live, wait=wait)
     hosts = {r.rank: r.host for r in engines.ranks} if group else None
-    return render(reports, {r.rank: r.where() for r in engines.ranks}, hosts=hosts)
+    lines = render(reports, {r.rank: r.where() for r in engines.ranks if r.rank not in gone}, hosts=hosts)
+    for state in (RankState.DEAD, RankState.RESTARTING):
+        ranks = sorted(r for r, s in gone.items() if s == state)
+        if ranks:
+            lines.append(f"{ranks_text(ranks)}: {state}" + (" (run %dist_restart)" if state == RankState.DEAD else ""))
+    return lines
 
 
 def summary(rows: list[dict[str, Any]]) -> list[str]:
@@ -143,6 +165,16 @@ class WorldView:
     def dead_ranks(self) -> list[int]:
         """Ranks whose engine process has died or left the controller."""
         return self._engines().dead_ranks()
+
+    def states(self, lines: bool = False) -> dict[int, RankNow]:
+        """Each rank's state now, by rank: idle, busy (its cell, its line), debugging, failed or exited (in a
+        cell still running), restarting, dead. ``lines``: ask busy ranks their line first (0.5 s at most)."""
+        return states(self._engines(), lines)
+
+    def subscribe(self, listener: Listener) -> Callable[[], None]:
+        """Call ``listener(RankNow)`` at each change of a rank's state (on the thread that saw it: keep it
+        short); returns a function that unsubscribes it."""
+        return self._engines().board.subscribe(listener)
 
     def status(self) -> list[dict[str, Any]]:
         """One row per rank: rank, engine id, host, pid, device, GPU (name, memory held), cores, backend, state."""

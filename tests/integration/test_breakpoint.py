@@ -142,6 +142,8 @@ def test_a_rank_in_its_debugger_shows_in_dist_where_and_its_line_comes_from_this
 
     text = poll(in_debugger, 30)
     assert "rank 1" in text.split("in the debugger")[0].splitlines()[-1]
+    now = cluster.states()  # the reports %dist_where read put rank 1's state on the board
+    assert (str(now[1].state), now[1].line, str(now[0].state)) == ("debugging", 3, "idle"), now
     security = os.path.join(cluster.engines.workdir, "profile", "security")
     other = Client(glob.glob(os.path.join(security, "ipcontroller-*client.json"))[0])  # same user, same keys
     try:

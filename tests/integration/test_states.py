@@ -1,0 +1,104 @@
+"""Each rank's state as events (world/board.py) on a real 2-rank gloo world: what ``Cluster.states()``,
+``%dist_status``, ``%dist_where`` and a cell's sink (the dashboard's rank line) read, and what a listener
+hears, in order, while cells run, fail, exit, and ranks die and come back.
+
+Time bounds here only catch a hang (``poll``'s ``within``)."""
+
+from __future__ import annotations
+
+import os
+import signal
+
+import psutil
+import pytest
+
+from nbdist.cells.output import Sink
+from nbdist.results import RankState
+from tests.helpers import poll, run_cell, wait_for
+
+BUSY, IDLE, FAILED = RankState.BUSY, RankState.IDLE, RankState.FAILED
+
+
+@pytest.fixture
+def heard(cluster):
+    """(rank, state, line) of each change a listener hears from now on, in order."""
+    events: list[tuple[int, str, int | None]] = []
+    stop = cluster.subscribe(lambda now: events.append((now.rank, str(now.state), now.line)))
+    yield events
+    stop()
+
+
+def of(events, rank):
+    return [(state, line) for r, state, line in events if r == rank]
+
+
+def test_a_noblock_cell_shows_busy_with_its_line_a_failed_rank_at_once_and_idle_after(cluster, ip, capsys, tmp_path,
+                                                                                       heard):
+    go, here = tmp_path / "go", tmp_path / "here"
+    code = (
+        "import os, time\n"
+        "if dist.get_rank() == 1:\n"
+        "    raise ValueError('rank 1 stops here')\n"
+        f"open({str(here)!r}, 'w').close()\n"
+        f"while not os.path.exists({str(go)!r}):\n"
+        "    time.sleep(0.01)\n"
+    )
+    pending = cluster.run(code, block=False)
+    wait_for(here)
+
+    def rank1_failed():
+        """rank 1's reply is on the board while nobody follows the cell"""
+        return cluster.states()[1].state == FAILED
+
+    poll(rank1_failed, 30, every=0.02)
+    now = cluster.states(lines=True)
+    assert now[0].state == BUSY and now[0].cell == "import os, time" and now[0].line in (5, 6), now
+    rows = {r["rank"]: r for r in cluster.status()}
+    assert (rows[0]["state"], rows[0]["cell"], rows[1]["state"]) == ("busy", "import os, time", "failed")
+    run_cell(ip, "%dist_status")
+    out = capsys.readouterr().out
+    assert "busy at cell line" in out and "failed" in out, out
+    go.touch()
+    poll(lambda: cluster.states()[0].state == IDLE, 30, every=0.02)  # its reply, still uncollected
+    result = pending.wait(show=False)
+    assert [str(r.status) for r in result.ranks] == ["ok", "error"]
+    assert {r: n.state for r, n in cluster.states().items()} == {0: IDLE, 1: IDLE}  # the cell is over
+    assert of(heard, 1) == [("busy", None), ("failed", None), ("idle", None)]
+    assert of(heard, 0)[0] == ("busy", None) and of(heard, 0)[-1] == ("idle", None)
+    assert [s for s, line in of(heard, 0)] == ["busy", "busy", "idle"] and of(heard, 0)[1][1] in (5, 6)
+
+
+class Badges(Sink):
+    """What a cell's sink is told of each rank's state (the dashboard's rank line reads the same)."""
+
+    def __init__(self) -> None:
+        self.seen: list[tuple[int, str]] = []
+
+    def state(self, rank: int, state: RankState) -> None:
+        self.seen.append((rank, str(state)))
+
+
+def test_an_exit_on_one_rank_is_its_state_in_the_cell_and_idle_after(cluster, heard):
+    badges = Badges()
+    result = cluster.run(
+        "import time\nif dist.get_rank() == 1:\n    exit(0)\ntime.sleep(0.5)\n", sink=badges
+    )
+    assert result.ok and result.exited == {1: 0}
+    assert (1, "exited") in badges.seen and (0, "idle") in badges.seen, badges.seen
+    assert of(heard, 1) == [("busy", None), ("exited", None), ("idle", None)]
+    assert of(heard, 0) == [("busy", None), ("idle", None)]
+
+
+def test_a_rank_that_dies_between_cells_is_dead_then_restarting_then_idle(cluster, ip, capsys, heard):
+    pid = cluster.engines.ranks[1].pid
+    os.kill(pid, signal.SIGKILL)
+    psutil.Process(pid).wait(10) if psutil.pid_exists(pid) else None
+    assert cluster.states()[1].state == RankState.DEAD and cluster.states()[0].state == IDLE
+    run_cell(ip, "%dist_where")
+    out = capsys.readouterr().out
+    assert "rank 1: dead (run %dist_restart)" in out, out
+    cluster.restart([1])
+    assert of(heard, 1) == [("dead", None), ("restarting", None), ("idle", None)]
+    assert of(heard, 0) == []
+    cluster.run("z = torch.ones(1)\ndist.all_reduce(z)\nproof = z.item()").raise_for_error()
+    assert cluster.pull("proof") == [2.0, 2.0]
