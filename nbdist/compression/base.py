@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import Iterator
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -66,11 +67,6 @@ def dense_buffer(scratch: dict | None, name: str, d: int, like: torch.Tensor) ->
     return t
 
 
-def out_buffer(out: torch.Tensor | None, scratch: dict | None, d: int, like: torch.Tensor) -> torch.Tensor:
-    """Where a decompressed mean goes: the caller's tensor (the bucket itself) or a scratch buffer."""
-    return out if out is not None else dense_buffer(scratch, "total", d, like)
-
-
 def scatter_add(values: torch.Tensor, indices: torch.Tensor, weight: float, out: torch.Tensor) -> None:
     if uses_torch_ops(out):
         torch_kernels.scatter_add(values, indices, weight, out)
@@ -118,23 +114,14 @@ def decoding(compressor: str, sender: int) -> Iterator[None]:
         ) from None
 
 
-def mean_of_parts(
-    name: str,
-    parts: list[torch.Tensor],
-    d: int,
-    world: int,
-    scratch: dict | None,
-    add: Any,
-    out: torch.Tensor | None = None,
-) -> torch.Tensor:
-    """Mean over ranks of payloads laid out as a float32 header (norm or scale) + a body;
-    ``add(body, header, weight, out)`` adds weight x one rank's dense gradient to ``out``."""
-    total = out_buffer(out, scratch, d, parts[0])
-    total.zero_()
-    for sender, part in enumerate(parts):
+def mean_of_parts(name: str, got: Received, add: Any) -> torch.Tensor:
+    """Mean over ranks of payloads (``got.result``, one per rank) laid out as a float32 header (norm or scale)
+    + a body; ``add(body, header, weight, out)`` adds weight x one rank's dense gradient to ``out``."""
+    total = got.buffer(got.result[0]).zero_()
+    for sender, part in enumerate(got.result):
         with decoding(name, sender):
             header = float(part[:4].view(torch.float32)[0])
-            add(part[4:], header, 1.0 / world, total)
+            add(part[4:], header, 1.0 / got.world, total)
     return total
 
 
@@ -159,6 +146,27 @@ class Payload:
         if self._sent is None:
             self._sent = self._densify()  # type: ignore[misc]
         return self._sent
+
+
+@dataclass(slots=True)
+class Received:
+    """What ``Compressor.decompress`` works from: the collective's ``result`` (all_gather: one payload per rank;
+    all_reduce: the sum), the bucket's length ``d``, the ``world`` size, what ``compress`` kept for this step
+    (``Payload.context``), the bucket's reusable buffers (``scratch``), and where the mean goes: ``out`` (the
+    bucket itself, or None for a buffer of the compressor's), ``out_zeroed`` when it holds zeros already
+    (``Payload.grad_zeroed``)."""
+
+    result: Any
+    d: int
+    world: int
+    context: Any = None
+    scratch: dict | None = None
+    out: torch.Tensor | None = None
+    out_zeroed: bool = False
+
+    def buffer(self, like: torch.Tensor) -> torch.Tensor:
+        """Where the mean goes: ``out``, or the bucket's scratch buffer (on ``like``'s device)."""
+        return self.out if self.out is not None else dense_buffer(self.scratch, "total", self.d, like)
 
 
 class Compressor:
@@ -187,19 +195,9 @@ class Compressor:
     def compress(self, x: torch.Tensor, *, seed: int, world: int, scratch: dict | None = None) -> Payload:
         raise NotImplementedError
 
-    def decompress(
-        self,
-        result: Any,
-        d: int,
-        world: int,
-        context: Any = None,
-        scratch: dict | None = None,
-        out: torch.Tensor | None = None,
-        out_zeroed: bool = False,
-    ) -> torch.Tensor:
-        """The mean gradient from the collective's result; written into ``out`` when the
-        compressor can (the hook passes the bucket), else returned in a buffer of its own.
-        ``out_zeroed``: ``out`` holds zeros already (``Payload.grad_zeroed``)."""
+    def decompress(self, got: Received) -> torch.Tensor:
+        """The mean gradient from what the collective brought (``Received``); written into ``got.out``
+        when the compressor can (the hook passes the bucket), else returned in a buffer of its own."""
         raise NotImplementedError
 
     def keep_residual(self, x: torch.Tensor, payload: Payload) -> None:
@@ -263,14 +261,5 @@ class Identity(Compressor):
     def compress(self, x: torch.Tensor, *, seed: int, world: int, scratch: dict | None = None) -> Payload:
         return Payload(x.div_(world), x)
 
-    def decompress(
-        self,
-        result: torch.Tensor,
-        d: int,
-        world: int,
-        context: Any = None,
-        scratch: dict | None = None,
-        out: torch.Tensor | None = None,
-        out_zeroed: bool = False,
-    ) -> torch.Tensor:
-        return result
+    def decompress(self, got: Received) -> torch.Tensor:
+        return got.result  # type: ignore[no-any-return]  # all_reduce: the summed means, in the bucket

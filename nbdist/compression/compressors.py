@@ -7,14 +7,13 @@ quantizers.py; the interface they share, the device dispatch and the registry ar
 from __future__ import annotations
 
 import math
-from typing import Any
 
 import numpy as np
 import torch
 
 from ..errors import ConfigError
 from . import base, kernels, torch_kernels
-from .base import ALL_GATHER, ALL_REDUCE, Compressor, Identity, Payload, spec_number
+from .base import ALL_GATHER, ALL_REDUCE, Compressor, Identity, Payload, Received, spec_number
 
 _NO_VELOCITY = np.empty(0, np.float32)  # topk_feedback_into's "no momentum"
 
@@ -128,23 +127,14 @@ class TopK(Compressor):
     def keep_residual(self, x: torch.Tensor, payload: Payload) -> None:
         x.index_fill_(0, payload.context.long(), 0.0)  # x - sent: the sent entries leave, the rest stays
 
-    def decompress(
-        self,
-        parts: list[torch.Tensor],
-        d: int,
-        world: int,
-        context: Any = None,
-        scratch: dict | None = None,
-        out: torch.Tensor | None = None,
-        out_zeroed: bool = False,
-    ) -> torch.Tensor:
-        k = self.k(d)
-        total = base.out_buffer(out, scratch, d, parts[0])
-        if not (out_zeroed and total is out):
+    def decompress(self, got: Received) -> torch.Tensor:
+        k = self.k(got.d)
+        total = got.buffer(got.result[0])
+        if not (got.out_zeroed and total is got.out):
             total.zero_()
-        for sender, part in enumerate(parts):
+        for sender, part in enumerate(got.result):
             with base.decoding(self.name, sender):
-                base.scatter_add(part[:k], part[k:].view(torch.int32), 1.0 / world, total)
+                base.scatter_add(part[:k], part[k:].view(torch.int32), 1.0 / got.world, total)
         return total
 
     def describe(self) -> str:
@@ -215,19 +205,9 @@ class RandomK(Compressor):
     def keep_residual(self, x: torch.Tensor, payload: Payload) -> None:
         x[payload.context] = 0.0
 
-    def decompress(
-        self,
-        result: torch.Tensor,
-        d: int,
-        world: int,
-        context: Any = None,
-        scratch: dict | None = None,
-        out: torch.Tensor | None = None,
-        out_zeroed: bool = False,
-    ) -> torch.Tensor:
-        total = base.out_buffer(out, scratch, d, result)
-        total.zero_()
-        total[context] = result / world
+    def decompress(self, got: Received) -> torch.Tensor:
+        total = got.buffer(got.result).zero_()
+        total[got.context] = got.result / got.world
         return total
 
     def describe(self) -> str:
@@ -254,16 +234,7 @@ class Cast(Compressor):
         wire = x.to(self.dtype).div_(world)
         return Payload(wire, lambda: wire.float().mul_(world))  # this rank's part, as the sum receives it
 
-    def decompress(
-        self,
-        result: torch.Tensor,
-        d: int,
-        world: int,
-        context: Any = None,
-        scratch: dict | None = None,
-        out: torch.Tensor | None = None,
-        out_zeroed: bool = False,
-    ) -> torch.Tensor:
-        if out is None:
-            return result.float()
-        return out.copy_(result)
+    def decompress(self, got: Received) -> torch.Tensor:
+        if got.out is None:
+            return got.result.float()
+        return got.out.copy_(got.result)

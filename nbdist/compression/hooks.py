@@ -16,7 +16,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from .base import ALL_REDUCE, Compressor, Identity, dense_buffer, mix_seed
+from .base import ALL_REDUCE, Compressor, Identity, Received, dense_buffer, mix_seed
 
 KEEP_RECORDS = 20_000  # per hook state; older records are dropped in halves (``dropped`` counts them)
 
@@ -136,9 +136,7 @@ def compression_hook(state: HookState, bucket: dist.GradBucket) -> torch.futures
         t = time.perf_counter()
         result = f.value()[0] if gathered is None else gathered
         out, zeroed = (buf, payload.grad_zeroed) if in_place else (None, False)
-        mean = state.compressor.decompress(
-            result, buf.numel(), world, payload.context, scratch, out=out, out_zeroed=zeroed
-        )
+        mean = state.compressor.decompress(Received(result, buf.numel(), world, payload.context, scratch, out, zeroed))
         if mean is not buf:
             buf.copy_(mean.to(device=buf.device, dtype=buf.dtype))
         record["decompress_s"] = time.perf_counter() - t

@@ -2,14 +2,12 @@
 
 from __future__ import annotations
 
-from typing import Any
-
 import numpy as np
 import torch
 
 from ..errors import ConfigError
 from . import base, kernels, torch_kernels
-from .base import Compressor, Payload, spec_number
+from .base import Compressor, Payload, Received, spec_number
 
 __all__ = ["QSGD", "Sign"]
 
@@ -53,22 +51,13 @@ class QSGD(Compressor):
 
         return Payload(wire, sent)
 
-    def decompress(
-        self,
-        parts: list[torch.Tensor],
-        d: int,
-        world: int,
-        context: Any = None,
-        scratch: dict | None = None,
-        out: torch.Tensor | None = None,
-        out_zeroed: bool = False,
-    ) -> torch.Tensor:
-        head = 4 * kernels.qsgd_chunks(d)
-        total = base.out_buffer(out, scratch, d, parts[0])
-        for sender, part in enumerate(parts):  # the first part is written, the others added: no zeroing pass
+    def decompress(self, got: Received) -> torch.Tensor:
+        head = 4 * kernels.qsgd_chunks(got.d)
+        total = got.buffer(got.result[0])
+        for sender, part in enumerate(got.result):  # the first part is written, the others added: no zeroing pass
             decode = base.qsgd_dequantize if sender == 0 else base.qsgd_dequantize_add
             with base.decoding(self.name, sender):
-                decode(part[head:], part[:head].view(torch.float32), self.levels, 1.0 / world, total)
+                decode(part[head:], part[:head].view(torch.float32), self.levels, 1.0 / got.world, total)
         return total
 
     def describe(self) -> str:
@@ -107,17 +96,8 @@ class Sign(Compressor):
         head = torch.tensor([scale], dtype=torch.float32).view(torch.uint8).to(x.device)
         return Payload(torch.cat([head, packed]), sent)
 
-    def decompress(
-        self,
-        parts: list[torch.Tensor],
-        d: int,
-        world: int,
-        context: Any = None,
-        scratch: dict | None = None,
-        out: torch.Tensor | None = None,
-        out_zeroed: bool = False,
-    ) -> torch.Tensor:
-        return base.mean_of_parts(self.name, parts, d, world, scratch, base.sign_unpack_add, out)
+    def decompress(self, got: Received) -> torch.Tensor:
+        return base.mean_of_parts(self.name, got, base.sign_unpack_add)
 
     def describe(self) -> str:
         return "signsgd" if self.error_feedback else "signsgd:noef"

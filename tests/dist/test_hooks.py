@@ -339,11 +339,11 @@ def test_a_corrupt_payload_raises_on_the_rank_that_reads_it_and_crashes_no_rank(
         from nbdist.compression.compressors import TopK
         original = TopK.decompress
 
-        def damaged(self, parts, *args, **kwargs):
+        def damaged(self, got):
             if dist.get_rank() == 0:
-                parts[1] = parts[1].clone()
-                parts[1][self.k(args[0]):].view(torch.int32)[0] = 10**9
-            return original(self, parts, *args, **kwargs)
+                got.result[1] = got.result[1].clone()
+                got.result[1][self.k(got.d):].view(torch.int32)[0] = 10**9
+            return original(self, got)
 
         TopK.decompress = damaged
         try:

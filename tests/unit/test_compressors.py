@@ -8,6 +8,7 @@ import pytest
 import torch
 
 from nbdist.compression import make_hook
+from nbdist.compression.base import Received
 from nbdist.compression.compressors import DGC, Identity, RandomK, TopK
 from nbdist.compression.hooks import powersgd_bytes
 from nbdist.compression.quantizers import QSGD, Sign
@@ -151,9 +152,9 @@ def test_the_one_pass_feedback_equals_the_torch_ops_and_decompresses_into_the_ze
         assert torch.equal(fused[0], ref[0]) and torch.equal(fused[1], ref[1])
         assert payload.grad_zeroed and not mine.any()
         other = TopK(comp.ratio).compress(torch.randn(d), seed=0, world=2).tensor  # a second rank's payload
-        into = comp.decompress([payload.tensor, other], d, 2, out=mine, out_zeroed=True)
+        into = comp.decompress(Received([payload.tensor, other], d, 2, out=mine, out_zeroed=True))
         assert into is mine
-        assert torch.equal(mine, comp.decompress([payload.tensor, other], d, 2))
+        assert torch.equal(mine, comp.decompress(Received([payload.tensor, other], d, 2)))
 
 
 def test_every_spec_name_is_a_class_that_parses_its_own_parameter():

@@ -17,7 +17,7 @@ CHILD = textwrap.dedent(
     import numpy as np
     import torch
     from nbdist.compression import kernels
-    from nbdist.compression.base import CorruptPayload
+    from nbdist.compression.base import CorruptPayload, Received
     from nbdist.compression.compressors import DGC, TopK
     from nbdist.compression.quantizers import QSGD, Sign
 
@@ -52,7 +52,7 @@ CHILD = textwrap.dedent(
         else:
             bad = wire[: wire.numel() // 2].clone()  # truncated
         try:
-            comp.decompress([wire, bad], 1000, 2)
+            comp.decompress(Received([wire, bad], 1000, 2))
             said[comp.name] = "no error"
         except CorruptPayload as exc:
             said[comp.name] = str(exc)

@@ -89,9 +89,9 @@ def test_compressors_on_the_torch_path_decode_like_the_numba_path(make, torch_ba
     g = torch.from_numpy(np.random.default_rng(6).standard_normal(3000).astype(np.float32))
     comp = make()
     payload_t = comp.compress(g.clone(), seed=1, world=2)
-    mean_t = comp.decompress([payload_t.tensor, payload_t.tensor], 3000, 2)
+    mean_t = comp.decompress(base.Received([payload_t.tensor, payload_t.tensor], 3000, 2))
     monkeypatch.setattr(base, "uses_torch_ops", NUMBA_ON_CPU)
-    mean_n = comp.decompress([payload_t.tensor, payload_t.tensor], 3000, 2)  # the other path decodes it
+    mean_n = comp.decompress(base.Received([payload_t.tensor, payload_t.tensor], 3000, 2))  # the other path decodes it
     torch.testing.assert_close(mean_t, mean_n, rtol=1e-6, atol=1e-6)
     torch.testing.assert_close(mean_t, payload_t.sent, rtol=1e-6, atol=1e-6)  # the mean of two equal parts
     if not isinstance(comp, Q.QSGD):  # deterministic compressors: the same payload on both paths
