@@ -25,6 +25,7 @@ from .. import wire
 
 ENV = "NBDIST_PARENT_PID"
 _FORK_HOOK = False
+LOOKS: dict[str, int] = {}  # each watcher thread's looks that found what it watches alive (a test waits on them)
 
 
 def watch_parent(interval: float = 0.5, on_exit: Callable[[], None] | None = None) -> threading.Thread | None:
@@ -61,6 +62,7 @@ def watch_process(pid: int, interval: float = 0.5) -> threading.Thread | None:
             time.sleep(interval)
             if start_time(pid) != born:
                 _leave(None)
+            _looked()
 
     thread = threading.Thread(target=_watch, name="nbdist-kernel-watch", daemon=True)
     thread.start()
@@ -91,10 +93,16 @@ def _start(parent: int, interval: float, on_exit: Callable[[], None] | None) -> 
             time.sleep(interval)
             if os.getppid() != parent:
                 _leave(on_exit)
+            _looked()
 
     thread = threading.Thread(target=_watch, name="nbdist-parent-watch", daemon=True)
     thread.start()
     return thread
+
+
+def _looked() -> None:
+    name = threading.current_thread().name
+    LOOKS[name] = LOOKS.get(name, 0) + 1
 
 
 def _leave(on_exit: Callable[[], None] | None) -> None:
@@ -129,6 +137,7 @@ def wait_while_kept(interval: float = 0.5) -> None:
     if keep <= 0 or not directory:
         return
     lease = os.path.join(directory, wire.LEASE)
+    touch(os.path.join(directory, wire.WAITING.format(pid=os.getpid())))  # it stays: said where one can see it
     while True:
         state = sys.modules.get("nbdist.engine.state")  # an engine: is a cell running? (not imported elsewhere)
         if state is not None and state.STATE.busy_since is not None:

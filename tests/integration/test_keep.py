@@ -10,14 +10,15 @@ from __future__ import annotations
 import json
 import os
 import signal
-import time
 
+import psutil
 import pytest
 
 import nbdist
+from nbdist import wire
 from nbdist.errors import ConfigError
 from nbdist.launch import procs
-from tests.helpers import Kernel, wait_gone
+from tests.helpers import Kernel, poll, wait_gone
 
 START = """
 %load_ext nbdist
@@ -41,6 +42,24 @@ def start_kept(kept_dir, keep: str) -> tuple[Kernel, list[int]]:
     return kernel, json.loads(text.strip().splitlines()[-1])
 
 
+def waiting_out_the_lease(workdir: str, pids: list[int]) -> None:
+    """Until every process of the kept world that the kernel started (its parent not one of them) has seen the
+    kernel go and said it waits out the lease (engine/parentwatch.py): a watcher that would end it has looked."""
+
+    def said() -> bool:
+        """each process the kernel started says it waits out the lease"""
+        tops = set()
+        for pid in pids:
+            try:
+                if psutil.Process(pid).ppid() not in pids:
+                    tops.add(pid)
+            except psutil.NoSuchProcess:
+                pass  # gone: it will never say so; the caller's assert names it
+        return all(os.path.exists(os.path.join(workdir, wire.WAITING.format(pid=p))) for p in tops)
+
+    poll(said, 30, every=0.05)
+
+
 def test_a_kept_world_outlives_a_kernel_restart_and_a_new_kernel_finds_it_as_it_was(kept_dir):
     kernel, pids = start_kept(kept_dir, "60")
     try:
@@ -48,8 +67,9 @@ def test_a_kept_world_outlives_a_kernel_restart_and_a_new_kernel_finds_it_as_it_
         assert content["status"] == "ok", text
         (record,) = kept_dir.glob("*.json")
         assert oct(record.stat().st_mode & 0o777) == "0o600" and oct(kept_dir.stat().st_mode & 0o777) == "0o700"
+        workdir = json.loads(record.read_text())["workdir"]
         kernel.km.restart_kernel(now=False)  # JupyterLab's "Restart kernel": a clean exit, atexit handlers run
-        time.sleep(1.0)
+        waiting_out_the_lease(workdir, pids)
         assert [p for p in pids if not procs.alive(p)] == [], "a process of the kept world ended with the kernel"
         content, text, _ = kernel.run("%load_ext nbdist\n%dist_attach\n%dist_status")
         assert content["status"] == "ok", text
@@ -71,8 +91,10 @@ def test_a_kept_world_outlives_a_kernel_restart_and_a_new_kernel_finds_it_as_it_
 def test_a_kept_world_ends_by_itself_once_idle_for_its_time_and_then_cannot_be_attached(kept_dir):
     kernel, pids = start_kept(kept_dir, "5s")
     try:
+        (record,) = kept_dir.glob("*.json")
+        workdir = json.loads(record.read_text())["workdir"]
         os.kill(kernel.km.provisioner.pid, signal.SIGKILL)  # the kernel dies: the idle time starts
-        time.sleep(2.0)
+        waiting_out_the_lease(workdir, pids)
         assert [p for p in pids if not procs.alive(p)] == [], "ended before its idle time"
         assert wait_gone(pids, 30) == [], "the kept world outlived its idle time"
         with pytest.raises(ConfigError, match=r"the kept world nbdist-\w+ \(ended at [\d:]+\) ran out of time"):

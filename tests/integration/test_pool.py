@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import os
-import time
 
 import psutil
 import pytest
@@ -98,7 +97,20 @@ def test_engines_outlive_a_warm_process_that_ends_and_end_with_their_cluster():
     with nbdist.start(n=2) as cluster:
         pool.shutdown()  # %unload_ext nbdist while a cluster runs
         assert wait_gone([server], 5) == []
-        time.sleep(1.0)  # the engines' kernel watch looks every 0.5 s: it must not take them for orphans
+        # Every watcher thread on each engine looks once more since the server ended (engine/parentwatch.py):
+        # one that took the engines for orphans would have ended them, and this cell would fail.
+        looks = "from nbdist.engine import parentwatch; looks = dict(parentwatch.LOOKS)"
+        cluster.run(looks).raise_for_error()
+        first = cluster.pull("looks")
+        assert all(first), f"no watcher has looked on some engine: {first}"
+
+        def looked_again():
+            """each engine's every watcher thread looked again after the warm process ended"""
+            cluster.run(looks).raise_for_error()
+            return all(now[name] > seen[name] for seen, now in zip(first, cluster.pull("looks"), strict=True)
+                       for name in seen)
+
+        poll(looked_again, 30, every=0.1)
         cluster.run("t = torch.ones(1); dist.all_reduce(t); v = t.item()").raise_for_error()
         assert cluster.pull("v") == [2.0, 2.0]
         pids = cluster.pids()
