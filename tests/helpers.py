@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import os
 import socket
-import textwrap
 import time
 
 import pytest
@@ -86,55 +85,32 @@ def wait_for(*paths: os.PathLike | str, within: float = 60.0) -> None:
         time.sleep(0.01)
 
 
-SETUP = textwrap.dedent(
-    """
-    import torch
-    from torch.utils.data import TensorDataset
+def on_ranks(cluster, fn, *args, ranks=None, check: bool = True, quiet: bool = False, **kwargs):
+    """Run ``fn(*args, **kwargs)`` on the ranks as one cell: the source of the module that defines it (a plain
+    module such as tests/dist/programs.py: nothing is imported on the rank, so it runs on any host), then the
+    call. The arguments travel with ``push``. Returns the cell's RunResult (raised on a failure unless
+    ``check=False``) and each rank's return value, in rank order (None when the cell failed)."""
+    import inspect
 
-    def make_model():
-        torch.manual_seed(0)
-        return torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.Tanh(), torch.nn.Linear(16, 1))
-
-    def make_data(n=64):
-        g = torch.Generator().manual_seed(1)
-        x = torch.randn(n, 8, generator=g)
-        y = (x.sum(1, keepdim=True) > 0).float()
-        return TensorDataset(x, y)
-    """
-)
-
-
-def local(code: str) -> dict:
-    ns: dict = {}
-    exec(code, ns)
-    return ns
+    source = inspect.getsource(inspect.getmodule(fn))
+    cluster.push({"_on_ranks_args": (args, kwargs)}, ranks=ranks)
+    call = f"_on_ranks_value = {fn.__name__}(*_on_ranks_args[0], **_on_ranks_args[1])\n"
+    result = cluster.run(f"{source}\n{call}", ranks=ranks, quiet=quiet)
+    if not check:
+        return result, None
+    result.raise_for_error()
+    return result, cluster.pull("_on_ranks_value", ranks=ranks)
 
 
 def check_ddp_against_one_process(cluster) -> None:
     """DDP over 2 ranks for 5 steps equals one process on the combined batch (also across hosts)."""
+    from tests.dist import programs
+
     b, steps = 4, 5
-    cluster.run(SETUP).raise_for_error()
-    cluster.run(
-        textwrap.dedent(
-            f"""
-            from nbdist.parallel import apply_ddp, shard
-            loader = shard(make_data(), batch_size={b}, shuffle=False)
-            model = apply_ddp(make_model())
-            opt = torch.optim.SGD(model.parameters(), lr=0.1)
-            for step, (x, y) in zip(range({steps}), loader):
-                opt.zero_grad()
-                torch.nn.functional.mse_loss(model(x), y).backward()
-                opt.step()
-            params = [p.detach().clone() for p in model.module.parameters()]
-            """
-        )
-    ).raise_for_error()
-    replicas = cluster.pull("params")
+    _, replicas = on_ranks(cluster, programs.ddp_steps, b, steps)
     for p0, p1 in zip(*replicas, strict=True):
         assert torch.equal(p0, p1), "DDP replicas must stay bit-identical"
-
-    ref = local(SETUP)
-    model, data = ref["make_model"](), ref["make_data"]()
+    model, data = programs.make_model(), programs.make_data()
     opt = torch.optim.SGD(model.parameters(), lr=0.1)
     shards = [list(range(r, 64, 2)) for r in range(2)]  # rank r reads samples r, r+2, ...
     for step in range(steps):
