@@ -52,6 +52,16 @@ PRIVATE_APIS = (
         "engine.controller: skip an unconditional quarter second before the controller writes its connection files",
     ),
     PrivateAPI(
+        "ipyparallel Client._send/_query_stream ('connection_request') and Client._update_engines",
+        "ipyparallel",
+        "world.registration: the engines the controller lists, added to a client that missed their notifications",
+    ),
+    PrivateAPI(
+        "ipyparallel IPEngine.register / IPEngine.complete_registration (wrapped)",
+        "ipyparallel",
+        "engine.steps: an engine says when it asks to register, is answered, and has its kernel and heart up",
+    ),
+    PrivateAPI(
         "IPython CachingCompiler._filename_map",
         "ipython",
         "engine.runtime: which code objects are notebook cells, to report the cell line a rank waits at",
@@ -193,6 +203,47 @@ def send_control(client: Any, engine_id: int, msg_type: str, content: dict[str, 
 def add_control_handler(kernel: Any, msg_type: str, handler: Any) -> None:
     """On an engine: have its kernel's control thread call ``handler(stream, idents, msg)`` for ``msg_type``."""
     kernel.control_handlers[msg_type] = handler
+
+
+def controller_engines(client: Any, timeout: float) -> dict[int, str]:
+    """The engines the controller has registered, {engine id: uuid}, asked over the client's query channel (the
+    'connection_request' a Client sends once, when it connects). TimeoutError when it does not answer in time."""
+    future = client._send(client._query_stream, "connection_request")
+    reply = future.result(timeout=timeout)
+    return {int(eid): uuid for eid, uuid in reply["content"].get("engines", {}).items()}
+
+
+def add_engines(client: Any, engines: dict[int, str]) -> None:
+    """Make these engines known to the client, as a registration notification does (on its IO thread, where it
+    handles those): a client learns of engines only from notifications published after it subscribed, so an
+    engine that registered between the controller's answer to its connection and its subscription is missed
+    (ipyparallel 9's Client._connect)."""
+    on_io_thread(client, lambda: client._update_engines({eid: uuid for eid, uuid in engines.items()}))
+
+
+def on_engine_registration(registering: Any, registered: Any, beating: Any) -> None:
+    """In an engine process: call ``registering()`` when ipyparallel's engine sends its registration request,
+    ``registered()`` when the controller's answer came (it starts its kernel), ``beating(engine_id)`` once its
+    kernel and heart are up (``IPEngine.register`` and ``complete_registration``, ipyparallel 9)."""
+    import functools
+
+    from ipyparallel.engine.app import IPEngine
+
+    register, complete = IPEngine.register, IPEngine.complete_registration
+
+    @functools.wraps(register)
+    async def _register(self: Any, *args: Any, **kwargs: Any) -> Any:
+        registering()
+        return await register(self, *args, **kwargs)
+
+    @functools.wraps(complete)
+    async def _complete(self: Any, *args: Any, **kwargs: Any) -> Any:
+        registered()
+        done = await complete(self, *args, **kwargs)
+        beating(self.id)
+        return done
+
+    IPEngine.register, IPEngine.complete_registration = _register, _complete  # type: ignore[method-assign]
 
 
 def skip_controller_settle_sleep() -> None:

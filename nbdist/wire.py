@@ -10,4 +10,5 @@ PDB_REQUEST = "nbdist_pdb_request"  # control channel, notebook -> rank: a line 
 PDB_REPLY = "nbdist_pdb_reply"  # its answer: {"status": "ok"} or {"status": "refused", "why": ...}
 KEEP_ENV = "NBDIST_KEEP_S"  # in a kept world's processes: seconds of idleness it outlives the kernel by
 LEASE = "lease"  # in a kept world's directory: its modification time is the world's last sign of life
+STEPS_ENV = "NBDIST_STEPS_DIR"  # where each engine says its step on the way in (engine/steps.py)
 WAITING = "waiting-{pid}"  # in a kept world's directory: this process saw its kernel go and waits out the lease

@@ -11,19 +11,35 @@ import sys
 from typing import Any
 
 
-def _fault_exit_one() -> None:
-    # Fault drill (docs/faults.md, row 7): the first engine that creates this file exits
-    # at once, so a test can start a world in which one rank never joins.
-    path = os.environ.get("NBDIST_FAULT_EXIT_ONE")
+def _first_to_claim(variable: str) -> bool:
+    """Fault drills: True in the first engine to create the file the environment variable names."""
+    path = os.environ.get(variable)
     if not path:
-        return
+        return False
     try:
         fd = os.open(path, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o600)
     except FileExistsError:
-        return
+        return False
     os.close(fd)
-    print("nbdist fault drill: this engine exits before registering (NBDIST_FAULT_EXIT_ONE)", file=sys.stderr)
-    sys.exit(3)
+    return True
+
+
+def _fault_exit_one() -> None:
+    # Fault drill (docs/faults.md, row 7): the first engine exits at once, so a test can start a world in
+    # which one rank never joins.
+    if _first_to_claim("NBDIST_FAULT_EXIT_ONE"):
+        print("nbdist fault drill: this engine exits before registering (NBDIST_FAULT_EXIT_ONE)", file=sys.stderr)
+        sys.exit(3)
+
+
+def _fault_hold_one() -> None:
+    # Fault drill (docs/faults.md, row 49): the first engine waits here, before it registers, until it is
+    # ended, so a test can see a start that stalls say where each engine is (engine/steps.py).
+    if _first_to_claim("NBDIST_FAULT_HOLD_ONE"):
+        import time
+
+        while True:
+            time.sleep(1)
 
 
 def preload() -> None:
@@ -42,8 +58,14 @@ def run_engine() -> None:
     cluster's directory, which the kernel removes)."""
     from ipyparallel.engine.app import main as engine_main
 
+    from nbdist.engine import steps
+
     _fault_exit_one()
-    await_connection_file(30)
+    steps.say(steps.IMPORTED)
+    if await_connection_file(30):
+        steps.say(steps.CONNECTION)
+    _fault_hold_one()
+    steps.follow_registration()
     code: Any = 0
     try:
         engine_main()
@@ -125,7 +147,10 @@ def main() -> None:
 
     if "--mpi" in sys.argv:  # ipyparallel's MPI launcher asks for mpi4py; nbdist reads the rank from the env
         sys.argv.remove("--mpi")
+    from nbdist.engine import steps
+
     watch_parent()
+    steps.say(steps.STARTED)
     preflight()
     preload()
     run_engine()

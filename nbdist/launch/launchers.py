@@ -16,6 +16,7 @@ import secrets
 import sys
 from typing import Any
 
+from .. import wire
 from ..config import LAUNCHERS, LauncherSpec, StartConfig
 from . import pool, procs
 from .net import LOOPBACK
@@ -146,7 +147,9 @@ def build_cluster(
     )
     if fresh:
         secure_controller(profile_dir)
-    environment = {**procs.process_env(config.threads or 1, config.keep), **(env or {})}
+    steps = os.path.join(os.path.dirname(profile_dir), "steps")  # each engine's step on the way in
+    os.makedirs(steps, mode=0o700, exist_ok=True)
+    environment = {**procs.process_env(config.threads or 1, config.keep), wire.STEPS_ENV: steps, **(env or {})}
     c = cluster.config
     c.LocalControllerLauncher.controller_cmd = [sys.executable, "-m", "nbdist.engine.controller"]
     c.LocalControllerLauncher.environment = {

@@ -11,11 +11,14 @@ from __future__ import annotations
 
 import glob
 import os
+import socket
 import time
 from collections.abc import Callable
 from typing import Any, Protocol
 
+from .. import compat
 from ..config import StartConfig
+from ..engine import steps
 from ..errors import ClusterError
 from ..launch import procs
 from ..launch.launchers import Launcher
@@ -58,12 +61,15 @@ def wait_for_engines(engines: Registering, n: int, known: set[int], old_launcher
     """
     started = time.monotonic()
     deadline = started + engines.config.timeout
-    said, said_at, asked_at = "", 0.0, 0.0
+    said, said_at, asked_at, listed_at = "", 0.0, 0.0, started
     finished: list[Any] = []
     while True:
         new = sorted(set(engines.client.ids) - known)
         if len(new) >= n:
             return new[:n]
+        if time.monotonic() - listed_at >= LIST_EVERY_S:
+            listed_at = time.monotonic()
+            missed(engines.client)
         launchers = [el for el in engines.launchers() if id(el) not in old_launchers]
         check_preflight(engines)
         now = time.monotonic()
@@ -93,10 +99,70 @@ def wait_for_engines(engines: Registering, n: int, known: set[int], old_launcher
             tail = _log_tail(getattr(logs[0], "output_file", "")) if logs else ""
             raise ClusterError(
                 f"{missing} of {n} engine(s) did not start, so rank(s) {names} have no engine: {why}."
+                + where_they_wait(engines, set(engines.client.ids))
                 + (f" Engine log: {tail}" if tail else "")
-                + " Check memory and the engine log, then try again (a larger --timeout helps on a busy machine)."
+                + _advice()
             )
         time.sleep(0.02)
+
+
+LIST_EVERY_S = 0.5  # while engines are missing, how often the controller's own list is read
+
+
+def missed(client: Any) -> list[int]:
+    """Engines the controller registered that the client never heard of (their notification was published
+    before the client subscribed), now added to the client; their ids. Measured at 64 ranks here: 1 to 3 of
+    64 in about half the starts, which then waited for good."""
+    try:
+        listed = compat.controller_engines(client, timeout=2.0)
+    except Exception:  # a controller that does not answer now is asked again at the next look
+        return []
+    unknown = {eid: uuid for eid, uuid in listed.items() if eid not in set(client.ids)}
+    if unknown:
+        compat.add_engines(client, unknown)
+    return sorted(unknown)
+
+
+def where_they_wait(engines: Registering, registered: set[int]) -> str:
+    """' 64 engine processes said where they are: 53 registered, 9 at "registered; starting its kernel" for
+    31 s (pids ...), 2 ended.' from the steps the engines wrote (engine/steps.py); '' when none did."""
+    said = steps.read(os.path.join(engines.workdir, "steps"))
+    if not said:
+        return ""
+    here = socket.gethostname()
+    now = time.time()
+    waiting: dict[str, list[dict[str, Any]]] = {}
+    ended = taken = 0
+    for entry in said.values():
+        if entry["step"] == steps.BEATING and entry["engine_id"] in registered:
+            taken += 1
+        elif entry["host"] == here and not procs.alive(entry["pid"]):
+            ended += 1
+        else:
+            waiting.setdefault(entry["step"], []).append(entry)
+    parts = [f"{taken} registered"]
+    for step, entries in sorted(waiting.items(), key=lambda kv: -len(kv[1])):
+        longest = now - min(e["time"] for e in entries)
+        pids = ", ".join(f"{e['pid']}" + ("" if e["host"] == here else f" on {e['host']}") for e in entries[:4])
+        more = f" and {len(entries) - 4} more" if len(entries) > 4 else ""
+        part = f'{len(entries)} at "{step}" for up to {longest:.0f} s (pid {pids}{more})'
+        if step == steps.BEATING:
+            ids = sorted(e["engine_id"] for e in entries if e["engine_id"] is not None)
+            part += f", engine id(s) {', '.join(map(str, ids[:8]))}{'...' if len(ids) > 8 else ''} this client has not heard of"
+        parts.append(part)
+    if ended:
+        parts.append(f"{ended} ended")
+    return f" The {len(said)} engine processes that started say: " + "; ".join(parts) + "."
+
+
+def _advice() -> str:
+    """What to try: memory first when memory is short, else the engine log and a larger --timeout."""
+    import psutil
+
+    mem = psutil.virtual_memory()
+    if mem.available < min(2 * 2**30, 0.1 * mem.total):
+        return f" Memory is short ({mem.available / 2**30:.1f} GiB available): fewer ranks, or free memory, then try again."
+    return " Check the engine log, then try again (a larger --timeout helps on a busy machine)."
 
 
 def _log_tail(path: str) -> str:

@@ -265,3 +265,25 @@ def test_probe_control_channel_for_nbdist_messages():
     kernel = types.SimpleNamespace(control_handlers={})
     compat.add_control_handler(kernel, "x_request", print)
     assert kernel.control_handlers == {"x_request": print}
+
+
+def test_probe_controller_engines():
+    from ipyparallel import Client
+    from ipyparallel.controller.hub import Hub
+
+    assert "'connection_reply'" in inspect.getsource(Hub.connection_request) and "engines" in inspect.getsource(
+        Hub.connection_request
+    ), "see compat.controller_engines"
+    source = inspect.getsource(Client)
+    assert "def _send(" in source and "_query_stream" in source, "see compat.controller_engines"
+    assert "def _update_engines(self, engines)" in source, "see compat.add_engines"
+    # the cause compat.add_engines answers: the client asks for the list before it subscribes to notifications
+    connect = inspect.getsource(Client._connect)
+    assert connect.index("'connection_request'") < connect.index("_notification_socket"), "see compat.add_engines"
+
+
+def test_probe_engine_registration_steps():
+    from ipyparallel.engine.app import IPEngine
+
+    assert inspect.iscoroutinefunction(IPEngine.register) and inspect.iscoroutinefunction(IPEngine.complete_registration)
+    assert "self.start_heartbeat(" in inspect.getsource(IPEngine.complete_registration), "see compat.on_engine_registration"
