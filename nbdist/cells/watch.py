@@ -60,6 +60,11 @@ class Watch:
         infos = [engines.ranks[r] for r in ranks]
         self.pids = {i: info.pid for i, info in enumerate(infos) if info.local and info.pid}
         self.gone: set[int] = set()  # children whose process has ended before they reported
+        # What the replies said, kept as they come (on the IO thread) so that a look costs nothing per rank
+        # that is done: the children still without a reply, and whether any failed or exited.
+        self.waiting: set[int] = set(range(len(ranks)))
+        self.failed = False
+        self.exited = False
         self.finished: set[int] = set()  # children whose output (iopub, up to its idle status) was handed on
         self.deaths_at = self.tic  # the last look at the ranks' processes
         self.out = Heard(self.children, ranks, sink, self.wake)  # what the ranks send, in order, to the sink
@@ -70,8 +75,14 @@ class Watch:
 
     def _replied(self, i: int, child: Any) -> None:
         """A rank's reply came (on the client's IO thread): its state goes on the board; the watch wakes."""
-        self.board.set([self.ranks[i]], replies.state_of(child))
-        self.wake.put(1)
+        try:
+            state = replies.state_of(child)
+            self.failed = self.failed or state in (RankState.FAILED, RankState.DEAD)
+            self.exited = self.exited or state == RankState.EXITED
+            self.board.set([self.ranks[i]], state)
+        finally:  # whatever the reply said, this rank is not running any more
+            self.waiting.discard(i)
+            self.wake.put(1)
 
     def follow(self, timeout: float | None, stream: bool) -> tuple[RunResult, list[int]]:
         """Watch until every rank is done, releasing or killing ranks as the policy says.
@@ -125,7 +136,8 @@ class Watch:
                 if self._debug(stream, policy):
                     continue  # a person answered a prompt: look at everything afresh
                 if stream:
-                    heard_all = [i for i, c in enumerate(self.children) if c.output.done()]  # before the emit
+                    # before the emit: those whose output is complete
+                    heard_all = [i for i, c in enumerate(self.children) if i not in self.finished and c.output.done()]
                     self.out.emit()
                     self._report_states()
                     for i in heard_all:  # their output is all with the sink now: no line of theirs to wait for
@@ -137,10 +149,11 @@ class Watch:
                 running = self._running()
                 if not running:
                     return killed, interrupted
-                failed = bool(self.gone) or any(replies.error_of(c) is not None for c in self.children)
-                exited = any(replies.exit_of(c) is not None for c in self.children)
                 action = policy.observe(
-                    failed=failed, finished=len(running) < len(self.children), paused=self.relay.active, exited=exited
+                    failed=bool(self.gone) or self.failed,
+                    finished=len(running) < len(self.children),
+                    paused=self.relay.active,
+                    exited=self.exited,
                 )
                 if action is Action.PROBE:
                     self.reports = self.engines.where(running)
@@ -189,7 +202,7 @@ class Watch:
         print(text, flush=True)
 
     def _running(self) -> list[int]:
-        return [self.ranks[i] for i, c in enumerate(self.children) if not c.done() and i not in self.gone]
+        return [self.ranks[i] for i in sorted(self.waiting - self.gone)]
 
     def _notice_deaths(self) -> None:
         """Ranks whose process ended, read from /proc: at most every DEATH_CHECK_S (16 reads a look; a
@@ -198,8 +211,9 @@ class Watch:
         if now - self.deaths_at < DEATH_CHECK_S:
             return
         self.deaths_at = now
-        for i, pid in self.pids.items():
-            if i not in self.gone and not self.children[i].done() and not procs.alive(pid):
+        for i in sorted(self.waiting - self.gone):
+            pid = self.pids.get(i)
+            if pid and not procs.alive(pid):
                 self.gone.add(i)
                 self.board.set([self.ranks[i]], RankState.DEAD)
 
@@ -211,10 +225,8 @@ class Watch:
     def _report_states(self) -> None:
         """Tell the sink each rank's state as the board has it, when it changed (and, after 2 s, progress)."""
         board = self.board.get()
-        done = 0
-        for i, child in enumerate(self.children):
-            rank = self.ranks[i]
-            done += child.done() or i in self.gone
+        done = len(self.children) - len(self.waiting - self.gone)
+        for rank in self.ranks:
             state = board[rank].state if rank in board else RankState.BUSY
             if self.states.get(rank) != state:
                 self.states[rank] = state

@@ -324,3 +324,20 @@ def test_a_pending_job_shows_its_state_and_ctrl_c_cancels_it(slurm):
         assert slurm.jobs() == [blocker], "Ctrl-C cancels nbdist's job and nothing else"
     finally:
         slurm.run("scancel", blocker, check=False)
+
+
+def test_64_ranks_over_two_slurm_nodes_are_ready_and_reduce(slurm):
+    """64 ranks behind one controller, 32 on each node (8 nodes of 8 GPUs is where GPU users are): every engine
+    registers (world/registration.py learns those the client missed), the world reduces, the job ends with it.
+    The test nodes have 2 CPUs each: --overcommit lets Slurm place 32 tasks on each."""
+    cluster = nbdist.start(n=64, launcher="slurm", nodes=2, sbatch_args=["--overcommit"], timeout=300)
+    try:
+        jobs = cluster.engines.job_ids()
+        assert {r.host for r in cluster.ranks} == set(NODES) and cluster.world_size == 64
+        assert sorted(sum(r.host == h for r in cluster.ranks) for h in NODES) == [32, 32]
+        cluster.run("t = torch.ones(1)\ndist.all_reduce(t)\nv = t.item()", quiet=True).raise_for_error()
+        assert cluster.pull("v") == [64.0] * 64
+    finally:
+        cluster.stop()
+    assert cluster.cancelled == jobs
+    assert slurm.wait_empty(60) == []
