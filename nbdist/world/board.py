@@ -75,7 +75,8 @@ class Board:
         """Where ranks in a cell are, from their own reports: rank -> (in its debugger, cell line). A rank
         the board has out of its cell (its reply came first) is left as it is."""
         for rank, (debugging, line) in reports.items():
-            now = self._now.get(rank)
+            with self._lock:
+                now = self._now.get(rank)
             if now is not None and now.state in _IN_CELL:
                 self.set([rank], RankState.DEBUGGING if debugging else RankState.BUSY, line=line)
 
