@@ -112,7 +112,7 @@ LIST_EVERY_S = 0.5  # while engines are missing, how often the controller's own 
 def missed(client: Any) -> list[int]:
     """Engines the controller registered that the client never heard of (their notification was published
     before the client subscribed), now added to the client; their ids. Measured at 64 ranks here: 1 to 3 of
-    64 in about half the starts, which then waited for good."""
+    64 engines in 5 of 13 starts, which then waited for good."""
     try:
         listed = compat.controller_engines(client, timeout=2.0)
     except Exception:  # a controller that does not answer now is asked again at the next look
