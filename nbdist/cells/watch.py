@@ -240,7 +240,7 @@ class Watch:
         board = self.board.get()
         ended = [r for r in self.ranks if r in board and board[r].state in (RankState.FAILED, RankState.EXITED)]
         self.board.set(ended, RankState.IDLE)
-        unanswered = {r for r in self.ranks if r in board and board[r].state in (RankState.BUSY, RankState.DEBUGGING)}
+        unanswered = {r for r in self.ranks if r in board and board[r].in_cell}
         if unanswered:
             dead = unanswered & set(self.engines.dead_ranks())
             self.board.set(sorted(dead), RankState.DEAD)

@@ -31,6 +31,11 @@ class RankNow:
     line: int | None = None  # its line in that cell, when a report said so (%dist_where, a release, a prompt)
     since: float = 0.0  # time.time() of the change
 
+    @property
+    def in_cell(self) -> bool:
+        """Running a cell: busy, or stopped in its debugger in it."""
+        return self.state in _IN_CELL
+
 
 _IN_CELL = (RankState.BUSY, RankState.DEBUGGING)
 
@@ -77,7 +82,7 @@ class Board:
         for rank, (debugging, line) in reports.items():
             with self._lock:
                 now = self._now.get(rank)
-            if now is not None and now.state in _IN_CELL:
+            if now is not None and now.in_cell:
                 self.set([rank], RankState.DEBUGGING if debugging else RankState.BUSY, line=line)
 
     def get(self) -> dict[int, RankNow]:

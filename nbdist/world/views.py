@@ -37,7 +37,7 @@ def states(engines: EngineSet, lines: bool = False) -> dict[int, RankNow]:
     """Each rank's state (the board, world/board.py); ``lines``: busy ranks are asked where they are first, so
     each one's cell line is fresh (0.5 s at most)."""
     now = engines.states()
-    busy = [r for r, n in now.items() if n.state in (RankState.BUSY, RankState.DEBUGGING)]
+    busy = [r for r, n in now.items() if n.in_cell]
     if lines and busy:
         engines.where(busy)  # their reports put their lines on the board
         now = engines.board.get()
@@ -62,8 +62,8 @@ def status(engines: EngineSet, backend: str) -> list[dict[str, Any]]:
             "cpus": format_cpus(r.cpus),
             "backend": backend,
             "state": str(now[r.rank].state),
-            "cell": now[r.rank].cell if now[r.rank].state in (RankState.BUSY, RankState.DEBUGGING) else "",
-            "line": now[r.rank].line if now[r.rank].state in (RankState.BUSY, RankState.DEBUGGING) else None,
+            "cell": now[r.rank].cell if now[r.rank].in_cell else "",
+            "line": now[r.rank].line if now[r.rank].in_cell else None,
         }
         for r in engines.ranks
     ]
