@@ -8,13 +8,16 @@ entries), so payloads decode the same on either path. The random draws differ (t
 generator instead of the counter-based one); both are unbiased.
 
 On the CPU the Numba kernels are faster; the hooks pick these only for other devices
-(``base.uses_torch_ops``; the tests patch it to run this path without a GPU).
+(``base.uses_torch_ops``; the tests patch it to run this path without a GPU). On CUDA, sign
+packing and QSGD run as one fused Triton kernel each (``triton_kernels``), and top-k selects
+from the entries above a threshold estimated on a sample instead of sorting all of them.
 """
 
 from __future__ import annotations
 
 import torch
 
+from . import triton_kernels
 from .kernels import QSGD_CHUNK
 
 _SHIFTS = torch.tensor([7, 6, 5, 4, 3, 2, 1, 0], dtype=torch.uint8)
@@ -24,12 +27,44 @@ def _generator(seed: int, device: torch.device) -> torch.Generator:
     return torch.Generator(device=device).manual_seed(seed & 0x7FFFFFFFFFFFFFFF)
 
 
+SAMPLE = 65536  # entries looked at to estimate top-k's threshold
+SAMPLED_FROM = 16 * SAMPLE  # below this many entries, torch.topk over all of them is as fast
+
+
 def topk(x: torch.Tensor, k: int, seed: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
     """The k entries largest in magnitude: (values, int32 indices in increasing order)."""
     d = x.numel()
     k = max(0, min(k, d))
-    idx = torch.topk(x.abs(), k, sorted=False).indices.sort().values
+    idx = above_estimate(x, k) if d >= SAMPLED_FROM and 0 < k * 8 <= d else None
+    if idx is None:
+        idx = torch.topk(x.abs(), k, sorted=False).indices.sort().values
     return x[idx], idx.to(torch.int32)
+
+
+def above_estimate(x: torch.Tensor, k: int) -> torch.Tensor | None:
+    """The indices of the k entries of ``x`` largest in magnitude, selected among the entries at
+    or above a threshold that an evenly strided sample puts a little below the k-th largest:
+    those candidates are a few percent more than k, found in one pass (and already in index
+    order), and the surplus is dropped by a top-k over the candidates alone. Exact whenever the
+    candidates number at least k, which the margin (10% and 4 standard deviations of the sample's
+    count) makes near certain; otherwise (or when the candidates are far too many) None, and the
+    caller selects from all."""
+    d = x.numel()
+    sample = x[:: d // SAMPLE].abs()
+    m = sample.numel()
+    expect = m * k / d
+    j = min(m, int(expect * 1.1 + 4 * expect**0.5) + 1)
+    threshold = float(torch.topk(sample, j, sorted=False).values.min())
+    mask = triton_kernels.at_least(x, threshold) if triton_kernels.usable(x) else x.abs() >= threshold
+    candidates = mask.nonzero().squeeze(1)
+    surplus = candidates.numel() - k
+    if surplus < 0 or surplus > 3 * k:  # too few, or a sample of ties (zeros) gave a useless threshold
+        return None
+    if surplus:
+        keep = torch.ones(candidates.numel(), dtype=torch.bool, device=x.device)
+        keep[torch.topk(x[candidates].abs(), surplus, largest=False, sorted=False).indices] = False
+        candidates = candidates[keep]
+    return candidates
 
 
 def scatter_add(values: torch.Tensor, indices: torch.Tensor, scale: float, out: torch.Tensor) -> torch.Tensor:
@@ -39,6 +74,8 @@ def scatter_add(values: torch.Tensor, indices: torch.Tensor, scale: float, out: 
 
 def sign_pack(x: torch.Tensor) -> tuple[torch.Tensor, float]:
     """1 bit per element (1 = non-negative, most significant first) and the scale mean(|x|)."""
+    if triton_kernels.usable(x):
+        return triton_kernels.sign_pack(x)
     d = x.numel()
     bits = torch.zeros(-(-d // 8) * 8, dtype=torch.uint8, device=x.device)
     bits[:d] = x >= 0
@@ -59,6 +96,8 @@ def qsgd_chunks(d: int) -> int:
 
 def qsgd_quantize(x: torch.Tensor, s: int, seed: int) -> tuple[torch.Tensor, torch.Tensor]:
     """(int8 levels, float32 norm per QSGD_CHUNK entries): unbiased stochastic rounding."""
+    if triton_kernels.usable(x):
+        return triton_kernels.qsgd_quantize(x, s, seed, QSGD_CHUNK)
     d = x.numel()
     chunks = qsgd_chunks(d)
     padded = torch.zeros(chunks * QSGD_CHUNK, dtype=torch.float32, device=x.device)

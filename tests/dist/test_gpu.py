@@ -29,6 +29,7 @@ def test_cuda_initialised_in_the_kernel_does_not_reach_the_ranks():
     with nbdist.start(n=1) as cluster:
         assert cluster.backend == "nccl"  # one rank, one GPU of its own
         cluster.run(
+            "import nbdist\n"
             "from nbdist.parallel import device\n"
             "t = torch.ones(4, device=device())\n"
             "dist.all_reduce(t)\n"
@@ -75,6 +76,47 @@ def test_compression_kernels_on_cuda_send_what_the_cpu_kernels_send():
     ref_scale = kernels.sign_pack(x.numpy(), ref_packed)
     assert np.array_equal(packed.cpu().numpy(), ref_packed)
     assert scale == pytest.approx(ref_scale, rel=1e-5)
+
+
+HOOKS_ON_CUDA = """
+import copy
+from nbdist.parallel import apply_ddp, device
+grads = {}
+for spec in ("signsgd:noef", "topk:0.1", "qsgd:127"):
+    torch.manual_seed(0)
+    net = torch.nn.Sequential(torch.nn.Linear(1024, 1024), torch.nn.Linear(1024, 16))  # one bucket, > 2**20 entries
+    ref = copy.deepcopy(net).to(device())
+    m = apply_ddp(net, compression=spec, metrics=False)
+    x = torch.randn(64, 1024, device=device())
+    for _ in range(3):  # two warm-up steps reduce uncompressed; the third is compressed
+        m.zero_grad()
+        m(x).square().mean().backward()
+    ref(x).square().mean().backward()
+    grads[spec] = [torch.cat([p.grad.flatten() for p in net.parameters()]).cpu() for net in (m.module, ref)]
+"""
+
+
+@needs_gpus(1)
+def test_compression_hooks_compress_a_cuda_bucket_where_it_lives():
+    """The DDP hooks on a CUDA bucket (the fused Triton kernels, the sampled top-k): on one rank the
+    mean of one payload is what the compressor sent, checked against the uncompressed gradient."""
+    import nbdist
+
+    with nbdist.start(n=1) as cluster:
+        cluster.run(HOOKS_ON_CUDA).raise_for_error()
+        grads = cluster.pull("grads")[0]
+    got, want = grads["signsgd:noef"]
+    scale = want.abs().mean().item()
+    torch.testing.assert_close(got.abs(), torch.full_like(got, scale), rtol=1e-5, atol=0)
+    clear = want.abs() > 1e-6 * scale  # signs of (near) zeros may differ between two CUDA runs
+    assert torch.equal(got[clear] > 0, want[clear] > 0)
+    got, want = grads["topk:0.1"]
+    kept = got != 0
+    assert abs(int(kept.sum()) - want.numel() // 10) <= 1
+    torch.testing.assert_close(got[kept], want[kept], rtol=1e-6, atol=0)
+    assert want[kept].abs().min() >= want[~kept].abs().max()  # the largest in magnitude were sent
+    got, want = grads["qsgd:127"]
+    assert (got - want).abs().max() <= want.norm() / 127 and not torch.equal(got, want)
 
 
 @needs_gpus(2)

@@ -13,7 +13,12 @@ from nbdist.compression import kernels as K
 from nbdist.compression import quantizers as Q
 from nbdist.compression import torch_kernels as T
 
-DEVICES = ["cpu"] + (["cuda"] if torch.cuda.is_available() else [])
+# On a GPU (``pytest -m gpu tests``) the CUDA case runs the fused Triton kernels and the sampled top-k.
+CUDA = pytest.param(
+    "cuda",
+    marks=[pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")],
+)
+DEVICES = ["cpu", CUDA]
 
 
 @pytest.fixture
@@ -72,6 +77,43 @@ def test_torch_topk_keeps_the_k_largest(x, device):
     assert idx.dtype == torch.int32 and torch.all(idx[1:] > idx[:-1])
     np.testing.assert_array_equal(np.sort(np.abs(vals.cpu().numpy())), np.sort(np.abs(ref_vals)))
     np.testing.assert_array_equal(vals.cpu().numpy(), x[idx.cpu().numpy()])
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_topk_from_a_sampled_threshold_is_exact(device):
+    """Above 2**20 entries the top-k is chosen among the entries over a threshold estimated from a
+    sample: the same entries as a top-k over all of them, gradients with layers of different scales
+    included."""
+    rng = np.random.default_rng(8)
+    d = 2**21 + 5
+    x = rng.standard_normal(d).astype(np.float32)
+    x[: d // 3] *= 1e-3  # a layer whose gradients are much smaller
+    xt = torch.from_numpy(x).to(device)
+    for k in (1, d // 1000, d // 100, d // 10):
+        assert k == 1 or T.above_estimate(xt, k) is not None  # the sampled threshold served
+        vals, idx = T.topk(xt, k)
+        ref = np.sort(np.argpartition(-np.abs(x), k - 1)[:k])
+        np.testing.assert_array_equal(idx.cpu().numpy(), ref)
+        np.testing.assert_array_equal(vals.cpu().numpy(), x[ref])
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_topk_when_the_sample_misleads_falls_back_to_all_entries(device):
+    """The sample is every (d // SAMPLE)-th entry: large values only there make the estimated
+    threshold select fewer than k; the answer must still be the exact top-k. Zeros everywhere
+    else (a threshold of 0 that would select everything) likewise."""
+    d = 2**21
+    stride = d // T.SAMPLE
+    x = np.random.default_rng(9).standard_normal(d).astype(np.float32) * 1e-3
+    x[::stride] = 100 + np.arange(d // stride, dtype=np.float32)
+    k = d // 100
+    assert T.above_estimate(torch.from_numpy(x), k) is None  # the estimate is refused ...
+    _, idx = T.topk(torch.from_numpy(x).to(device), k)
+    np.testing.assert_array_equal(idx.cpu().numpy(), np.sort(np.argpartition(-np.abs(x), k - 1)[:k]))  # ... exact
+    sparse = np.zeros(d, np.float32)
+    sparse[12345::7919] = 1.0
+    _, idx = T.topk(torch.from_numpy(sparse).to(device), 10)
+    assert torch.all(torch.from_numpy(sparse)[idx.cpu().long()] == 1.0) and idx.numel() == 10
 
 
 NUMBA_ON_CPU = base.uses_torch_ops  # the library's choice: torch ops off the CPU only
