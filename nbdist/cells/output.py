@@ -12,7 +12,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from ..results import RankState
+from ..results import RankState, ranks_text
 from .fold import Folder, Shown
 
 SHOW_LIMIT = 100_000  # characters shown per rank and stream in one cell (docs/faults.md, row 9)
@@ -180,11 +180,19 @@ class TaggedPrinter(Sink):
             self._bar.close()  # leave=False: the bar goes away
             self._bar = None
         if self.dashboard is not None:
-            self.dashboard.close()  # the final state, as a static figure
+            self.dashboard.close(states_line(self._states))  # the final state, as a static figure
         if self._live is not None:  # the bars' last states are printed below, as lines
             self._live.update({"text/plain": ""}, raw=True)
             self._live = None
         _write_all(self.folder.finish())
+
+
+def states_line(states: dict[int, Any]) -> str:
+    """The ranks' states, ranks alike grouped: 'ranks 0-14: idle · rank 15: failed'."""
+    groups: dict[str, list[int]] = {}
+    for rank, state in sorted(states.items()):
+        groups.setdefault(str(state), []).append(rank)
+    return " · ".join(f"{ranks_text(ranks)}: {state}" for state, ranks in groups.items())
 
 
 def _write_all(items: list[Shown]) -> None:

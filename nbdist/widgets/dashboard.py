@@ -24,7 +24,7 @@ import time
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from .figure import Panel, build_figure, identity, panels, plain, rank_colour, traces
+from .figure import Panel, build_figure, identity, panels, plain, rank_colour, traces, wrap
 from .store import MetricStore, Series
 
 __all__ = ["Dashboard", "MetricStore", "Series", "Panel", "panels", "traces"]
@@ -55,8 +55,36 @@ def headline_items(store: MetricStore) -> list[tuple[str, str, str]]:
 
 
 def headline_text(store: MetricStore) -> str:
-    """The headline as one line (the static figure's title)."""
-    return " · ".join(f"{label} {value}" for _, value, label in headline_items(store))
+    """The headline as one line (the static figure's text, where no figure is drawn)."""
+    return " · ".join(headline_parts(store))
+
+
+def headline_parts(store: MetricStore) -> list[str]:
+    """The headline's items as a reader says them: 'step 299', 'loss (mean of ranks) 0.8377',
+    '2,815 samples/s, all ranks', '6.8% of each step in communication', 'rank 1 slowest, +20%'."""
+    out = []
+    for name, value, label in headline_items(store):
+        if name in ("step", "loss"):
+            out.append(f"{label} {value}")
+        elif value == "even":
+            out.append(label)
+        else:
+            out.append(f"{value} {label}")
+    return out
+
+
+def final_bundle(fig: Any, headline: str, states: str) -> dict[str, Any]:
+    """The static figure as a display bundle: plotly's own mime type (JupyterLab and Notebook 7 draw it
+    from the saved notebook, no kernel needed) and, for renderers without plotly's (``nbconvert --to
+    html``, GitHub), HTML with the headline and the figure drawn by plotly.js from its CDN. A raw bundle:
+    a plotly Figure's own display would add a new output instead of replacing the live one; through
+    plotly's JSON, which encodes the numpy arrays."""
+    head = f"<p><b>{html.escape(headline)}</b><br><small>{html.escape(states)}</small></p>"
+    return {
+        "application/vnd.plotly.v1+json": json.loads(fig.to_json()),
+        "text/html": head + fig.to_html(full_html=False, include_plotlyjs="cdn"),
+        "text/plain": f"nbdist dashboard: {headline}" + (f"\n{states}" if states else ""),
+    }
 
 
 class Dashboard:
@@ -124,14 +152,22 @@ class Dashboard:
             self._last = now
             self.render()
 
-    def figure(self) -> Any:
-        """A static plotly figure of everything so far, its title the headline. Plain lists, not
-        numpy arrays: every renderer of a saved notebook reads them."""
+    def figure(self, states: str = "") -> Any:
+        """A static plotly figure of everything so far, its title the headline (wrapped to fit the
+        narrowest notebook) and under it ``states``, smaller. Plain lists, not numpy arrays: every
+        renderer of a saved notebook reads them."""
         layout = panels(self.store)
         items = traces(self.store, layout, self.picked)
         for t in items:
             t.x, t.y = list(map(plain, t.x)), list(map(plain, t.y))
-        return build_figure(layout, items, widget=False, title=headline_text(self.store))
+        below = wrap(states.split(" · ")) if states else []
+        title = wrap(headline_parts(self.store)) + below
+        return build_figure(layout, items, widget=False, title=title, small=len(below))
+
+    def states_text(self) -> str:
+        """Each rank's state, one part per rank ('rank 0: idle · rank 1: failed'); the caller may
+        pass a shorter one to ``close`` (ranks grouped)."""
+        return " · ".join(f"rank {r}: {st}" for r, st in sorted(self.states.items()))
 
     def render(self) -> None:
         """Bring the live view up to date: new points into the existing traces; a rebuild only
@@ -186,18 +222,12 @@ class Dashboard:
         self._box = ipywidgets.VBox([self._head, self._widget])
         self._handle = (display or ipython_display)(self._box, display_id=True)
 
-    def close(self) -> None:
-        """Replace the live widget by a static figure of the final state."""
+    def close(self, states: str | None = None) -> None:
+        """Replace the live widget by a static figure of the final state, titled with the headline
+        and ``states`` (default ``states_text()``)."""
         if self._handle is not None:
-            fig = self.figure()
-            if self.states:
-                states = " · ".join(f"rank {r}: {st}" for r, st in sorted(self.states.items()))
-                fig.update_layout(
-                    title_text=f"{fig.layout.title.text or ''}<br><span style='font-size:12px'>{states}</span>"
-                )
-            # a raw bundle: a plotly Figure's own display would add a new output instead of replacing;
-            # through plotly's JSON, which encodes the numpy arrays
-            bundle = {"application/vnd.plotly.v1+json": json.loads(fig.to_json()), "text/plain": "nbdist dashboard"}
-            self._handle.update(bundle, raw=True)
+            states = self.states_text() if states is None else states
+            fig = self.figure(states)
+            self._handle.update(final_bundle(fig, headline_text(self.store), states), raw=True)
             self._handle = None
             self._widget = self._box = self._head = None

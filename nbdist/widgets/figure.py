@@ -214,7 +214,41 @@ def _band(
     ]
 
 
-def build_figure(layout: list[Panel], items: list[Trace], widget: bool, title: str = "") -> Any:
+TITLE_FONT_PX = 15
+TITLE_LINE_PX = 20  # plotly spaces a title's lines at 1.3 times its font size
+TITLE_CHARS = 72  # a line of the title, about 540 px: it fits the narrowest notebook output (Notebook 7 at 1024 px)
+TOP_PAD_PX = 8
+LEGEND_ROW_PX = 24
+SUBPLOT_TITLE_PX = 30
+
+
+def _title_overshoot_px(lines: int) -> int:
+    """How far above its anchor plotly (6, measured in Chromium by tests/browser) draws the top of a
+    title anchored at its top: a few pixels for one line, about a font size more for several (it
+    anchors the first line as if it were the middle of a two-line block)."""
+    return 4 if lines == 1 else TITLE_FONT_PX + 1
+
+
+def wrap(parts: Sequence[str], width: int = TITLE_CHARS, sep: str = " · ") -> list[str]:
+    """Parts joined by ``sep`` into lines of at most ``width`` characters (a part longer than that
+    is a line of its own); a part is never split."""
+    lines: list[str] = []
+    for part in parts:
+        if lines and len(lines[-1]) + len(sep) + len(part) <= width:
+            lines[-1] += sep + part
+        else:
+            lines.append(part)
+    return lines
+
+
+def build_figure(
+    layout: list[Panel], items: list[Trace], widget: bool, title: Sequence[str] = (), small: int = 0
+) -> Any:
+    """The figure; ``title``: its lines, from the top (the last ``small`` of them in a smaller font).
+    The title and the legend get a band of their own above the panels, sized by the number of lines,
+    so that neither is cut off by the figure's top nor covers the other."""
+    import html
+
     import plotly.graph_objects as go
     from plotly.subplots import make_subplots
 
@@ -236,17 +270,40 @@ def build_figure(layout: list[Panel], items: list[Trace], widget: bool, title: s
         else:
             fig.update_xaxes(title_text="step", title_standoff=2, row=row, col=col)
     fig.update_annotations(font_size=13)
+    title_px = TITLE_LINE_PX * len(title) + (6 if title else 0)
+    top = TOP_PAD_PX + title_px + LEGEND_ROW_PX + SUBPLOT_TITLE_PX
+    height = 250 * rows + 30 + top
     fig.update_layout(
-        height=250 * rows + 60,
-        margin={"t": 70, "b": 30, "l": 50, "r": 20},
+        height=height,
+        margin={"t": top, "b": 30, "l": 50, "r": 20},
         barmode="stack",
         uniformtext={"mode": "hide", "minsize": 9},
-        legend={"orientation": "h", "x": 1.0, "xanchor": "right", "y": 1.0, "yanchor": "top", "yref": "container"},
+        legend={
+            "orientation": "h",
+            "x": 1.0,
+            "xanchor": "right",
+            "y": 1 - (TOP_PAD_PX + title_px) / height,
+            "yanchor": "top",
+            "yref": "container",
+        },
         hovermode="closest",
         template="plotly_white",
     )
     if title:
-        fig.update_layout(title={"text": title, "font": {"size": 15}, "x": 0.01, "y": 0.99, "yanchor": "top"})
+        lines = [html.escape(line) for line in title]
+        big, little = lines[: len(lines) - small], lines[len(lines) - small :]
+        text = "<br>".join(big + [f"<span style='font-size:12px'>{line}</span>" for line in little])
+        fig.update_layout(
+            title={
+                "text": text,
+                "font": {"size": TITLE_FONT_PX},
+                "x": 0.01,
+                "xanchor": "left",
+                "y": 1 - (TOP_PAD_PX + _title_overshoot_px(len(lines))) / height,
+                "yanchor": "top",
+                "yref": "container",
+            }
+        )
     return go.FigureWidget(fig) if widget else fig
 
 

@@ -6,6 +6,7 @@ test-artifacts/."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import pathlib
@@ -52,33 +53,40 @@ def _ensure_chromium() -> str:
     return found
 
 
-@pytest.fixture()
-def lab(tmp_path):
+def _write_notebook(path: pathlib.Path, cells: list[str]) -> None:
     nb = {
         "cells": [
-            {"cell_type": "code", "metadata": {}, "source": c, "outputs": [], "execution_count": None} for c in CELLS
+            {"cell_type": "code", "metadata": {}, "source": c, "outputs": [], "execution_count": None} for c in cells
         ],
         "metadata": {"kernelspec": {"name": "python3", "display_name": "Python 3", "language": "python"}},
         "nbformat": 4,
         "nbformat_minor": 5,
     }
-    (tmp_path / "live.ipynb").write_text(json.dumps(nb))
+    path.write_text(json.dumps(nb))
+
+
+@contextlib.contextmanager
+def _server(tmp_path: pathlib.Path, app: str):
+    """JupyterLab (app 'jupyterlab') or Notebook 7 ('notebook') on 127.0.0.1 with a token: (base url, token)."""
     port, token = free_port(), secrets.token_hex(16)
     cmd = [
         sys.executable,
         "-m",
-        "jupyterlab",
+        app,
         "--no-browser",
         "--ip=127.0.0.1",
         f"--port={port}",
         f"--IdentityProvider.token={token}",
         f"--ServerApp.root_dir={tmp_path}",
         "--ServerApp.open_browser=False",
-        "--LabApp.news_url=",
-        "--LabApp.check_for_updates_class=jupyterlab.NeverCheckForUpdate",
+        *(
+            ["--LabApp.news_url=", "--LabApp.check_for_updates_class=jupyterlab.NeverCheckForUpdate"]
+            if app == "jupyterlab"
+            else []
+        ),
         *(["--allow-root"] if os.geteuid() == 0 else []),
     ]
-    log = open(tmp_path / "lab.log", "w")
+    log = open(tmp_path / f"{app}.log", "w")
     proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, cwd=tmp_path)
     base = f"http://127.0.0.1:{port}"
     try:
@@ -90,7 +98,7 @@ def lab(tmp_path):
             except OSError:
                 if time.monotonic() > deadline or proc.poll() is not None:
                     raise RuntimeError(
-                        "JupyterLab did not start: " + (tmp_path / "lab.log").read_text()[-2000:]
+                        f"{app} did not start: " + (tmp_path / f"{app}.log").read_text()[-2000:]
                     ) from None
                 time.sleep(0.5)
         yield base, token
@@ -101,6 +109,77 @@ def lab(tmp_path):
         except subprocess.TimeoutExpired:
             proc.kill()
         log.close()
+
+
+@pytest.fixture()
+def lab(tmp_path):
+    _write_notebook(tmp_path / "live.ipynb", CELLS)
+    with _server(tmp_path, "jupyterlab") as served:
+        yield served
+
+
+@contextlib.contextmanager
+def _browser():
+    from playwright.sync_api import sync_playwright
+
+    executable = _ensure_chromium()
+    ARTIFACTS.mkdir(exist_ok=True)
+    with sync_playwright() as pw:
+        browser = pw.chromium.launch(
+            executable_path=executable,
+            headless=True,
+            args=[
+                "--no-sandbox",
+                "--disable-gpu",
+                "--disable-quic",
+                "--no-first-run",
+                "--disable-background-networking",
+                "--disable-component-update",
+                "--disable-sync",
+            ],
+        )
+        try:
+            yield browser
+        finally:
+            browser.close()
+
+
+def _misplaced(page) -> list[str]:
+    """Every title, label and legend of every plot that is not wholly inside its figure, and every
+    pair of them that overlap (the figure's title with its legend or a panel's title)."""
+    return page.evaluate(
+        """() => {
+        const bad = [];
+        const box = el => el.getBoundingClientRect();
+        const name = el => `${el.getAttribute('class')} '${(el.textContent || '').slice(0, 50)}'`;
+        const at = r => `[${Math.round(r.left)},${Math.round(r.top)} to ${Math.round(r.right)},${Math.round(r.bottom)}]`;
+        for (const gd of document.querySelectorAll('.js-plotly-plot')) {
+            const svg = gd.querySelector('.main-svg');
+            if (!svg) continue;
+            const f = box(svg);
+            const parts = gd.querySelectorAll(
+                '.gtitle, .legend, .annotation-text, .g-xtitle text, .g-ytitle text, .xtick text, .ytick text');
+            for (const el of parts) {
+                const r = box(el);
+                if (r.width === 0 && r.height === 0) continue;
+                if (r.left < f.left - 1 || r.top < f.top - 1 || r.right > f.right + 1 || r.bottom > f.bottom + 1) {
+                    bad.push(`${name(el)} at ${at(r)} is outside its figure ${at(f)}`);
+                }
+            }
+            const title = gd.querySelector('.gtitle');
+            if (!title) continue;
+            const others = [gd.querySelector('.legend'), ...gd.querySelectorAll('.annotation-text')];
+            for (const el of others) {
+                if (!el) continue;
+                const a = box(title), b = box(el);
+                const w = Math.min(a.right, b.right) - Math.max(a.left, b.left);
+                const h = Math.min(a.bottom, b.bottom) - Math.max(a.top, b.top);
+                if (w > 1 && h > 1) bad.push(`the title ${at(a)} overlaps ${name(el)} ${at(b)}`);
+            }
+        }
+        return bad;
+    }"""
+    )
 
 
 def _points(page) -> int:
@@ -163,76 +242,122 @@ def _headline(page) -> dict[str, str]:
 
 
 def test_dashboard_plot_grows_in_jupyterlab(lab):
-    from playwright.sync_api import sync_playwright
-
-    executable = _ensure_chromium()
     base, token = lab
-    ARTIFACTS.mkdir(exist_ok=True)
-    with sync_playwright() as pw:
-        browser = pw.chromium.launch(
-            executable_path=executable,
-            headless=True,
-            args=[
-                "--no-sandbox",
-                "--disable-gpu",
-                "--disable-quic",
-                "--no-first-run",
-                "--disable-background-networking",
-                "--disable-component-update",
-                "--disable-sync",
-            ],
-        )
+    with _browser() as browser:
+        page = browser.new_page(viewport={"width": 1400, "height": 1000})
+        page.goto(f"{base}/lab/tree/live.ipynb?token={token}")
+        page.wait_for_selector(".jp-Notebook .jp-Cell", timeout=90_000)
+        try:  # JupyterLab may ask which kernel to start
+            page.click(".jp-Dialog button:has-text('Select')", timeout=10_000)
+        except Exception:
+            pass
+        page.wait_for_selector(".jp-Notebook-ExecutionIndicator[data-status='idle']", timeout=90_000)
+        page.click("text=Run", timeout=30_000)
+        page.click("text=Run All Cells", timeout=30_000)
         try:
-            page = browser.new_page(viewport={"width": 1400, "height": 1000})
-            page.goto(f"{base}/lab/tree/live.ipynb?token={token}")
-            page.wait_for_selector(".jp-Notebook .jp-Cell", timeout=90_000)
-            try:  # JupyterLab may ask which kernel to start
-                page.click(".jp-Dialog button:has-text('Select')", timeout=10_000)
-            except Exception:
-                pass
-            page.wait_for_selector(".jp-Notebook-ExecutionIndicator[data-status='idle']", timeout=90_000)
-            page.click("text=Run", timeout=30_000)
-            page.click("text=Run All Cells", timeout=30_000)
-            try:
-                page.wait_for_selector(".js-plotly-plot", timeout=120_000)
-            finally:
-                page.screenshot(path=str(ARTIFACTS / "dashboard-wait.png"), full_page=True)
-            page.wait_for_selector(".nbdist-stat[data-name='samples_per_s']", timeout=60_000)
-            samples, heads = [], []
-            for _ in range(4):  # the cell trains for ~10 s; sample the plot and the headline while it runs
-                samples.append(_points(page))
-                heads.append(_headline(page))
-                if len(heads) == 2:
-                    page.screenshot(path=str(ARTIFACTS / "dashboard-live.png"), full_page=True)
-                time.sleep(1.0)
-            page.screenshot(path=str(ARTIFACTS / "dashboard.png"), full_page=True)
-            assert samples[0] > 0 and max(samples) > samples[0], f"the plot should grow while the cell runs: {samples}"
-            second = max(samples)
-            # the headline: what a person reads first, and it moves while the cell runs
-            live = [h for h in heads if h]  # (the last look may come after the cell ended)
-            assert len(live) >= 2, heads
-            for name in ("step", "loss", "samples_per_s", "comm_pct", "slowest"):
-                assert name in live[-1], (name, live[-1])
-            assert len({h["step"] for h in live}) > 1, f"the step in the headline should advance: {heads}"
-            assert live[-1]["comm_pct"].endswith("%"), live[-1]
-            # one legend entry per rank, however many panels
-            live_legend = max(_legend(page), key=len)
-            assert live_legend == ["rank 0", "rank 1"], live_legend
-            # the run finishes, the static figure stays, and the last cell stops the cluster
-            page.wait_for_function("() => document.body.innerText.includes('cluster stopped')", timeout=120_000)
-            assert _longest_trace(page) == 300, "the final figure should hold every logged step"
-            titles = set(_titles(page))
-            for panel in (
-                "Loss",
-                "Samples/s per rank · total dotted",
-                "Communication, % of each step",
-                "Sent per step, MB",
-                "Memory per rank, MiB",
-            ):
-                assert panel in titles, f"the dashboard should have a panel titled {panel!r}: {titles}"
-            assert "Step time, ms: compute · comm ▨ · data ⋯" in titles, titles  # the split, data from shard()
-            assert max(_legend(page), key=len) == ["rank 0", "rank 1"]
-            assert second > 0
-            page.screenshot(path=str(ARTIFACTS / "dashboard-final.png"), full_page=True)
+            page.wait_for_selector(".js-plotly-plot", timeout=120_000)
         finally:
-            browser.close()
+            page.screenshot(path=str(ARTIFACTS / "dashboard-wait.png"), full_page=True)
+        page.wait_for_selector(".nbdist-stat[data-name='samples_per_s']", timeout=60_000)
+        samples, heads = [], []
+        for _ in range(4):  # the cell trains for ~10 s; sample the plot and the headline while it runs
+            samples.append(_points(page))
+            heads.append(_headline(page))
+            if len(heads) == 2:
+                page.screenshot(path=str(ARTIFACTS / "dashboard-live.png"), full_page=True)
+            time.sleep(1.0)
+        page.screenshot(path=str(ARTIFACTS / "dashboard.png"), full_page=True)
+        assert samples[0] > 0 and max(samples) > samples[0], f"the plot should grow while the cell runs: {samples}"
+        second = max(samples)
+        # the headline: what a person reads first, and it moves while the cell runs
+        live = [h for h in heads if h]  # (the last look may come after the cell ended)
+        assert len(live) >= 2, heads
+        for name in ("step", "loss", "samples_per_s", "comm_pct", "slowest"):
+            assert name in live[-1], (name, live[-1])
+        assert len({h["step"] for h in live}) > 1, f"the step in the headline should advance: {heads}"
+        assert live[-1]["comm_pct"].endswith("%"), live[-1]
+        # one legend entry per rank, however many panels
+        live_legend = max(_legend(page), key=len)
+        assert live_legend == ["rank 0", "rank 1"], live_legend
+        # the run finishes, the static figure stays, and the last cell stops the cluster
+        page.wait_for_function("() => document.body.innerText.includes('cluster stopped')", timeout=120_000)
+        assert _longest_trace(page) == 300, "the final figure should hold every logged step"
+        titles = set(_titles(page))
+        for panel in (
+            "Loss",
+            "Samples/s per rank · total dotted",
+            "Communication, % of each step",
+            "Sent per step, MB",
+            "Memory per rank, MiB",
+        ):
+            assert panel in titles, f"the dashboard should have a panel titled {panel!r}: {titles}"
+        assert "Step time, ms: compute · comm ▨ · data ⋯" in titles, titles  # the split, data from shard()
+        assert max(_legend(page), key=len) == ["rank 0", "rank 1"]
+        assert second > 0
+        _dismiss_news(page)
+        page.screenshot(path=str(ARTIFACTS / "dashboard-final.png"), full_page=True)
+        assert _misplaced(page) == []  # the headline in full view, clear of the legend
+
+
+def _dismiss_news(page) -> None:
+    """JupyterLab's 'notified about official Jupyter news?' toast covers the output's corner."""
+    try:
+        page.click(".jp-toast-button:has-text('No')", timeout=2_000)
+    except Exception:
+        pass
+
+
+SHORT = [
+    "%load_ext nbdist\n%dist_start -n 2",
+    "%%distributed\n"
+    "import nbdist\n"
+    "for step in range(60):\n"
+    "    nbdist.log(step=step, loss=1.0 / (step + 1), **{'time/step_s': 0.01 + 0.002 * dist.get_rank()})",
+    "%dist_stop",
+]
+
+
+def test_final_dashboard_in_notebook7_saved_and_converted_to_html(tmp_path):
+    """Notebook 7 at 1024 px, the narrowest window the title is wrapped for: the final figure's
+    titles and labels lie inside it. Saved, the notebook holds the figure (plotly's own mime type,
+    every step), and ``jupyter nbconvert --to html`` shows the headline and draws the figure."""
+    path = tmp_path / "live.ipynb"
+    _write_notebook(path, SHORT)
+    with _server(tmp_path, "notebook") as (base, token), _browser() as browser:
+        page = browser.new_page(viewport={"width": 1024, "height": 900})
+        page.goto(f"{base}/notebooks/live.ipynb?token={token}")
+        page.wait_for_selector(".jp-Notebook .jp-Cell", timeout=90_000)
+        try:
+            page.click(".jp-Dialog button:has-text('Select')", timeout=5_000)
+        except Exception:
+            pass
+        page.click("text=Run", timeout=30_000)
+        page.click("text=Run All Cells", timeout=30_000)
+        try:
+            page.wait_for_function("() => document.body.innerText.includes('cluster stopped')", timeout=120_000)
+            page.wait_for_selector(".js-plotly-plot .gtitle", timeout=30_000)
+        finally:
+            page.screenshot(path=str(ARTIFACTS / "dashboard-notebook7.png"), full_page=True)
+        assert _longest_trace(page) == 60
+        assert _misplaced(page) == []
+        page.keyboard.press("Control+s")
+        deadline = time.monotonic() + 30
+        while "application/vnd.plotly.v1+json" not in path.read_text() and time.monotonic() < deadline:
+            time.sleep(0.5)
+    saved = json.loads(path.read_text())
+    figures = [
+        out["data"]
+        for cell in saved["cells"]
+        for out in cell.get("outputs", [])
+        if "application/vnd.plotly.v1+json" in out.get("data", {})
+    ]
+    assert len(figures) == 1, "the saved notebook should hold the final dashboard"
+    plotted = figures[0]["application/vnd.plotly.v1+json"]["data"]
+    assert max(len(t.get("x") or []) for t in plotted) == 60
+    assert "step 59" in "".join(figures[0]["text/plain"])  # nbformat keeps a multi-line string as lines
+    subprocess.run(
+        [sys.executable, "-m", "nbconvert", "--to", "html", str(path)], check=True, capture_output=True, timeout=120
+    )
+    page_html = (tmp_path / "live.html").read_text()
+    assert "<b>step 59" in page_html and "Plotly.newPlot" in page_html and "rank 0: idle" not in page_html
+    assert "ranks 0,1: idle" in page_html  # the states, ranks alike grouped

@@ -9,7 +9,8 @@ import random
 
 import pytest
 
-from nbdist.widgets.dashboard import Dashboard, panels, traces
+from nbdist.widgets.dashboard import Dashboard, headline_parts, panels, traces
+from nbdist.widgets.figure import LEGEND_ROW_PX, TITLE_CHARS, TITLE_LINE_PX, TOP_PAD_PX, wrap
 from nbdist.widgets.store import MetricStore, Series
 
 
@@ -261,3 +262,29 @@ def test_the_spread_over_ranks_stays_bounded_keeps_extremes_and_does_not_wait_fo
     for step in range(Spread.PENDING + 2):  # rank 1 died: its steps never come
         stalled.add(float(step), 1.0, ranks=2)
     assert stalled.x[:2] == [0.0, 1.0], "a step waits at most PENDING later steps"
+
+
+def test_title_lines_fit_and_the_title_band_grows_with_them():
+    """The headline is wrapped at ' · ' into lines of at most TITLE_CHARS; the states come under it,
+    smaller; the top margin holds every line, the legend row and the panels' titles, and the legend
+    starts below the title's last line (the browser test measures the drawn boxes)."""
+    assert wrap(["a" * 10, "b" * 10, "c" * 60], width=25) == ["aaaaaaaaaa · bbbbbbbbbb", "c" * 60]
+    board = Dashboard()
+    board.update(0, _rows(0.02, 0, **{"comm/ratio": 48.0}))
+    board.update(1, _rows(0.03, 1, **{"comm/ratio": 48.0}))
+    plain = board.figure()
+    fig = board.figure(states="ranks 0-14: idle · rank 15: failed")
+    text = fig.layout.title.text
+    lines = text.split("<br>")
+    heads = wrap(headline_parts(board.store))
+    assert len(heads) >= 2 and all(len(line) <= TITLE_CHARS for line in heads)  # 110+ characters in one line before
+    assert lines[: len(heads)] == heads
+    assert lines[-1] == "<span style='font-size:12px'>ranks 0-14: idle · rank 15: failed</span>"
+    layout = fig.layout
+    assert layout.title.yref == "container" and layout.title.yanchor == "top"
+    title_px = TITLE_LINE_PX * len(lines)
+    assert layout.margin.t >= TOP_PAD_PX + title_px + LEGEND_ROW_PX + 24  # 24: a panel's title
+    legend_top_px = (1 - layout.legend.y) * layout.height
+    assert legend_top_px >= TOP_PAD_PX + title_px  # under the title's last line
+    assert layout.margin.t - plain.layout.margin.t == TITLE_LINE_PX  # one more line, one line's more room
+    assert layout.height - layout.margin.t == plain.layout.height - plain.layout.margin.t  # the panels keep their size
