@@ -14,6 +14,7 @@ from typing import Any
 
 from ..results import RankState, ranks_text
 from .fold import Folder, Shown
+from .transcript import Transcript
 
 SHOW_LIMIT = 100_000  # characters shown per rank and stream in one cell (docs/faults.md, row 9)
 
@@ -68,8 +69,10 @@ class TaggedPrinter(Sink):
         ranks: list[int] | None = None,
         fold: bool = True,
         clock: Callable[[], float] = time.monotonic,
+        transcript: Transcript | None = None,
     ) -> None:
         self.quiet_ranks = quiet_ranks or set()
+        self.transcript = transcript  # what is shown is also kept there, for a page opened later
         self.limit = limit
         self.clock = clock
         self.folder = Folder([r for r in ranks or [] if r not in self.quiet_ranks], fold=fold)
@@ -107,9 +110,11 @@ class TaggedPrinter(Sink):
     def tick(self, now: float | None = None) -> None:
         """Show the lines no longer worth holding, and redraw the live bars (at most every LIVE_EVERY s)."""
         now = self.clock() if now is None else now
-        _write_all(self.folder.ready(now))
+        self._write_all(self.folder.ready(now))
         if now - self._live_at >= self.LIVE_EVERY:
             self._draw_live(now)
+        if self.transcript is not None:
+            self.transcript.tick()
 
     def live_text(self) -> str:
         """The live progress bars as they would be drawn now: one line per rank, or one for the world."""
@@ -145,6 +150,8 @@ class TaggedPrinter(Sink):
 
     def state(self, rank: int, state: RankState) -> None:
         self._states[rank] = state
+        if self.transcript is not None:
+            self.transcript.states({rank: state})
         if self.dashboard is not None:
             self.dashboard.set_state(rank, state)
 
@@ -160,6 +167,8 @@ class TaggedPrinter(Sink):
 
     def metrics(self, rank: int, rows: list[dict[str, Any]]) -> None:
         """Plotted live in a notebook: the dashboard appears with the first rows."""
+        if self.transcript is not None:
+            self.transcript.metrics(rank, rows)
         if self.dashboard is None:
             if not in_kernel():
                 return
@@ -171,7 +180,7 @@ class TaggedPrinter(Sink):
         self.dashboard.update(rank, rows)
 
     def settle(self) -> None:
-        _write_all(self.folder.ready(float("inf")))
+        self._write_all(self.folder.ready(float("inf")))
 
     def flush(self) -> None:
         if self._bar is not None:
@@ -184,7 +193,12 @@ class TaggedPrinter(Sink):
         if self._live is not None:  # the bars' last states are printed below, as lines
             self._live.update({"text/plain": ""}, raw=True)
             self._live = None
-        _write_all(self.folder.finish())
+        self._write_all(self.folder.finish())
+        if self.transcript is not None:
+            self.transcript.end()
+
+    def _write_all(self, items: list[Shown]) -> None:
+        _write_all(items, self.transcript.output if self.transcript is not None else None)
 
 
 def states_line(states: dict[int, Any]) -> str:
@@ -195,19 +209,27 @@ def states_line(states: dict[int, Any]) -> str:
     return " · ".join(f"{ranks_text(ranks)}: {state}" for state, ranks in groups.items())
 
 
-def _write_all(items: list[Shown]) -> None:
-    """Write lines and show displays in order, one write per run of lines on the same stream."""
+def _write_all(items: list[Shown], record: Callable[[dict[str, Any]], None] | None = None) -> None:
+    """Write lines and show displays in order, one write per run of lines on the same stream;
+    ``record`` gets each as the nbformat output a page shows."""
     i = 0
     while i < len(items):
         name, text, content = items[i]
         if name == "display":
-            show((content or {}).get("data", {}), (content or {}).get("metadata", {}), prefix=text)
+            data, metadata = (content or {}).get("data", {}), (content or {}).get("metadata", {})
+            show(data, metadata, prefix=text)
+            if record is not None:
+                record({"output_type": "stream", "name": "stdout", "text": text + "\n"})
+                record({"output_type": "display_data", "data": data, "metadata": metadata})
             i += 1
             continue
         j = i
         while j < len(items) and items[j][0] == name:
             j += 1
-        _write(name, "".join(item[1] for item in items[i:j]))
+        joined = "".join(item[1] for item in items[i:j])
+        _write(name, joined)
+        if record is not None:
+            record({"output_type": "stream", "name": name, "text": joined})
         i = j
 
 

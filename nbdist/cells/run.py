@@ -23,6 +23,7 @@ from ..config import RunConfig
 from ..errors import ClusterError
 from ..results import RunResult
 from ..world.engineset import EngineSet
+from . import transcript
 from .history import title
 from .output import Sink, TaggedPrinter
 from .watch import OnDone, Watch
@@ -80,7 +81,12 @@ def execute(
             "run %dist_restart (or cluster.restart()) to bring the world back."
         )
     if sink is None:
-        sink = TaggedPrinter(quiet_ranks=set(cfg.ranks[1:]) if cfg.quiet else set(), ranks=cfg.ranks, fold=not cfg.each)
+        sink = TaggedPrinter(
+            quiet_ranks=set(cfg.ranks[1:]) if cfg.quiet else set(),
+            ranks=cfg.ranks,
+            fold=not cfg.each,
+            transcript=transcript.start(engines.workdir),
+        )
     ar = engines.view(cfg.ranks).execute(code, silent=False, block=False)
     watch = Watch(engines, cfg.ranks, ar, sink, grace=grace, watchdog=watchdog, on_done=on_done, cell=title(code))
     if not cfg.block:

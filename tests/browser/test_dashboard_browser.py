@@ -56,7 +56,8 @@ def _ensure_chromium() -> str:
 def _write_notebook(path: pathlib.Path, cells: list[str]) -> None:
     nb = {
         "cells": [
-            {"cell_type": "code", "metadata": {}, "source": c, "outputs": [], "execution_count": None} for c in cells
+            {"id": f"cell-{i}", "cell_type": "code", "metadata": {}, "source": c, "outputs": [], "execution_count": None}
+            for i, c in enumerate(cells)
         ],
         "metadata": {"kernelspec": {"name": "python3", "display_name": "Python 3", "language": "python"}},
         "nbformat": 4,

@@ -1,0 +1,119 @@
+/**
+ * nbdist in JupyterLab and Notebook 7: a distributed cell's output and dashboard for a page that was
+ * not open when the cell ran (the tab was closed, another browser). The kernel keeps what each
+ * distributed cell shows in its world's directory; nbdist's server extension serves it at
+ * nbdist/api/kernels/<id>/cells. This plugin asks when a notebook opens and every second while
+ * one of its cells runs, and fills the cells this page did not run itself.
+ */
+import { JupyterFrontEnd, JupyterFrontEndPlugin } from '@jupyterlab/application';
+import { URLExt } from '@jupyterlab/coreutils';
+import { INotebookTracker, NotebookPanel } from '@jupyterlab/notebook';
+import { ServerConnection } from '@jupyterlab/services';
+
+interface IShownCell {
+  id: string;
+  count: number | null;
+  code: string;
+  running: boolean;
+  version: number;
+  outputs: any[];
+}
+
+const RUNNING_MS = 1000;
+const IDLE_MS = 5000;
+
+class Follower {
+  private seen = new Map<string, number>();
+  private timer: number | undefined;
+  private stopped = false;
+
+  constructor(private panel: NotebookPanel, private settings: ServerConnection.ISettings) {
+    panel.disposed.connect(() => this.stop());
+    panel.sessionContext.kernelChanged.connect(() => this.schedule(0));
+  }
+
+  start(): void {
+    void this.panel.sessionContext.ready.then(() => this.schedule(0));
+  }
+
+  stop(): void {
+    this.stopped = true;
+    window.clearTimeout(this.timer);
+  }
+
+  private schedule(ms: number): void {
+    window.clearTimeout(this.timer);
+    if (!this.stopped) {
+      this.timer = window.setTimeout(() => void this.look(), ms);
+    }
+  }
+
+  private async look(): Promise<void> {
+    let running = false;
+    try {
+      running = await this.fill();
+    } catch (reason) {
+      console.debug('nbdist: no transcript this time', reason);
+    }
+    this.schedule(running ? RUNNING_MS : IDLE_MS);
+  }
+
+  /** Fill the cells this page did not run; true while one of them still runs. */
+  private async fill(): Promise<boolean> {
+    const kernel = this.panel.sessionContext.session?.kernel;
+    const model = this.panel.content.model;
+    if (!kernel || !model) {
+      return false;
+    }
+    const url = URLExt.join(this.settings.baseUrl, 'nbdist/api/kernels', kernel.id, 'cells');
+    const response = await ServerConnection.makeRequest(url, {}, this.settings);
+    if (!response.ok) {
+      return false;
+    }
+    const cells: IShownCell[] = (await response.json()).cells;
+    let running = false;
+    for (const shown of cells) {
+      running = running || shown.running;
+      const run = `${shown.id}:${shown.count}`;
+      if (this.seen.get(run) === shown.version) {
+        continue;
+      }
+      const all = Array.from(model.cells);
+      // by id; a notebook saved without ids gets new ones in each page: then by its source
+      const cell =
+        all.find(c => c.id === shown.id) ||
+        all.filter(c => c.type === 'code' && c.sharedModel.getSource() === shown.code).pop();
+      if (!cell || cell.type !== 'code') {
+        continue;
+      }
+      const code = cell as any;
+      // A cell this page runs shows its own output; so does one it ran and saw to its end.
+      if (code.executionState === 'running') {
+        continue;
+      }
+      if (!this.seen.has(run) && !shown.running && code.executionCount === shown.count) {
+        continue;
+      }
+      code.outputs.clear();
+      for (const output of shown.outputs) {
+        code.outputs.add(output);
+      }
+      code.executionCount = shown.count;
+      this.seen.set(run, shown.version);
+    }
+    return running;
+  }
+}
+
+const plugin: JupyterFrontEndPlugin<void> = {
+  id: 'nbdist:transcripts',
+  description: "Shows a distributed cell's output and dashboard in a page opened after the cell began.",
+  autoStart: true,
+  requires: [INotebookTracker],
+  activate: (app: JupyterFrontEnd, tracker: INotebookTracker) => {
+    const settings = app.serviceManager.serverSettings;
+    tracker.widgetAdded.connect((_, panel) => new Follower(panel, settings).start());
+  }
+};
+
+export default plugin;

@@ -1,0 +1,266 @@
+"""What a distributed cell showed, kept on disk in its world's 0700 directory, so that a page opened
+later (the tab was closed, another browser) can show it: the lines, the displays, the metric rows
+the dashboard draws, the ranks' states, and the cell's end.
+
+A browser tab is one Jupyter session; the server keeps a kernel's messages only for the session
+that asked, and a running cell keeps its kernel from answering anything else. So the kernel writes
+here as it shows, and nbdist's server extension (server/) reads it for the page.
+
+One file per cell, ``<world>/transcript/<n>.jsonl``, one JSON object per line:
+``{"cell": {id, count, code, started}}`` first, then ``{"out": <an nbformat output>}``,
+``{"metrics": [rank, rows]}``, ``{"states": {rank: state}}``, and ``{"end": time}`` last.
+
+Bounded: a cell keeps at most ``MAX_OUTPUT_BYTES`` of output (then one line says how much more was
+shown and not kept) and ``MAX_METRIC_ROWS`` metric rows per rank (then every second row, then every
+fourth: the dashboard decimates anyway); a world keeps its last ``MAX_CELLS`` transcripts. Written
+through a buffer, flushed at most every ``FLUSH_S``, and never in a rank's way: only the kernel
+writes, after the output reached it.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+DIR = "transcript"
+MAX_OUTPUT_BYTES = 8 * 2**20
+MAX_METRIC_ROWS = 20_000
+MAX_CELLS = 50
+FLUSH_S = 0.25
+
+
+def directory(workdir: str) -> str:
+    return os.path.join(workdir, DIR)
+
+
+@dataclass
+class Transcript:
+    """The writer for one cell. ``open`` makes the file; the sink calls the rest."""
+
+    path: str
+    _fh: Any = None
+    _pending: list[str] = field(default_factory=list)
+    _flushed: float = 0.0
+    _kept: int = 0
+    _dropped: int = 0
+    _rows: dict[int, int] = field(default_factory=dict)
+    _seen: dict[int, int] = field(default_factory=dict)
+
+    @classmethod
+    def open(cls, workdir: str, cell: dict[str, Any]) -> Transcript:
+        """A new transcript for a cell (``cell``: id, count, code) in this world's directory."""
+        where = directory(workdir)
+        os.makedirs(where, mode=0o700, exist_ok=True)
+        names = sorted(n for n in os.listdir(where) if n.endswith(".jsonl"))
+        number = int(names[-1].split(".")[0]) + 1 if names else 0
+        for old in names[: max(0, len(names) - MAX_CELLS + 1)]:
+            os.unlink(os.path.join(where, old))
+        path = os.path.join(where, f"{number:06d}.jsonl")
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+        t = cls(path, os.fdopen(fd, "w", encoding="utf-8"))
+        t._line({"cell": {**cell, "started": time.time()}})
+        t.flush()
+        return t
+
+    def output(self, out: dict[str, Any]) -> None:
+        """An nbformat output the cell showed (a stream's text, a display)."""
+        if self._fh is None:
+            return
+        line = json.dumps({"out": out}, default=str)
+        if self._kept + len(line) > MAX_OUTPUT_BYTES:
+            self._dropped += len(out.get("text", "")) or 1
+            return
+        self._kept += len(line)
+        self._pending.append(line)
+
+    def metrics(self, rank: int, rows: list[dict[str, Any]]) -> None:
+        if self._fh is None:
+            return
+        kept = []
+        for row in rows:
+            seen = self._seen[rank] = self._seen.get(rank, 0) + 1
+            stride = 1 << max(0, self._rows.get(rank, 0) // MAX_METRIC_ROWS)
+            if seen % stride == 0:
+                kept.append(row)
+        if kept:
+            self._rows[rank] = self._rows.get(rank, 0) + len(kept)
+            self._line({"metrics": [rank, kept]})
+
+    def states(self, states: dict[int, Any]) -> None:
+        if self._fh is not None:
+            self._line({"states": {str(r): str(s) for r, s in states.items()}})
+
+    def tick(self, now: float | None = None) -> None:
+        """Flush if the last flush is more than FLUSH_S old."""
+        now = time.monotonic() if now is None else now
+        if self._pending and now - self._flushed >= FLUSH_S:
+            self.flush(now)
+
+    def flush(self, now: float | None = None) -> None:
+        if self._fh is None or not self._pending:
+            return
+        try:
+            self._fh.write("\n".join(self._pending) + "\n")
+            self._fh.flush()
+        except OSError:  # the world's directory went away (the world was stopped): nothing to keep
+            self._fh = None
+        self._pending.clear()
+        self._flushed = time.monotonic() if now is None else now
+
+    def end(self) -> None:
+        """The cell is over: say what was not kept, close."""
+        if self._fh is None:
+            return
+        if self._dropped:
+            text = f"\n... {self._dropped:,} more characters were shown than this transcript keeps\n"
+            self._pending.append(json.dumps({"out": {"output_type": "stream", "name": "stderr", "text": text}}))
+        self._line({"end": time.time()})
+        self.flush()
+        if self._fh is not None:
+            self._fh.close()
+            self._fh = None
+
+    def _line(self, obj: dict[str, Any]) -> None:
+        self._pending.append(json.dumps(obj, default=str))
+
+
+@dataclass
+class Cell:
+    """One transcript as read back: what a page shows for the cell."""
+
+    id: str
+    count: int | None
+    code: str  # as the cell ran it: a page whose cells have other ids finds the cell by its source
+    running: bool
+    outputs: list[dict[str, Any]]
+    metrics: dict[int, list[dict[str, Any]]]
+    states: dict[int, str]
+    size: int  # bytes read: changes whenever the transcript grew
+    dashboard_at: int  # where the dashboard appeared among the outputs (with the first metric rows)
+
+
+def read(path: str) -> Cell | None:
+    """A transcript, streams merged as a page merges them; None if it has no header (being created,
+    or not a transcript). A last line cut in the middle of a write is left for the next read."""
+    try:
+        with open(path, encoding="utf-8") as fh:
+            data = fh.read()
+    except OSError:
+        return None
+    complete = data[: data.rfind("\n") + 1]
+    header: dict[str, Any] | None = None
+    outputs: list[dict[str, Any]] = []
+    metrics: dict[int, list[dict[str, Any]]] = {}
+    states: dict[int, str] = {}
+    running = True
+    dashboard_at = -1
+    for line in complete.splitlines():
+        try:
+            item = json.loads(line)
+        except ValueError:
+            continue  # a damaged line costs that line only
+        if "cell" in item:
+            header = item["cell"]
+        elif "out" in item:
+            _add_output(outputs, item["out"])
+        elif "metrics" in item:
+            rank, rows = item["metrics"]
+            metrics.setdefault(int(rank), []).extend(rows)
+            dashboard_at = len(outputs) if dashboard_at < 0 else dashboard_at
+        elif "states" in item:
+            states.update({int(r): s for r, s in item["states"].items()})
+        elif "end" in item:
+            running = False
+    if header is None:
+        return None
+    return Cell(
+        id=str(header.get("id") or ""),
+        count=header.get("count"),
+        code=str(header.get("code", "")),
+        running=running,
+        outputs=outputs,
+        metrics=metrics,
+        states=states,
+        size=len(complete),
+        dashboard_at=max(dashboard_at, 0),
+    )
+
+
+def _add_output(outputs: list[dict[str, Any]], out: dict[str, Any]) -> None:
+    last = outputs[-1] if outputs else None
+    if (
+        last is not None
+        and out.get("output_type") == "stream"
+        and last.get("output_type") == "stream"
+        and last.get("name") == out.get("name")
+    ):
+        last["text"] += out.get("text", "")
+    else:
+        outputs.append(dict(out))
+
+
+def cells(workdir: str) -> list[str]:
+    """The transcripts of a world, oldest first."""
+    where = directory(workdir)
+    try:
+        names = sorted(n for n in os.listdir(where) if n.endswith(".jsonl"))
+    except OSError:
+        return []
+    return [os.path.join(where, n) for n in names]
+
+
+POINTERS = "nbdist-kernels"  # in Jupyter's runtime directory: which world each kernel's cells ran on
+
+
+def pointer_path(kernel_id: str) -> str:
+    from jupyter_core.paths import jupyter_runtime_dir
+
+    return os.path.join(jupyter_runtime_dir(), POINTERS, f"{kernel_id}.json")
+
+
+def this_kernel() -> tuple[str, dict[str, Any]]:
+    """(this kernel's id, the execute request being run: its cell id, count and source), or ('', {}) outside a
+    Jupyter kernel. The id is the one the Jupyter server knows (its connection file is kernel-<id>.json)."""
+    try:
+        from ipykernel.connect import get_connection_file
+        from IPython import get_ipython
+
+        shell = get_ipython()
+        kernel = getattr(shell, "kernel", None)
+        if kernel is None:
+            return "", {}
+        name = os.path.basename(get_connection_file())
+        kernel_id = name[len("kernel-") : -len(".json")] if name.startswith("kernel-") else ""
+        parent = kernel.get_parent() or {}
+    except Exception:  # not in a kernel, or one without a connection file
+        return "", {}
+    cell = {
+        "id": (parent.get("metadata") or {}).get("cellId", ""),
+        "count": shell.execution_count,
+        "code": (parent.get("content") or {}).get("code", ""),  # the cell's whole source, as the page sent it
+    }
+    return kernel_id, cell
+
+
+def start(workdir: str) -> Transcript | None:
+    """A transcript for the cell this kernel runs now, and the pointer from this kernel to its world
+    (0600, in a 0700 directory of Jupyter's runtime directory); None outside a Jupyter kernel or when
+    nothing can be written (the cell runs as before)."""
+    kernel_id, cell = this_kernel()
+    if not kernel_id:
+        return None
+    try:
+        transcript = Transcript.open(workdir, cell)
+        path = pointer_path(kernel_id)
+        os.makedirs(os.path.dirname(path), mode=0o700, exist_ok=True)
+        tmp = f"{path}.{os.getpid()}"
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        with os.fdopen(fd, "w") as fh:
+            json.dump({"workdir": workdir, "pid": os.getpid()}, fh)
+        os.replace(tmp, path)
+    except OSError:
+        return None
+    return transcript

@@ -1,0 +1,24 @@
+"""nbdist's Jupyter server extension: what a distributed cell showed, for a page opened after it began.
+
+Jupyter loads it from the configuration the wheel installs (``jupyter_server_config.d/nbdist.json``).
+It adds one authenticated route and listens on nothing new; routes.py has it.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+
+def _jupyter_server_extension_points() -> list[dict[str, str]]:
+    return [{"module": "nbdist.server"}]
+
+
+def _load_jupyter_server_extension(serverapp: Any) -> None:
+    from .routes import handlers
+
+    web_app = serverapp.web_app
+    web_app.add_handlers(".*$", handlers(web_app.settings["base_url"]))
+    serverapp.log.info("nbdist: a distributed cell's output is kept for pages opened later")
+
+
+load_jupyter_server_extension = _load_jupyter_server_extension  # the name older servers call

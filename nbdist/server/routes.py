@@ -1,0 +1,110 @@
+"""``GET {base_url}nbdist/api/kernels/<kernel id>/cells``: the distributed cells that kernel ran on its
+world, as a page shows them, for the page that was not open when they ran (the lab extension in
+js/ asks it while the cell runs, and once when a notebook opens).
+
+Each cell: its id in the notebook, execution count, whether it still runs, a ``version`` that changes
+whenever it showed more, and its ``outputs`` as nbformat outputs: the lines and displays it showed,
+and the dashboard (as the static figure a finished cell leaves, drawn from the metric rows so far).
+
+Safe by default: Jupyter's own authentication and its 'kernels' permission; only kernels of this
+server; only worlds whose directory this user owns and nobody else can read (0700). The transcripts
+are read from disk (cells/transcript.py), never from the busy kernel.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import stat
+from typing import Any
+
+from jupyter_server.auth.decorator import authorized
+from jupyter_server.base.handlers import APIHandler
+from jupyter_server.utils import url_path_join
+from tornado import web
+
+from ..cells import transcript
+from ..cells.output import states_line
+
+KEEP = 20  # the cells a page is given, newest last
+
+
+class CellsHandler(APIHandler):
+    auth_resource = "kernels"
+
+    @web.authenticated
+    @authorized
+    def get(self, kernel_id: str) -> None:
+        if kernel_id not in self.kernel_manager:
+            raise web.HTTPError(404, f"no kernel {kernel_id} on this server")
+        workdir = world_of(kernel_id)
+        if workdir is None:
+            self.finish(json.dumps({"cells": []}))
+            return
+        if not owned(workdir):
+            raise web.HTTPError(403, f"{workdir} is not this user's world (its directory must be yours, mode 0700)")
+        self.finish(json.dumps({"cells": [c for c in map(shown, transcript.cells(workdir)[-KEEP:]) if c]}))
+
+
+def world_of(kernel_id: str) -> str | None:
+    """The world directory this kernel's last distributed cell ran on, as the kernel left it."""
+    try:
+        with open(transcript.pointer_path(kernel_id)) as fh:
+            return str(json.load(fh)["workdir"])
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+
+
+def owned(path: str) -> bool:
+    """Owned by this process's user and closed to everyone else."""
+    try:
+        st = os.stat(path)
+    except OSError:
+        return False
+    return st.st_uid == os.getuid() and stat.S_IMODE(st.st_mode) & 0o077 == 0
+
+
+_CACHE: dict[str, tuple[int, dict[str, Any]]] = {}
+
+
+def shown(path: str) -> dict[str, Any] | None:
+    """One transcript as the page shows it (cached until it grows)."""
+    cached = _CACHE.get(path)
+    try:
+        size = os.path.getsize(path)
+    except OSError:
+        return None
+    if cached and cached[0] == size:
+        return cached[1]
+    cell = transcript.read(path)
+    if cell is None:
+        return None
+    outputs = list(cell.outputs)
+    if cell.metrics:
+        outputs.insert(cell.dashboard_at, dashboard(cell))
+    out = {
+        "id": cell.id,
+        "count": cell.count,
+        "code": cell.code,
+        "running": cell.running,
+        "version": cell.size,
+        "outputs": outputs,
+    }
+    _CACHE[path] = (size, out)
+    return out
+
+
+def dashboard(cell: transcript.Cell) -> dict[str, Any]:
+    """The dashboard of what was logged so far, as the static figure the cell leaves when it ends."""
+    from ..widgets.dashboard import Dashboard, final_bundle, headline_text
+
+    board = Dashboard(ranks=len(cell.metrics))
+    for rank, rows in sorted(cell.metrics.items()):
+        board.store.add(rank, rows)
+    states = states_line(cell.states)
+    fig = board.figure(states)
+    return {"output_type": "display_data", "data": final_bundle(fig, headline_text(board.store), states), "metadata": {}}
+
+
+def handlers(base_url: str) -> list[tuple[str, type]]:
+    return [(url_path_join(base_url, r"nbdist/api/kernels/([^/]+)/cells"), CellsHandler)]

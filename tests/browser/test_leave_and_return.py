@@ -1,0 +1,129 @@
+"""A run you can leave: close the page while a distributed cell trains, open the notebook again (a
+new page, a new Jupyter session) and see every line it printed and its dashboard, growing until the
+cell ends; likewise for a cell that ended while no page was open. JupyterLab in Debian's Chromium;
+the reference is what the ranks printed and logged (rank 0 prints STEP n every 5 steps, every step
+is logged). Screenshots in test-artifacts/."""
+
+from __future__ import annotations
+
+import json
+import re
+import time
+import urllib.request
+
+from tests.browser.test_dashboard_browser import (
+    ARTIFACTS,
+    _browser,
+    _dismiss_news,
+    _longest_trace,
+    _misplaced,
+    _server,
+    _write_notebook,
+)
+
+STEPS = 160
+CELLS = [
+    "%load_ext nbdist\n%dist_start -n 2",
+    "%%distributed\n"
+    "import time, nbdist\n"
+    f"for step in range({STEPS}):\n"
+    "    if step % 5 == 0 and dist.get_rank() == 0:\n"
+    "        print(f'STEP {step}', flush=True)\n"
+    "    nbdist.log(step=step, loss=1.0 / (step + 1))\n"
+    "    time.sleep(0.1)",
+]
+EXPECTED = [f"STEP {s}" for s in range(0, STEPS, 5)]
+
+
+def _steps_shown(page) -> list[str]:
+    text = page.evaluate(
+        """() => {
+        const cells = document.querySelectorAll('.jp-Notebook .jp-Cell');
+        if (cells.length < 2) return '';
+        const out = cells[1].querySelector('.jp-OutputArea');
+        return out ? out.innerText : '';
+    }"""
+    )
+    return re.findall(r"STEP \d+", text)
+
+
+def _kernel_cells(base: str, token: str) -> list[dict]:
+    sessions = json.load(urllib.request.urlopen(f"{base}/api/sessions?token={token}"))
+    kernel = next(s["kernel"]["id"] for s in sessions if s["path"].endswith("live.ipynb"))
+    return json.load(urllib.request.urlopen(f"{base}/nbdist/api/kernels/{kernel}/cells?token={token}"))["cells"]
+
+
+def _open(browser, base: str, token: str):
+    page = browser.new_page(viewport={"width": 1400, "height": 1000})
+    page.goto(f"{base}/lab/tree/live.ipynb?token={token}")
+    page.wait_for_selector(".jp-Notebook .jp-Cell", timeout=90_000)
+    return page
+
+
+def test_close_the_page_mid_run_and_after_the_end_then_reopen(tmp_path):
+    _write_notebook(tmp_path / "live.ipynb", CELLS)
+    with _server(tmp_path, "jupyterlab") as (base, token), _browser() as browser:
+        try:
+            page = _open(browser, base, token)
+            try:
+                page.click(".jp-Dialog button:has-text('Select')", timeout=10_000)
+            except Exception:
+                pass
+            page.wait_for_selector(".jp-Notebook-ExecutionIndicator[data-status='idle']", timeout=90_000)
+            page.click("text=Run", timeout=30_000)
+            page.click("text=Run All Cells", timeout=30_000)
+            page.wait_for_function("() => document.body.innerText.includes('STEP 15')", timeout=120_000)
+            before = _steps_shown(page)
+            page.close()  # the tab is closed mid-run
+            time.sleep(3)
+
+            page = _open(browser, base, token)  # a new page, a new session
+            opened = time.monotonic()
+            page.wait_for_function(
+                "() => document.body.innerText.includes('STEP') && document.querySelector('.js-plotly-plot')",
+                timeout=30_000,
+            )
+            shown_in = time.monotonic() - opened
+            first = _steps_shown(page)
+            _dismiss_news(page)
+            page.screenshot(path=str(ARTIFACTS / "reopened-mid-run.png"), full_page=True)
+            assert len(first) > len(before), (before, first)  # what was printed while no page was open
+            assert first == EXPECTED[: len(first)], first  # in order, none missing, none twice
+            time.sleep(3)
+            later = _steps_shown(page)
+            assert later == EXPECTED[: len(later)] and len(later) > len(first), (first, later)  # and it goes on
+            steps_then = _longest_trace(page)
+            assert 0 < steps_then < STEPS
+            page.close()  # closed again; the cell ends while no page is open
+
+            deadline = time.monotonic() + 120
+            while any(c["running"] for c in _kernel_cells(base, token)) and time.monotonic() < deadline:
+                time.sleep(0.5)
+            page = _open(browser, base, token)
+            page.wait_for_function(f"() => document.body.innerText.includes('STEP {STEPS - 5}')", timeout=30_000)
+            page.wait_for_selector(".js-plotly-plot .gtitle", timeout=30_000)
+            _dismiss_news(page)
+            page.screenshot(path=str(ARTIFACTS / "reopened-after-end.png"), full_page=True)
+            assert _steps_shown(page) == EXPECTED  # the complete output, once
+            assert _longest_trace(page) == STEPS  # the final dashboard: every logged step
+            title = page.evaluate("() => document.querySelector('.js-plotly-plot .gtitle').textContent")
+            assert f"step {STEPS - 1}" in title and "ranks 0,1: idle" in title, title
+            assert _misplaced(page) == []
+            page.keyboard.press("Control+s")
+            saved_path = tmp_path / "live.ipynb"
+            deadline = time.monotonic() + 30
+            while f"STEP {STEPS - 5}" not in saved_path.read_text() and time.monotonic() < deadline:
+                time.sleep(0.5)
+            saved = json.loads(saved_path.read_text())
+            outputs = saved["cells"][1]["outputs"]
+            text = "".join("".join(o.get("text", "")) for o in outputs if o["output_type"] == "stream")
+            assert re.findall(r"STEP \d+", text) == EXPECTED  # the saved notebook holds them
+            assert any("application/vnd.plotly.v1+json" in o.get("data", {}) for o in outputs)
+            assert shown_in < 3 + 2, shown_in  # within 3 s of the page's first cell (plus Playwright's own)
+        finally:
+            try:  # the world ends with its kernel
+                for kernel in json.load(urllib.request.urlopen(f"{base}/api/kernels?token={token}")):
+                    req = urllib.request.Request(f"{base}/api/kernels/{kernel['id']}?token={token}", method="DELETE")
+                    urllib.request.urlopen(req)
+            except OSError:
+                pass
