@@ -23,6 +23,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+from .cells import transcript
 from .cells.history import History
 from .cells.output import Sink
 from .cells.run import PendingRun
@@ -139,6 +140,7 @@ class Cluster(views.WorldView):
         global _CURRENT
         self.engines = kept.reconnect(record, self.config, launcher_for(self.config))
         self._workdir, self.world, self.restarts = record.workdir, World(**record.world), record.restarts
+        transcript.point(self._workdir)  # its cells' transcripts come back with it, for this kernel's pages
         self.keeper = kept.Keeper.of(record)
         self._kept()
         self.running = True

@@ -195,7 +195,7 @@ class TaggedPrinter(Sink):
             self._live = None
         self._write_all(self.folder.finish())
         if self.transcript is not None:
-            self.transcript.end()
+            self.transcript.flush()
 
     def _write_all(self, items: list[Shown]) -> None:
         _write_all(items, self.transcript.output if self.transcript is not None else None)

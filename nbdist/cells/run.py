@@ -80,16 +80,31 @@ def execute(
             f"rank {dead[0]} ({engines.ranks[dead[0]].where()}) is dead; "
             "run %dist_restart (or cluster.restart()) to bring the world back."
         )
+    kept = None
     if sink is None:
+        kept = transcript.start(engines.workdir)  # what the cell shows, for a page opened later
         sink = TaggedPrinter(
-            quiet_ranks=set(cfg.ranks[1:]) if cfg.quiet else set(),
-            ranks=cfg.ranks,
-            fold=not cfg.each,
-            transcript=transcript.start(engines.workdir),
+            quiet_ranks=set(cfg.ranks[1:]) if cfg.quiet else set(), ranks=cfg.ranks, fold=not cfg.each, transcript=kept
         )
+    if kept is not None:
+        then = _ending(kept, then)
     ar = engines.view(cfg.ranks).execute(code, silent=False, block=False)
     watch = Watch(engines, cfg.ranks, ar, sink, grace=grace, watchdog=watchdog, on_done=on_done, cell=title(code))
     if not cfg.block:
         return PendingRun(watch, then)
     result, recover = watch.follow(timeout=cfg.timeout, stream=True)
     return then(result, recover) if then else result
+
+
+def _ending(kept: transcript.Transcript, then: Then | None) -> Then:
+    """``then``, after which the transcript ends with the cell's outcome (its error, as the magic raises it)."""
+
+    def ended(result: RunResult, recover: list[int]) -> RunResult:
+        final = result
+        try:
+            final = then(result, recover) if then else result
+        finally:
+            kept.end(final)
+        return final
+
+    return ended

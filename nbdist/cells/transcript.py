@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import json
 import os
+import sys
 import time
 from dataclasses import dataclass, field
 from typing import Any
@@ -103,17 +104,32 @@ class Transcript:
         if self._fh is None or not self._pending:
             return
         try:
+            if not os.path.exists(self.path):  # an open file whose directory was deleted takes writes into the void
+                raise FileNotFoundError(self.path)
             self._fh.write("\n".join(self._pending) + "\n")
             self._fh.flush()
-        except OSError:  # the world's directory went away (the world was stopped): nothing to keep
+        except (OSError, ValueError):  # the world's directory went away, or its disk is full
             self._fh = None
+            print(
+                f"nbdist: cannot write {self.path}; this cell's output is no longer kept for pages opened later",
+                file=sys.stderr,
+            )
         self._pending.clear()
         self._flushed = time.monotonic() if now is None else now
 
-    def end(self) -> None:
-        """The cell is over: say what was not kept, close."""
+    def end(self, result: Any = None) -> None:
+        """The cell is over (``result``: its RunResult): its error as the magic raises it, what was not
+        kept, and close."""
         if self._fh is None:
             return
+        try:
+            if result is not None:
+                result.raise_for_error()
+        except Exception as exc:  # the cell failed: the page shows the error the magic raises
+            name = type(exc).__name__
+            self._line(
+                {"out": {"output_type": "error", "ename": name, "evalue": str(exc), "traceback": [f"{name}: {exc}"]}}
+            )
         if self._dropped:
             text = f"\n... {self._dropped:,} more characters were shown than this transcript keeps\n"
             self._pending.append(json.dumps({"out": {"output_type": "stream", "name": "stderr", "text": text}}))
@@ -125,6 +141,9 @@ class Transcript:
 
     def _line(self, obj: dict[str, Any]) -> None:
         self._pending.append(json.dumps(obj, default=str))
+
+
+DASHBOARD = {"output_type": "nbdist-dashboard"}  # in Cell.outputs: the dashboard goes here (server/ draws it)
 
 
 @dataclass
@@ -139,7 +158,6 @@ class Cell:
     metrics: dict[int, list[dict[str, Any]]]
     states: dict[int, str]
     size: int  # bytes read: changes whenever the transcript grew
-    dashboard_at: int  # where the dashboard appeared among the outputs (with the first metric rows)
 
 
 def read(path: str) -> Cell | None:
@@ -156,7 +174,6 @@ def read(path: str) -> Cell | None:
     metrics: dict[int, list[dict[str, Any]]] = {}
     states: dict[int, str] = {}
     running = True
-    dashboard_at = -1
     for line in complete.splitlines():
         try:
             item = json.loads(line)
@@ -168,8 +185,9 @@ def read(path: str) -> Cell | None:
             _add_output(outputs, item["out"])
         elif "metrics" in item:
             rank, rows = item["metrics"]
+            if not metrics:  # where the dashboard appeared, with the first rows
+                outputs.append(dict(DASHBOARD))
             metrics.setdefault(int(rank), []).extend(rows)
-            dashboard_at = len(outputs) if dashboard_at < 0 else dashboard_at
         elif "states" in item:
             states.update({int(r): s for r, s in item["states"].items()})
         elif "end" in item:
@@ -185,7 +203,6 @@ def read(path: str) -> Cell | None:
         metrics=metrics,
         states=states,
         size=len(complete),
-        dashboard_at=max(dashboard_at, 0),
     )
 
 
@@ -246,15 +263,28 @@ def this_kernel() -> tuple[str, dict[str, Any]]:
 
 
 def start(workdir: str) -> Transcript | None:
-    """A transcript for the cell this kernel runs now, and the pointer from this kernel to its world
-    (0600, in a 0700 directory of Jupyter's runtime directory); None outside a Jupyter kernel or when
-    nothing can be written (the cell runs as before)."""
+    """A transcript for the cell this kernel runs now, and the pointer from this kernel to its world;
+    None outside a Jupyter kernel or when nothing can be written (the cell runs as before)."""
     kernel_id, cell = this_kernel()
     if not kernel_id:
         return None
     try:
         transcript = Transcript.open(workdir, cell)
-        path = pointer_path(kernel_id)
+    except OSError:
+        return None
+    point(workdir, kernel_id)
+    return transcript
+
+
+def point(workdir: str, kernel_id: str = "") -> None:
+    """Say that this kernel's distributed cells run on the world in ``workdir`` (a 0600 file in a 0700
+    directory of Jupyter's runtime directory), for the server extension. At ``%dist_attach`` too: the
+    transcripts of a kept world come back with it."""
+    kernel_id = kernel_id or this_kernel()[0]
+    if not kernel_id:
+        return
+    path = pointer_path(kernel_id)
+    try:
         os.makedirs(os.path.dirname(path), mode=0o700, exist_ok=True)
         tmp = f"{path}.{os.getpid()}"
         fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
@@ -262,5 +292,4 @@ def start(workdir: str) -> Transcript | None:
             json.dump({"workdir": workdir, "pid": os.getpid()}, fh)
         os.replace(tmp, path)
     except OSError:
-        return None
-    return transcript
+        pass  # the cells run as before; a page opened later cannot show them

@@ -79,9 +79,7 @@ def shown(path: str) -> dict[str, Any] | None:
     cell = transcript.read(path)
     if cell is None:
         return None
-    outputs = list(cell.outputs)
-    if cell.metrics:
-        outputs.insert(cell.dashboard_at, dashboard(cell))
+    outputs = [dashboard(cell) if o == transcript.DASHBOARD else o for o in cell.outputs]
     out = {
         "id": cell.id,
         "count": cell.count,
@@ -103,7 +101,11 @@ def dashboard(cell: transcript.Cell) -> dict[str, Any]:
         board.store.add(rank, rows)
     states = states_line(cell.states)
     fig = board.figure(states)
-    return {"output_type": "display_data", "data": final_bundle(fig, headline_text(board.store), states), "metadata": {}}
+    return {
+        "output_type": "display_data",
+        "data": final_bundle(fig, headline_text(board.store), states),
+        "metadata": {},
+    }
 
 
 def handlers(base_url: str) -> list[tuple[str, type]]:
