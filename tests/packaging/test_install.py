@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import os
 import pathlib
+import re
 import subprocess
 import sys
 import textwrap
@@ -90,6 +91,22 @@ def test_pypi_accepts_the_metadata_and_the_readme_renders(built):
 def test_the_wheel_keeps_the_users_torch(user_env):
     assert "Uninstalling torch" not in user_env["install"]
     assert _torch_fingerprint(user_env["python"]) == user_env["torch_before"]
+
+
+def test_the_lab_and_server_extensions_are_enabled_from_the_wheel_with_no_build_step(user_env):
+    """The prebuilt lab extension and the server extension's switch come with the wheel: Jupyter lists
+    both as enabled in the user's venv, which has no Node."""
+    bin_dir = user_env["python"].parent
+    labs = _run(bin_dir / "jupyter", "labextension", "list")
+    listed = labs.stdout + labs.stderr
+    assert re.search(r"nbdist v[\d.]+ .*enabled.*OK", _plain(listed)), listed
+    servers = _run(bin_dir / "jupyter", "server", "extension", "list")
+    listed = _plain(servers.stdout + servers.stderr)
+    assert re.search(r"nbdist\.server\s+enabled", listed) and re.search(r"nbdist\.server\s+OK", listed), listed
+
+
+def _plain(text: str) -> str:
+    return re.sub(r"\x1b\[[0-9;]*m", "", text)  # without the terminal's colours
 
 
 def test_import_nbdist_alone_loads_no_widgets_and_the_magics_start_a_world(user_env, tmp_path):
