@@ -6,7 +6,7 @@ BIN := $(VENV)/bin
 RUNTIME := $(VENV)/.runtime
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test unit lint bench clean system
+.PHONY: demo test unit lint bench clean system labextension
 
 # What the demo needs: nbdist and its runtime dependencies (a user's install).
 $(RUNTIME): pyproject.toml
@@ -40,6 +40,14 @@ test: $(STAMP) system
 # The tests that need no cluster, no browser and no system package: under a minute, for the edit-test loop.
 unit: $(STAMP)
 	OMP_NUM_THREADS=1 $(BIN)/python -m pytest -q -p no:cacheprovider tests/unit
+
+# The prebuilt lab extension (nbdist/labextension, committed): rebuild after editing js/src. Needs Node and npm;
+# `make demo` and `make test` do not (they use the committed build).
+labextension: $(STAMP)
+	cd js && npm install --no-audit --no-fund && npx tsc && \
+	  node node_modules/@jupyterlab/builder/lib/build-labextension.js \
+	    --core-path $$(../$(BIN)/python -c 'import jupyterlab, os; print(os.path.join(os.path.dirname(jupyterlab.__file__), "staging"))') .
+	$(BIN)/pip install --quiet --no-deps -e .
 
 lint: $(STAMP)
 	$(BIN)/ruff check nbdist tests benchmarks notebooks deploy
