@@ -196,6 +196,7 @@ class Cluster(views.WorldView):
         if self.engines is not None:
             self.cancelled = self.engines.stop()
         if self._workdir:
+            transcript.unpoint(self._workdir)
             shutil.rmtree(self._workdir, ignore_errors=True)
             self._workdir = ""
         if _CURRENT is self:

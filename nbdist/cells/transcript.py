@@ -23,6 +23,7 @@ import json
 import os
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -160,50 +161,67 @@ class Cell:
     size: int  # bytes read: changes whenever the transcript grew
 
 
+class Reader:
+    """Reads a transcript as it grows: each ``update`` parses only the complete lines appended since the
+    last, so a page that looks every second costs what was added, not the whole file. Metric rows go to
+    ``on_metrics(rank, rows)`` when given (the server feeds its dashboard), else into ``cell.metrics``."""
+
+    def __init__(self, path: str, on_metrics: Callable[[int, list[dict[str, Any]]], None] | None = None) -> None:
+        self.path = path
+        self.offset = 0
+        self.on_metrics = on_metrics
+        self.header: dict[str, Any] | None = None
+        self.cell = Cell(id="", count=None, code="", running=True, outputs=[], metrics={}, states={}, size=0)
+        self._dashboard = False
+
+    def update(self) -> bool:
+        """Read what was appended; True if anything was."""
+        try:
+            with open(self.path, "rb") as fh:
+                fh.seek(self.offset)
+                data = fh.read()
+        except OSError:
+            return False
+        complete = data[: data.rfind(b"\n") + 1]  # a last line cut in the middle of a write waits
+        if not complete:
+            return False
+        self.offset += len(complete)
+        for line in complete.splitlines():
+            try:
+                self._apply(json.loads(line))
+            except (ValueError, TypeError, KeyError):
+                continue  # a damaged line costs that line only
+        self.cell.size = self.offset
+        return True
+
+    def _apply(self, item: dict[str, Any]) -> None:
+        cell = self.cell
+        if "cell" in item:
+            self.header = head = item["cell"]
+            cell.id, cell.count, cell.code = str(head.get("id") or ""), head.get("count"), str(head.get("code", ""))
+        elif "out" in item:
+            _add_output(cell.outputs, item["out"])
+        elif "metrics" in item:
+            rank, rows = int(item["metrics"][0]), item["metrics"][1]
+            if not self._dashboard:  # where the dashboard appeared, with the first rows
+                cell.outputs.append(dict(DASHBOARD))
+                self._dashboard = True
+            if self.on_metrics is not None:
+                self.on_metrics(rank, rows)
+            else:
+                cell.metrics.setdefault(rank, []).extend(rows)
+        elif "states" in item:
+            cell.states.update({int(r): s for r, s in item["states"].items()})
+        elif "end" in item:
+            cell.running = False
+
+
 def read(path: str) -> Cell | None:
     """A transcript, streams merged as a page merges them; None if it has no header (being created,
     or not a transcript). A last line cut in the middle of a write is left for the next read."""
-    try:
-        with open(path, encoding="utf-8") as fh:
-            data = fh.read()
-    except OSError:
-        return None
-    complete = data[: data.rfind("\n") + 1]
-    header: dict[str, Any] | None = None
-    outputs: list[dict[str, Any]] = []
-    metrics: dict[int, list[dict[str, Any]]] = {}
-    states: dict[int, str] = {}
-    running = True
-    for line in complete.splitlines():
-        try:
-            item = json.loads(line)
-        except ValueError:
-            continue  # a damaged line costs that line only
-        if "cell" in item:
-            header = item["cell"]
-        elif "out" in item:
-            _add_output(outputs, item["out"])
-        elif "metrics" in item:
-            rank, rows = item["metrics"]
-            if not metrics:  # where the dashboard appeared, with the first rows
-                outputs.append(dict(DASHBOARD))
-            metrics.setdefault(int(rank), []).extend(rows)
-        elif "states" in item:
-            states.update({int(r): s for r, s in item["states"].items()})
-        elif "end" in item:
-            running = False
-    if header is None:
-        return None
-    return Cell(
-        id=str(header.get("id") or ""),
-        count=header.get("count"),
-        code=str(header.get("code", "")),
-        running=running,
-        outputs=outputs,
-        metrics=metrics,
-        states=states,
-        size=len(complete),
-    )
+    reader = Reader(path)
+    reader.update()
+    return reader.cell if reader.header is not None else None
 
 
 def _add_output(outputs: list[dict[str, Any]], out: dict[str, Any]) -> None:
@@ -293,3 +311,38 @@ def point(workdir: str, kernel_id: str = "") -> None:
         os.replace(tmp, path)
     except OSError:
         pass  # the cells run as before; a page opened later cannot show them
+
+
+def unpoint(workdir: str) -> None:
+    """The world in ``workdir`` stopped: drop this kernel's pointer if it names that world."""
+    kernel_id = this_kernel()[0]
+    if not kernel_id:
+        return
+    path = pointer_path(kernel_id)
+    try:
+        with open(path) as fh:
+            if json.load(fh).get("workdir") == workdir:
+                os.unlink(path)
+    except (OSError, ValueError, AttributeError):
+        pass
+
+
+def prune(alive: set[str]) -> int:
+    """Remove the pointers of kernels that are not ``alive`` (a server starting: its kernels of before
+    are gone); the number removed."""
+    from jupyter_core.paths import jupyter_runtime_dir
+
+    where = os.path.join(jupyter_runtime_dir(), POINTERS)
+    removed = 0
+    try:
+        names = os.listdir(where)
+    except OSError:
+        return 0
+    for name in names:
+        if name.endswith(".json") and name[: -len(".json")] not in alive:
+            try:
+                os.unlink(os.path.join(where, name))
+                removed += 1
+            except OSError:
+                pass
+    return removed

@@ -14,10 +14,12 @@ def _jupyter_server_extension_points() -> list[dict[str, str]]:
 
 
 def _load_jupyter_server_extension(serverapp: Any) -> None:
+    from ..cells.transcript import prune
     from .routes import handlers
 
     web_app = serverapp.web_app
     web_app.add_handlers(".*$", handlers(web_app.settings["base_url"]))
+    prune(set(serverapp.kernel_manager.list_kernel_ids()))  # pointers of kernels gone with an earlier server
     serverapp.log.info("nbdist: a distributed cell's output is kept for pages opened later")
 
 

@@ -43,7 +43,9 @@ class CellsHandler(APIHandler):
             return
         if not owned(workdir):
             raise web.HTTPError(403, f"{workdir} is not this user's world (its directory must be yours, mode 0700)")
-        self.finish(json.dumps({"cells": [c for c in map(shown, transcript.cells(workdir)[-KEEP:]) if c]}))
+        paths = transcript.cells(workdir)[-KEEP:]
+        self.finish(json.dumps({"cells": [c for c in map(shown, paths) if c]}))
+        forget([p for p in SHOWN if p in paths or not p.startswith(transcript.directory(workdir))])
 
 
 def world_of(kernel_id: str) -> str | None:
@@ -64,48 +66,60 @@ def owned(path: str) -> bool:
     return st.st_uid == os.getuid() and stat.S_IMODE(st.st_mode) & 0o077 == 0
 
 
-_CACHE: dict[str, tuple[int, dict[str, Any]]] = {}
+class Shown:
+    """One transcript as the page is given it, kept up to date by reading only what was appended: its
+    dashboard's store is fed row by row, and the outputs are rebuilt only when the transcript grew."""
+
+    def __init__(self, path: str) -> None:
+        from ..widgets.dashboard import Dashboard
+
+        self.board = Dashboard()
+        self.reader = transcript.Reader(path, on_metrics=self.board.store.add)
+        self.out: dict[str, Any] | None = None
+
+    def look(self) -> dict[str, Any] | None:
+        if not self.reader.update() and self.out is not None:
+            return self.out
+        if self.reader.header is None:
+            return None
+        cell = self.reader.cell
+        self.out = {
+            "id": cell.id,
+            "count": cell.count,
+            "code": cell.code,
+            "running": cell.running,
+            "version": cell.size,
+            "outputs": [self.dashboard(cell) if o == transcript.DASHBOARD else o for o in cell.outputs],
+        }
+        return self.out
+
+    def dashboard(self, cell: transcript.Cell) -> dict[str, Any]:
+        """The dashboard of what was logged so far, as the static figure the cell leaves when it ends."""
+        from ..widgets.dashboard import final_bundle, headline_text
+
+        states = states_line(cell.states)
+        fig = self.board.figure(states)
+        return {
+            "output_type": "display_data",
+            "data": final_bundle(fig, headline_text(self.board.store), states),
+            "metadata": {},
+        }
+
+
+SHOWN: dict[str, Shown] = {}  # by transcript path; a world's last KEEP of them
 
 
 def shown(path: str) -> dict[str, Any] | None:
-    """One transcript as the page shows it (cached until it grows)."""
-    cached = _CACHE.get(path)
-    try:
-        size = os.path.getsize(path)
-    except OSError:
-        return None
-    if cached and cached[0] == size:
-        return cached[1]
-    cell = transcript.read(path)
-    if cell is None:
-        return None
-    outputs = [dashboard(cell) if o == transcript.DASHBOARD else o for o in cell.outputs]
-    out = {
-        "id": cell.id,
-        "count": cell.count,
-        "code": cell.code,
-        "running": cell.running,
-        "version": cell.size,
-        "outputs": outputs,
-    }
-    _CACHE[path] = (size, out)
-    return out
+    """One transcript as the page shows it."""
+    if path not in SHOWN:
+        SHOWN[path] = Shown(path)
+    return SHOWN[path].look()
 
 
-def dashboard(cell: transcript.Cell) -> dict[str, Any]:
-    """The dashboard of what was logged so far, as the static figure the cell leaves when it ends."""
-    from ..widgets.dashboard import Dashboard, final_bundle, headline_text
-
-    board = Dashboard(ranks=len(cell.metrics))
-    for rank, rows in sorted(cell.metrics.items()):
-        board.store.add(rank, rows)
-    states = states_line(cell.states)
-    fig = board.figure(states)
-    return {
-        "output_type": "display_data",
-        "data": final_bundle(fig, headline_text(board.store), states),
-        "metadata": {},
-    }
+def forget(keep: list[str]) -> None:
+    """Let go of the transcripts no page will be given again (older than a world's last KEEP, or gone)."""
+    for path in [p for p in SHOWN if p not in keep]:
+        del SHOWN[path]
 
 
 def handlers(base_url: str) -> list[tuple[str, type]]:
