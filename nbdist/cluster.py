@@ -23,7 +23,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from .cells import transcript
+from .cells import pointers
 from .cells.history import History
 from .cells.output import Sink
 from .cells.run import PendingRun
@@ -140,7 +140,7 @@ class Cluster(views.WorldView):
         global _CURRENT
         self.engines = kept.reconnect(record, self.config, launcher_for(self.config))
         self._workdir, self.world, self.restarts = record.workdir, World(**record.world), record.restarts
-        transcript.point(self._workdir)  # its cells' transcripts come back with it, for this kernel's pages
+        pointers.point(self._workdir)  # its cells' transcripts come back with it, for this kernel's pages
         self.keeper = kept.Keeper.of(record)
         self._kept()
         self.running = True
@@ -196,7 +196,7 @@ class Cluster(views.WorldView):
         if self.engines is not None:
             self.cancelled = self.engines.stop()
         if self._workdir:
-            transcript.unpoint(self._workdir)
+            pointers.unpoint(self._workdir)
             shutil.rmtree(self._workdir, ignore_errors=True)
             self._workdir = ""
         if _CURRENT is self:

@@ -14,7 +14,7 @@ def _jupyter_server_extension_points() -> list[dict[str, str]]:
 
 
 def _load_jupyter_server_extension(serverapp: Any) -> None:
-    from ..cells.transcript import prune
+    from ..cells.pointers import prune
     from .routes import handlers
 
     web_app = serverapp.web_app

@@ -23,7 +23,7 @@ from jupyter_server.base.handlers import APIHandler
 from jupyter_server.utils import url_path_join
 from tornado import web
 
-from ..cells import transcript
+from ..cells import pointers, transcript
 from ..cells.output import states_line
 
 KEEP = 20  # the cells a page is given, newest last
@@ -51,7 +51,7 @@ class CellsHandler(APIHandler):
 def world_of(kernel_id: str) -> str | None:
     """The world directory this kernel's last distributed cell ran on, as the kernel left it."""
     try:
-        with open(transcript.pointer_path(kernel_id)) as fh:
+        with open(pointers.pointer_path(kernel_id)) as fh:
             return str(json.load(fh)["workdir"])
     except (OSError, ValueError, KeyError, TypeError):
         return None

@@ -11,6 +11,7 @@ import os
 import pytest
 import tornado.httpclient
 
+from nbdist.cells import pointers as P
 from nbdist.cells import transcript as T
 
 pytest_plugins = ["pytest_jupyter.jupyter_server"]
@@ -44,7 +45,7 @@ def _world(path, kernel_id: str, running: bool = False):
         kept.flush()
     else:
         kept.end()
-    T.point(str(path), kernel_id)
+    P.point(str(path), kernel_id)
 
 
 async def test_a_kernels_cells_as_a_page_shows_them(jp_fetch, tmp_path):

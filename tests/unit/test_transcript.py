@@ -8,6 +8,7 @@ import json
 import os
 import stat
 
+from nbdist.cells import pointers as P
 from nbdist.cells import transcript as T
 from nbdist.cells.output import TaggedPrinter
 from nbdist.errors import RankError
@@ -102,12 +103,12 @@ def test_a_deleted_world_directory_is_said_once_and_the_cell_goes_on(tmp_path, c
 
 def test_the_pointer_names_the_world_and_is_private(tmp_path, monkeypatch):
     monkeypatch.setenv("JUPYTER_RUNTIME_DIR", str(tmp_path / "runtime"))
-    T.point(str(tmp_path / "world"), "k-123")
-    path = T.pointer_path("k-123")
+    P.point(str(tmp_path / "world"), "k-123")
+    path = P.pointer_path("k-123")
     assert json.load(open(path))["workdir"] == str(tmp_path / "world")
     assert stat.S_IMODE(os.stat(path).st_mode) == 0o600
     assert stat.S_IMODE(os.stat(os.path.dirname(path)).st_mode) == 0o700
-    T.point(str(tmp_path / "world"))  # outside a kernel: nothing to point from, nothing written
+    P.point(str(tmp_path / "world"))  # outside a kernel: nothing to point from, nothing written
     assert os.listdir(os.path.dirname(path)) == ["k-123.json"]
 
 

@@ -1,0 +1,96 @@
+"""Which world a kernel's distributed cells ran on, for nbdist's server extension: one 0600 file per
+kernel, ``<Jupyter runtime dir>/nbdist-kernels/<kernel id>.json``, in a 0700 directory. Written when a
+cell starts a transcript (transcript.py) and at ``%dist_attach``; dropped when the world stops; the
+server prunes those of kernels gone with an earlier server."""
+
+from __future__ import annotations
+
+import json
+import os
+from typing import Any
+
+POINTERS = "nbdist-kernels"  # in Jupyter's runtime directory: which world each kernel's cells ran on
+
+
+def pointer_path(kernel_id: str) -> str:
+    from jupyter_core.paths import jupyter_runtime_dir
+
+    return os.path.join(jupyter_runtime_dir(), POINTERS, f"{kernel_id}.json")
+
+
+def this_kernel() -> tuple[str, dict[str, Any]]:
+    """(this kernel's id, the execute request being run: its cell id, count and source), or ('', {}) outside a
+    Jupyter kernel. The id is the one the Jupyter server knows (its connection file is kernel-<id>.json)."""
+    try:
+        from ipykernel.connect import get_connection_file
+        from IPython import get_ipython
+
+        shell = get_ipython()
+        kernel = getattr(shell, "kernel", None)
+        if kernel is None:
+            return "", {}
+        name = os.path.basename(get_connection_file())
+        kernel_id = name[len("kernel-") : -len(".json")] if name.startswith("kernel-") else ""
+        parent = kernel.get_parent() or {}
+    except Exception:  # not in a kernel, or one without a connection file
+        return "", {}
+    cell = {
+        "id": (parent.get("metadata") or {}).get("cellId", ""),
+        "count": shell.execution_count,
+        "code": (parent.get("content") or {}).get("code", ""),  # the cell's whole source, as the page sent it
+    }
+    return kernel_id, cell
+
+
+def point(workdir: str, kernel_id: str = "") -> None:
+    """Say that this kernel's distributed cells run on the world in ``workdir`` (a 0600 file in a 0700
+    directory of Jupyter's runtime directory), for the server extension. At ``%dist_attach`` too: the
+    transcripts of a kept world come back with it."""
+    kernel_id = kernel_id or this_kernel()[0]
+    if not kernel_id:
+        return
+    path = pointer_path(kernel_id)
+    try:
+        os.makedirs(os.path.dirname(path), mode=0o700, exist_ok=True)
+        tmp = f"{path}.{os.getpid()}"
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        with os.fdopen(fd, "w") as fh:
+            json.dump({"workdir": workdir, "pid": os.getpid()}, fh)
+        os.replace(tmp, path)
+    except OSError:
+        pass  # the cells run as before; a page opened later cannot show them
+
+
+def unpoint(workdir: str) -> None:
+    """The world in ``workdir`` stopped: drop this kernel's pointer if it names that world."""
+    kernel_id = this_kernel()[0]
+    if not kernel_id:
+        return
+    path = pointer_path(kernel_id)
+    try:
+        with open(path) as fh:
+            if json.load(fh).get("workdir") == workdir:
+                os.unlink(path)
+    except (OSError, ValueError, AttributeError):
+        pass
+
+
+def prune(alive: set[str]) -> int:
+    """Remove the pointers of kernels that are not ``alive`` (a server starting: its kernels of before
+    are gone); the number removed."""
+    from jupyter_core.paths import jupyter_runtime_dir
+
+    where = os.path.join(jupyter_runtime_dir(), POINTERS)
+    removed = 0
+    try:
+        names = os.listdir(where)
+    except OSError:
+        return 0
+    for name in names:
+        if name.endswith(".json") and name[: -len(".json")] not in alive:
+            try:
+                os.unlink(os.path.join(where, name))
+                removed += 1
+            except OSError:
+                pass
+    return removed
