@@ -56,7 +56,10 @@ def _kernel_cells(base: str, token: str) -> list[dict]:
 
 
 def _open(browser, base: str, token: str, app: str):
-    page = browser.new_page(viewport={"width": 1400, "height": 1000})
+    """A page on the notebook (``browser``: a browser, or a context of one: another browser's storage)."""
+    page = browser.new_page(
+        **({"viewport": {"width": 1400, "height": 1000}} if hasattr(browser, "new_context") else {})
+    )
     page.goto(f"{base}/{'lab/tree' if app == 'jupyterlab' else 'notebooks'}/live.ipynb?token={token}")
     page.wait_for_selector(".jp-Notebook .jp-Cell", timeout=90_000)
     return page
@@ -129,6 +132,48 @@ def test_close_the_page_mid_run_and_after_the_end_then_reopen(tmp_path, app):
             assert shown_in < 3 + 2, shown_in  # within 3 s of the page's first cell (plus Playwright's own)
         finally:
             try:  # the world ends with its kernel
+                for kernel in json.load(urllib.request.urlopen(f"{base}/api/kernels?token={token}")):
+                    req = urllib.request.Request(f"{base}/api/kernels/{kernel['id']}?token={token}", method="DELETE")
+                    urllib.request.urlopen(req)
+            except OSError:
+                pass
+
+
+def test_two_pages_at_once_the_running_one_keeps_its_own_output(tmp_path):
+    """Page A runs the cell; page B, another browser on the same notebook, opens mid-run: B is filled
+    from the transcript and grows; A keeps its own live output (its live dashboard, never replaced);
+    at the end both show every line once."""
+    _write_notebook(tmp_path / "live.ipynb", CELLS)
+    with _server(tmp_path, "jupyterlab") as (base, token), _browser() as browser:
+        try:
+            a = _open(browser, base, token, "jupyterlab")
+            try:
+                a.click(".jp-Dialog button:has-text('Select')", timeout=10_000)
+            except Exception:
+                pass
+            a.wait_for_selector(".jp-Notebook-ExecutionIndicator[data-status='idle']", timeout=90_000)
+            a.click("text=Run", timeout=30_000)
+            a.click("text=Run All Cells", timeout=30_000)
+            a.wait_for_function("() => document.body.innerText.includes('STEP 10')", timeout=120_000)
+            other = browser.new_context(viewport={"width": 1400, "height": 1000})  # another browser: its own session
+            try:
+                b = _open(other, base, token, "jupyterlab")
+                b.wait_for_function("() => document.body.innerText.includes('STEP 10')", timeout=30_000)
+                first = _steps_shown(b)
+                b.wait_for_function(
+                    f"() => (document.body.innerText.match(/STEP \\d+/g) || []).length > {len(first)}", timeout=30_000
+                )
+                assert _steps_shown(b) == EXPECTED[: len(_steps_shown(b))]
+                assert a.query_selector(".nbdist-stat") is not None  # A's live dashboard is still A's own
+                a.wait_for_function(f"() => document.body.innerText.includes('STEP {STEPS - 5}')", timeout=120_000)
+                b.wait_for_function(f"() => document.body.innerText.includes('STEP {STEPS - 5}')", timeout=30_000)
+                a.wait_for_selector(".js-plotly-plot .gtitle", timeout=30_000)  # A's own final figure
+                assert _steps_shown(a) == EXPECTED and _steps_shown(b) == EXPECTED
+                b.screenshot(path=str(ARTIFACTS / "second-page.png"), full_page=True)
+            finally:
+                other.close()
+        finally:
+            try:
                 for kernel in json.load(urllib.request.urlopen(f"{base}/api/kernels?token={token}")):
                     req = urllib.request.Request(f"{base}/api/kernels/{kernel['id']}?token={token}", method="DELETE")
                     urllib.request.urlopen(req)
