@@ -141,6 +141,7 @@ class Cluster(views.WorldView):
         self.engines = kept.reconnect(record, self.config, launcher_for(self.config))
         self._workdir, self.world, self.restarts = record.workdir, World(**record.world), record.restarts
         pointers.point(self._workdir)  # its cells' transcripts come back with it, for this kernel's pages
+        self.engines.published.write()  # and its ranks show in the panel
         self.keeper = kept.Keeper.of(record)
         self._kept()
         self.running = True
@@ -154,6 +155,7 @@ class Cluster(views.WorldView):
     def _form_world(self, configure: list[RankInfo]) -> None:
         """Configure these ranks' engines, choose the backend and build the world on every rank."""
         self.world = form_world(self._engines(), configure, self.config, self.restarts)
+        self._engines().published.write()  # hosts and pids are known now: the panel shows them from here
 
     def restart(self, ranks: RankSpec = None) -> float:
         """Replace the engines of the given ranks (default: all) and rebuild the world.

@@ -1,7 +1,8 @@
 """nbdist's Jupyter server extension: what a distributed cell showed, for a page opened after it began.
 
 Jupyter loads it from the configuration the wheel installs (``jupyter_server_config.d/nbdist.json``).
-It adds one authenticated route and listens on nothing new; routes.py has it.
+It adds two authenticated routes and listens on nothing new: routes.py (a kernel's distributed cells,
+for a page opened later) and worlds.py (each kernel's world, for the world panel).
 """
 
 from __future__ import annotations
@@ -15,10 +16,11 @@ def _jupyter_server_extension_points() -> list[dict[str, str]]:
 
 def _load_jupyter_server_extension(serverapp: Any) -> None:
     from ..cells.pointers import prune
-    from .routes import handlers
+    from . import routes, worlds
 
     web_app = serverapp.web_app
-    web_app.add_handlers(".*$", handlers(web_app.settings["base_url"]))
+    base = web_app.settings["base_url"]
+    web_app.add_handlers(".*$", routes.handlers(base) + worlds.handlers(base))
     prune(set(serverapp.kernel_manager.list_kernel_ids()))  # pointers of kernels gone with an earlier server
     serverapp.log.info("nbdist: a distributed cell's output is kept for pages opened later")
 

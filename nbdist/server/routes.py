@@ -80,6 +80,7 @@ class Shown:
     def look(self) -> dict[str, Any] | None:
         if not self.reader.update() and self.out is not None:
             return self.out
+        self.out = None  # grown: the outputs are drawn again
         if self.reader.header is None:
             return None
         cell = self.reader.cell
@@ -114,6 +115,14 @@ def shown(path: str) -> dict[str, Any] | None:
     if path not in SHOWN:
         SHOWN[path] = Shown(path)
     return SHOWN[path].look()
+
+
+def shown_store(path: str) -> Any:
+    """The metric store of a transcript, read up to now (nothing drawn): the world panel's numbers."""
+    if path not in SHOWN:
+        SHOWN[path] = Shown(path)
+    SHOWN[path].reader.update()
+    return SHOWN[path].board.store
 
 
 def forget(keep: list[str]) -> None:

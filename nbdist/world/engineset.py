@@ -24,6 +24,7 @@ from ..results import RankState
 from . import registration
 from .answers import Answers, Call
 from .board import Board, RankNow
+from .published import Published
 
 log = logging.getLogger("nbdist")
 @dataclass(slots=True)
@@ -65,6 +66,8 @@ class EngineSet:
         self.kept_pids: list[int] = []  # reattached to a kept world (kept.py): its controller and what it started
         self.kept_jobs: list[str] = []  # and the batch jobs it runs in
         self.board = Board()  # each rank's state (board.py): written where a change is seen, read by the views
+        self.published = Published(workdir, self.board, lambda: list(self.ranks))  # and as a file, for the panel
+        self.board.subscribe(self.published)
 
     # ------------------------------------------------------------------ processes
 

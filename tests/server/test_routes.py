@@ -111,3 +111,42 @@ async def _only_theirs(jp_fetch, kernel_id, tmp_path):
         assert refused.value.code == 403
         os.chown(world, 0, 0)
     assert (await jp_fetch("nbdist", "api", "kernels", kernel_id, "cells")).code == 200
+
+
+def _ranks_file(world, rows):
+    with open(world / "ranks.json", "w") as fh:
+        json.dump({"ranks": rows, "at": 0}, fh)
+
+
+async def test_the_world_panels_route_names_each_rank_groups_many_and_the_slowest(jp_fetch, tmp_path):
+    async with _kernel(jp_fetch) as kernel_id:
+        world = tmp_path / "world"
+        _world(world, kernel_id, running=True)
+        me = os.getpid()  # not an engine: its memory is not a rank's
+        _ranks_file(
+            world,
+            [
+                {"rank": 0, "state": "busy", "cell": "train()", "line": 7, "host": "h", "pid": me, "device": "cpu"},
+                {"rank": 1, "state": "dead", "cell": "train()", "line": None, "host": "h", "pid": 0, "device": "cpu"},
+            ],
+        )
+        kept = T.Transcript(T.cells(str(world))[0], open(T.cells(str(world))[0], "a"))  # noqa: SIM115
+        for step in range(2, 12):  # rank 1 takes 30% longer, most of it waiting for data
+            kept.metrics(0, [{"step": step, "time/step_s": 0.010, "comm/time_s": 0.002}])
+            kept.metrics(1, [{"step": step, "time/step_s": 0.013, "comm/time_s": 0.002, "time/data_s": 0.008}])
+        kept.end()
+        [found] = json.loads((await jp_fetch("nbdist", "api", "worlds")).body)["worlds"]
+        assert found["kernel"] == kernel_id and [r["state"] for r in found["ranks"]] == ["busy", "dead"]
+        assert found["ranks"][0]["line"] == 7 and found["ranks"][0]["rss_MiB"] is None  # a pid, but not a rank's
+        assert found["groups"] == []  # 2 ranks: one row each
+        assert found["slowest"]["rank"] == 1 and found["slowest"]["holds"] == "data wait"
+        assert found["slowest"]["pct"] == pytest.approx(30, abs=1)
+        many = [
+            {"rank": r, "state": "busy", "line": 7, "host": "h", "pid": 0, "device": "cpu"} for r in range(16)
+        ]
+        many[15] = {**many[15], "state": "dead", "line": None}
+        _ranks_file(world, many)
+        [found] = json.loads((await jp_fetch("nbdist", "api", "worlds")).body)["worlds"]
+        assert found["groups"] == ["ranks 0-14: busy at cell line 7 on h (cpu)", "rank 15: dead on h (cpu)"]
+        os.chmod(world, 0o755)
+        assert json.loads((await jp_fetch("nbdist", "api", "worlds")).body)["worlds"] == []  # not this user's

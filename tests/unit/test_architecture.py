@@ -129,7 +129,7 @@ def test_the_core_points_down():
 SHARED = {"errors", "config", "compat", "wire", "results", "doctor"}
 FOLDERS = {
     "magics": {"tools", "cluster", "cells", "world", "launch", "widgets"},  # faces: parse, call the API
-    "server": {"cells", "widgets"},  # the Jupyter server's side: transcripts read from disk, the dashboard drawn
+    "server": {"cells", "world", "widgets"},  # the Jupyter server's side: what the kernel wrote, read from disk
     "tools": {"cluster", "recovery", "cells", "world", "launch", "engine", "parallel", "compression"},
     "cells": {"world", "launch", "widgets"},  # a cell's path: run, release, output, history
     "world": {"launch", "engine"},  # the engines with ranks, the process group, views of both

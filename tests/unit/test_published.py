@@ -1,0 +1,62 @@
+"""world/published.py: each rank's state and place as a file the panel reads while the kernel is busy."""
+
+from __future__ import annotations
+
+import json
+import os
+import stat
+import threading
+
+from nbdist.results import RankState
+from nbdist.world import published
+from nbdist.world.board import Board
+from nbdist.world.engineset import RankInfo
+
+
+def test_every_change_of_the_board_is_in_the_file_whole(tmp_path):
+    board = Board()
+    ranks = [RankInfo(0, 0, pid=11, host="a"), RankInfo(1, 1, pid=12, host="b", local=False, gpu=1)]
+    board.subscribe(published.Published(str(tmp_path), board, lambda: ranks))
+    board.reset([0, 1])
+    board.set([0, 1], RankState.BUSY, cell="train()")
+    board.reported({1: (True, 3)})
+    rows = published.read(str(tmp_path))
+    assert [(r["rank"], r["state"], r["cell"], r["line"]) for r in rows] == [
+        (0, "busy", "train()", None),
+        (1, "debugging", "train()", 3),
+    ]
+    assert rows[0]["pid"] == 11 and rows[1]["pid"] == 0  # another host's pid is not shown as one of this host
+    assert (rows[0]["device"], rows[1]["device"]) == ("cpu", "cuda:1")
+    assert stat.S_IMODE(os.stat(tmp_path / published.FILE).st_mode) == 0o600
+    # writers on two threads at once (the client's IO thread and the kernel's): the file is always whole
+    stop = threading.Event()
+    seen: list[int] = []
+
+    def reader():
+        while not stop.is_set():
+            found = published.read(str(tmp_path))
+            seen.append(len(found) if found is not None else -1)
+
+    t = threading.Thread(target=reader)
+    t.start()
+    writers = [
+        threading.Thread(target=lambda s=s: [board.set([0], s) for _ in range(200)])
+        for s in (RankState.IDLE, RankState.BUSY)
+    ]
+    for w in writers:
+        w.start()
+    for w in writers:
+        w.join()
+    stop.set()
+    t.join()
+    assert seen and set(seen) == {2}
+    assert json.load(open(tmp_path / published.FILE))["ranks"][1]["state"] == "debugging"
+
+
+def test_a_world_directory_gone_or_a_damaged_file(tmp_path):
+    board = Board()
+    pub = published.Published(str(tmp_path / "gone"), board, lambda: [RankInfo(0, 0)])
+    pub.write()  # no error: nobody to show it to
+    assert published.read(str(tmp_path / "gone")) is None
+    (tmp_path / published.FILE).write_text("{not json")
+    assert published.read(str(tmp_path)) is None
