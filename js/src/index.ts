@@ -8,7 +8,10 @@
 import { JupyterFrontEnd, JupyterFrontEndPlugin } from '@jupyterlab/application';
 import { URLExt } from '@jupyterlab/coreutils';
 import { INotebookTracker, NotebookPanel } from '@jupyterlab/notebook';
+import { IRenderMimeRegistry } from '@jupyterlab/rendermime';
 import { ServerConnection } from '@jupyterlab/services';
+
+import { WorldPanel } from './panel';
 
 interface IShownCell {
   id: string;
@@ -116,4 +119,14 @@ const plugin: JupyterFrontEndPlugin<void> = {
   }
 };
 
-export default plugin;
+const panel: JupyterFrontEndPlugin<void> = {
+  id: 'nbdist:world-panel',
+  description: 'A side panel with the ranks of each of your worlds, and actions that work while a cell runs.',
+  autoStart: true,
+  requires: [IRenderMimeRegistry],
+  activate: (app: JupyterFrontEnd, rendermime: IRenderMimeRegistry) => {
+    app.shell.add(new WorldPanel(app, rendermime), 'left', { rank: 950 });
+  }
+};
+
+export default [plugin, panel];

@@ -8,7 +8,8 @@ here as it shows, and nbdist's server extension (server/) reads it for the page.
 
 One file per cell, ``<world>/transcript/<n>.jsonl``, one JSON object per line:
 ``{"cell": {id, count, code, started}}`` first, then ``{"out": <an nbformat output>}``,
-``{"metrics": [rank, rows]}``, ``{"states": {rank: state}}``, and ``{"end": time}`` last.
+``{"metrics": [rank, rows]}``, ``{"states": {rank: state}}``, and ``{"end": time}`` last (then
+``{"resume": time}`` if the same run of the notebook cell sends more to the ranks).
 
 Bounded: a cell keeps at most ``MAX_OUTPUT_BYTES`` of output (then one line says how much more was
 shown and not kept) and ``MAX_METRIC_ROWS`` metric rows per rank (then every second row, then every
@@ -55,10 +56,19 @@ class Transcript:
 
     @classmethod
     def open(cls, workdir: str, cell: dict[str, Any]) -> Transcript:
-        """A new transcript for a cell (``cell``: id, count, code) in this world's directory."""
+        """A new transcript for a cell (``cell``: id, count, code) in this world's directory; or the last
+        one again when it is this same run of the same notebook cell (a cell that runs on the ranks more
+        than once: recovery running it again, a magic's several runs), so a page shows all of it."""
         where = directory(workdir)
         os.makedirs(where, mode=0o700, exist_ok=True)
         names = sorted(n for n in os.listdir(where) if n.endswith(".jsonl"))
+        last = os.path.join(where, names[-1]) if names else ""
+        if last and cell.get("id") and _header(last) == (cell["id"], cell.get("count")):
+            t = cls(last, open(last, "a", encoding="utf-8"))  # noqa: SIM115 (closed by end)
+            t._kept = os.path.getsize(last)  # the bound holds for the whole run of the cell
+            t._line({"resume": time.time()})
+            t.flush()
+            return t
         number = int(names[-1].split(".")[0]) + 1 if names else 0
         for old in names[: max(0, len(names) - MAX_CELLS + 1)]:
             os.unlink(os.path.join(where, old))
@@ -216,6 +226,8 @@ class Reader:
             cell.states.update({int(r): s for r, s in item["states"].items()})
         elif "end" in item:
             cell.running = False
+        elif "resume" in item:  # the same cell runs on the ranks again (transcript.open)
+            cell.running = True
 
 
 def read(path: str) -> Cell | None:
@@ -224,6 +236,16 @@ def read(path: str) -> Cell | None:
     reader = Reader(path)
     reader.update()
     return reader.cell if reader.header is not None else None
+
+
+def _header(path: str) -> tuple[str, Any] | None:
+    """(cell id, count) of a transcript, from its first line."""
+    try:
+        with open(path, encoding="utf-8") as fh:
+            head = json.loads(fh.readline())["cell"]
+        return str(head.get("id") or ""), head.get("count")
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
 
 
 def _add_output(outputs: list[dict[str, Any]], out: dict[str, Any]) -> None:

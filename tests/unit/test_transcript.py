@@ -114,3 +114,20 @@ def test_the_pointer_names_the_world_and_is_private(tmp_path, monkeypatch):
 
 def test_outside_a_kernel_nothing_is_kept(tmp_path):
     assert T.start(str(tmp_path)) is None and not os.path.exists(T.directory(str(tmp_path)))
+
+
+def test_the_same_run_of_a_cell_sent_to_the_ranks_again_is_one_transcript(tmp_path):
+    """Recovery runs a failed cell again, a magic may run several: one notebook cell, one transcript."""
+    first = _open(tmp_path)
+    first.output({"output_type": "stream", "name": "stdout", "text": "try 1\n"})
+    first.end(Failed())
+    again = _open(tmp_path)  # the same cell id and count
+    assert again.path == first.path and T.read(again.path).running
+    again.output({"output_type": "stream", "name": "stdout", "text": "try 2\n"})
+    again.end()
+    other = _open(tmp_path, count=5)  # the next run of the cell: a transcript of its own
+    other.end()
+    assert len(T.cells(str(tmp_path))) == 2
+    cell = T.read(first.path)
+    assert not cell.running and [o.get("text", o.get("evalue")) for o in cell.outputs][0] == "try 1\n"
+    assert cell.outputs[-1]["text"] == "try 2\n" and cell.outputs[1]["output_type"] == "error"

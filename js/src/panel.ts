@@ -1,0 +1,283 @@
+/**
+ * The world panel: a side panel that shows the world of each of the user's kernels at a glance, from
+ * nbdist/api/worlds (the server reads what the kernel wrote, so it answers while a cell runs): every
+ * rank's state (idle, busy at which cell line, in its debugger, failed, dead, restarting), host, device
+ * and memory, grouped above 8 ranks; the slowest rank and what holds it. Actions, each usable while a
+ * cell runs: interrupt the cell; restart the dead ranks and stop the world (each runs as soon as the
+ * running cell has stopped: the kernel takes one request at a time); the cell's dashboard as a tab.
+ */
+import { JupyterFrontEnd } from '@jupyterlab/application';
+import { MainAreaWidget } from '@jupyterlab/apputils';
+import { URLExt } from '@jupyterlab/coreutils';
+import { IRenderMimeRegistry, MimeModel } from '@jupyterlab/rendermime';
+import { ServerConnection } from '@jupyterlab/services';
+import { Widget } from '@lumino/widgets';
+
+interface IRank {
+  rank: number;
+  state: string;
+  line: number | null;
+  host: string;
+  device: string;
+  rss_MiB: number | null;
+}
+
+interface IWorld {
+  kernel: string;
+  notebook: string;
+  ranks: IRank[];
+  groups: string[];
+  slowest: { rank: number; pct: number; holds: string } | null;
+}
+
+const EVERY_MS = 1000;
+const COLOURS: { [state: string]: string } = {
+  idle: '#2e7d32',
+  busy: '#1565c0',
+  debugging: '#6a1b9a',
+  failed: '#c62828',
+  exited: '#ef6c00',
+  dead: '#424242',
+  restarting: '#f9a825'
+};
+
+function el(tag: string, text = '', cls = ''): HTMLElement {
+  const node = document.createElement(tag);
+  node.textContent = text;
+  if (cls) {
+    node.className = cls;
+  }
+  return node;
+}
+
+function stateText(rank: IRank): string {
+  return rank.line && (rank.state === 'busy' || rank.state === 'debugging')
+    ? `${rank.state} at cell line ${rank.line}`
+    : rank.state;
+}
+
+export class WorldPanel extends Widget {
+  private timer: number | undefined;
+  private said = new Map<string, string>(); // kernel -> the last action's line
+
+  constructor(
+    private app: JupyterFrontEnd,
+    private rendermime: IRenderMimeRegistry
+  ) {
+    super();
+    this.id = 'nbdist-worlds';
+    this.title.label = 'nbdist';
+    this.title.caption = 'nbdist: the ranks of your worlds';
+    this.addClass('nbdist-WorldPanel');
+    this.node.style.overflowY = 'auto';
+    this.node.style.padding = '6px 8px';
+    this.node.style.fontSize = '12px';
+    this.schedule(0);
+  }
+
+  dispose(): void {
+    window.clearTimeout(this.timer);
+    super.dispose();
+  }
+
+  private schedule(ms: number): void {
+    window.clearTimeout(this.timer);
+    this.timer = window.setTimeout(() => void this.refresh(), ms);
+  }
+
+  private get settings(): ServerConnection.ISettings {
+    return this.app.serviceManager.serverSettings;
+  }
+
+  async refresh(): Promise<void> {
+    try {
+      if (this.isVisible) {
+        const url = URLExt.join(this.settings.baseUrl, 'nbdist/api/worlds');
+        const response = await ServerConnection.makeRequest(url, {}, this.settings);
+        if (response.ok) {
+          this.draw((await response.json()).worlds);
+        } else {
+          this.node.replaceChildren(el('div', `nbdist: the server answered ${response.status}`, 'nbdist-error'));
+        }
+      }
+    } catch (reason) {
+      this.node.replaceChildren(el('div', `nbdist: ${reason}`, 'nbdist-error'));
+    }
+    this.schedule(EVERY_MS);
+  }
+
+  private draw(worlds: IWorld[]): void {
+    const body: HTMLElement[] = [];
+    if (!worlds.length) {
+      body.push(el('div', 'No world. Start one in a notebook: %dist_start -n 2', 'nbdist-empty'));
+    }
+    for (const world of worlds) {
+      body.push(this.drawWorld(world));
+    }
+    this.node.replaceChildren(...body);
+  }
+
+  private drawWorld(world: IWorld): HTMLElement {
+    const box = el('div', '', 'nbdist-world');
+    box.dataset.kernel = world.kernel;
+    box.style.marginBottom = '12px';
+    const head = el('div', `${world.notebook || world.kernel} · ${world.ranks.length} ranks`, 'nbdist-world-title');
+    head.style.fontWeight = '600';
+    box.appendChild(head);
+    if (world.slowest) {
+      const s = world.slowest;
+      const slow =
+        s.pct < 3
+          ? 'ranks within 3% of each other'
+          : `rank ${s.rank} slowest, +${s.pct}%, held by ${s.holds}`;
+      box.appendChild(el('div', slow, 'nbdist-slowest'));
+    }
+    const actions = el('div', '', 'nbdist-actions');
+    actions.style.margin = '4px 0';
+    const dead = world.ranks.filter(r => r.state === 'dead').map(r => r.rank);
+    actions.appendChild(this.button('Interrupt', 'interrupt the running cell on every rank', () => this.interrupt(world)));
+    if (dead.length) {
+      actions.appendChild(
+        this.button(`Restart ${dead.length === 1 ? 'rank ' + dead[0] : dead.length + ' dead ranks'}`, 'restart the dead ranks', () =>
+          this.execute(world, `%dist_restart ${dead.join(',')}`, `restarting rank(s) ${dead.join(',')}`)
+        )
+      );
+    }
+    actions.appendChild(
+      this.button('Dashboard', "the running cell's dashboard as a tab", async () => this.openDashboard(world))
+    );
+    actions.appendChild(this.button('Stop', 'interrupt the cell, then stop the world', () => this.stop(world)));
+    box.appendChild(actions);
+    const said = this.said.get(world.kernel);
+    if (said) {
+      box.appendChild(el('div', said, 'nbdist-said'));
+    }
+    if (world.groups.length) {
+      for (const line of world.groups) {
+        box.appendChild(el('div', line, 'nbdist-group'));
+      }
+    } else {
+      const table = el('table', '', 'nbdist-ranks');
+      for (const rank of world.ranks) {
+        const row = el('tr', '', 'nbdist-rank');
+        row.dataset.rank = String(rank.rank);
+        row.dataset.state = rank.state;
+        const state = el('td', stateText(rank), 'nbdist-state');
+        state.style.color = COLOURS[rank.state] || '#555';
+        const memory = rank.rss_MiB === null ? '' : `${rank.rss_MiB} MiB`;
+        row.append(el('td', `rank ${rank.rank}`), state, el('td', rank.host), el('td', rank.device), el('td', memory));
+        table.appendChild(row);
+      }
+      box.appendChild(table);
+    }
+    return box;
+  }
+
+  private button(label: string, title: string, action: () => Promise<void>): HTMLElement {
+    const button = el('button', label, 'jp-Button jp-mod-styled nbdist-action') as HTMLButtonElement;
+    button.title = title;
+    button.style.marginRight = '4px';
+    button.onclick = () => void action();
+    return button;
+  }
+
+  private async interrupt(world: IWorld): Promise<void> {
+    const url = URLExt.join(this.settings.baseUrl, 'api/kernels', world.kernel, 'interrupt');
+    const response = await ServerConnection.makeRequest(url, { method: 'POST' }, this.settings);
+    this.say(world, response.ok ? 'interrupt sent' : `interrupt refused: ${response.status}`);
+  }
+
+  private async stop(world: IWorld): Promise<void> {
+    await this.interrupt(world);
+    await this.execute(world, '%dist_stop', 'stopping the world');
+  }
+
+  /** Runs a magic in the world's kernel: at once when it is idle, else right after the running cell. */
+  private async execute(world: IWorld, code: string, doing: string): Promise<void> {
+    const kernels = this.app.serviceManager.kernels;
+    const model = Array.from(kernels.running()).find(k => k.id === world.kernel);
+    if (!model) {
+      this.say(world, 'the kernel is gone');
+      return;
+    }
+    const kernel = kernels.connectTo({ model });
+    this.say(world, `${doing} (after the running cell, if one runs)`);
+    try {
+      const future = kernel.requestExecute({ code, silent: false, store_history: false });
+      let failed = '';
+      future.onIOPub = msg => {
+        if (msg.header.msg_type === 'error') {
+          failed = String((msg.content as any).evalue);
+        }
+      };
+      await future.done;
+      this.say(world, failed ? `${code}: ${failed}` : `${code}: done`);
+    } finally {
+      kernel.dispose();
+    }
+  }
+
+  private say(world: IWorld, line: string): void {
+    this.said.set(world.kernel, line);
+    this.schedule(0);
+  }
+
+  private openDashboard(world: IWorld): void {
+    const content = new DashboardView(world.kernel, this.settings, this.rendermime);
+    const tab = new MainAreaWidget({ content });
+    tab.id = `nbdist-dashboard-${world.kernel}`;
+    tab.title.label = `Dashboard · ${world.notebook || world.kernel}`;
+    tab.title.closable = true;
+    this.app.shell.add(tab, 'main');
+    this.app.shell.activateById(tab.id);
+  }
+}
+
+/** The dashboard of a kernel's last distributed cell, redrawn from the server while it changes. */
+class DashboardView extends Widget {
+  private version = -1;
+  private timer: number | undefined;
+
+  constructor(
+    private kernel: string,
+    private settings: ServerConnection.ISettings,
+    private rendermime: IRenderMimeRegistry
+  ) {
+    super();
+    this.addClass('nbdist-DashboardView');
+    this.node.style.overflowY = 'auto';
+    this.node.style.padding = '8px';
+    void this.refresh();
+  }
+
+  dispose(): void {
+    window.clearTimeout(this.timer);
+    super.dispose();
+  }
+
+  private async refresh(): Promise<void> {
+    let running = true;
+    try {
+      const url = URLExt.join(this.settings.baseUrl, 'nbdist/api/kernels', this.kernel, 'cells');
+      const response = await ServerConnection.makeRequest(url, {}, this.settings);
+      const cells = response.ok ? (await response.json()).cells : [];
+      const last = cells.length ? cells[cells.length - 1] : null;
+      running = !!last && last.running;
+      const figure = last ? last.outputs.find((o: any) => o.data && o.data['application/vnd.plotly.v1+json']) : null;
+      if (!figure) {
+        this.node.replaceChildren(el('div', 'No dashboard yet: the last distributed cell logged no metrics.'));
+      } else if (last.version !== this.version) {
+        this.version = last.version;
+        const mime = this.rendermime.preferredMimeType(figure.data, 'any') || 'text/plain';
+        const renderer = this.rendermime.createRenderer(mime);
+        await renderer.renderModel(new MimeModel({ data: figure.data, trusted: true }));
+        this.node.replaceChildren(renderer.node);
+      }
+    } catch (reason) {
+      this.node.replaceChildren(el('div', `nbdist: ${reason}`));
+    }
+    if (!this.isDisposed) {
+      this.timer = window.setTimeout(() => void this.refresh(), running ? EVERY_MS : 5 * EVERY_MS);
+    }
+  }
+}
