@@ -133,6 +133,7 @@ class Cluster(views.WorldView):
         self.running = True
         _CURRENT = self
         self._kept()
+        pointers.point(self._workdir)  # this kernel's world, for the world panel and pages opened later
         return self
 
     def adopt(self, record: kept.Record) -> Cluster:

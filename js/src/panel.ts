@@ -139,7 +139,7 @@ export class WorldPanel extends Widget {
     if (dead.length) {
       actions.appendChild(
         this.button(`Restart ${dead.length === 1 ? 'rank ' + dead[0] : dead.length + ' dead ranks'}`, 'restart the dead ranks', () =>
-          this.execute(world, `%dist_restart ${dead.join(',')}`, `restarting rank(s) ${dead.join(',')}`)
+          this.execute(world, `%dist_restart --ranks ${dead.join(',')}`, `restarting rank(s) ${dead.join(',')}`)
         )
       );
     }
@@ -184,7 +184,9 @@ export class WorldPanel extends Widget {
   private async interrupt(world: IWorld): Promise<void> {
     const url = URLExt.join(this.settings.baseUrl, 'api/kernels', world.kernel, 'interrupt');
     const response = await ServerConnection.makeRequest(url, { method: 'POST' }, this.settings);
-    this.say(world, response.ok ? 'interrupt sent' : `interrupt refused: ${response.status}`);
+    const pending = this.said.get(world.kernel) || '';
+    const sent = response.ok ? 'interrupt sent' : `interrupt refused: ${response.status}`;
+    this.say(world, pending.includes('after the running cell') ? `${sent}; ${pending}` : sent);
   }
 
   private async stop(world: IWorld): Promise<void> {
@@ -203,15 +205,27 @@ export class WorldPanel extends Widget {
     const kernel = kernels.connectTo({ model });
     this.say(world, `${doing} (after the running cell, if one runs)`);
     try {
-      const future = kernel.requestExecute({ code, silent: false, store_history: false });
-      let failed = '';
-      future.onIOPub = msg => {
-        if (msg.header.msg_type === 'error') {
-          failed = String((msg.content as any).evalue);
+      // A cell that fails makes the kernel abort the requests queued behind it (the interrupted
+      // cell does): then the kernel is free, and the request is sent again.
+      for (let attempt = 0; attempt < 3; attempt++) {
+        const future = kernel.requestExecute({ code, silent: false, store_history: false });
+        let failed = '';
+        future.onIOPub = msg => {
+          const content = msg.content as any;
+          if (msg.header.msg_type === 'error') {
+            failed = String(content.evalue);
+          } else if (msg.header.msg_type === 'stream' && String(content.text).startsWith('UsageError')) {
+            failed = String(content.text).trim(); // IPython prints a magic's usage error, it raises nothing
+          }
+        };
+        const reply = await future.done;
+        if (reply.content.status === 'aborted') {
+          continue;
         }
-      };
-      await future.done;
-      this.say(world, failed ? `${code}: ${failed}` : `${code}: done`);
+        this.say(world, failed ? `${code}: ${failed}` : `${code}: done`);
+        return;
+      }
+      this.say(world, `${code}: the kernel aborted it; run it in the notebook`);
     } finally {
       kernel.dispose();
     }

@@ -23,7 +23,7 @@ import time
 import traceback
 from typing import Any
 
-from .. import compat
+from .. import compat, wire
 from ..launch import net
 from . import adapters, children, collectives, debug, exits, gpu, group, hosted, launched, preempt, schedulers, spawned
 from .state import CELL_END, STATE
@@ -229,7 +229,7 @@ def _write_report(reason: str) -> None:
     directory = STATE.report_dir
     if not directory:
         return
-    path = os.path.join(directory, f"rank{STATE.rank}.json")
+    path = os.path.join(directory, wire.REPORT.format(rank=STATE.rank))
     tmp = path + f".{os.getpid()}.tmp"
     with open(os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600), "w") as fh:
         json.dump(report, fh)

@@ -6,13 +6,17 @@ running cell logged.
 
 Read from files while the kernel is busy in a cell: the ranks from ``<world>/ranks.json``
 (world/published.py), the metrics from the cell's transcript. Memory is each rank's resident set,
-read here for the ranks on this host (the panel's server runs where the notebook's kernel runs).
+read here for the ranks on this host (the panel's server runs where the notebook's kernel runs); so is
+a busy rank's cell line, from the report its watcher writes when asked (``busy_lines``).
 Same protections as routes.py: Jupyter's authentication, this server's kernels, this user's worlds.
 """
 
 from __future__ import annotations
 
 import json
+import os
+import signal
+import time
 from typing import Any
 
 import psutil
@@ -21,6 +25,7 @@ from jupyter_server.base.handlers import APIHandler
 from jupyter_server.utils import ensure_async, url_path_join
 from tornado import web
 
+from .. import wire
 from ..cells import transcript
 from ..doctor import ranks_text
 from ..world import published
@@ -49,8 +54,11 @@ def world(kernel_id: str, notebook: str) -> dict[str, Any] | None:
     ranks = published.read(workdir)
     if ranks is None:
         return None
+    engines = {int(row["rank"]): engine(int(row.get("pid") or 0)) for row in ranks}
     for row in ranks:
-        row["rss_MiB"] = rss_mib(int(row.get("pid") or 0))
+        proc = engines[int(row["rank"])]
+        row["rss_MiB"] = round(proc.memory_info().rss / 2**20) if proc is not None else None
+    busy_lines(workdir, ranks, engines)
     return {
         "kernel": kernel_id,
         "notebook": notebook,
@@ -60,17 +68,46 @@ def world(kernel_id: str, notebook: str) -> dict[str, Any] | None:
     }
 
 
-def rss_mib(pid: int) -> int | None:
-    """A rank's resident memory in MiB, if ``pid`` is an nbdist engine on this host."""
+def engine(pid: int) -> psutil.Process | None:
+    """The process of a rank on this host, if ``pid`` is an nbdist engine (a reused pid is not)."""
     if pid <= 0:
         return None
     try:
         proc = psutil.Process(pid)
-        if "nbdist.engine" not in " ".join(proc.cmdline()):
-            return None  # the pid was reused: not a rank
-        return round(proc.memory_info().rss / 2**20)
+        return proc if "nbdist.engine" in " ".join(proc.cmdline()) else None
     except (psutil.Error, OSError):
         return None
+
+
+ASK_EVERY_S = 1.0
+_ASKED: dict[str, float] = {}
+
+
+def busy_lines(workdir: str, ranks: list[dict[str, Any]], engines: dict[int, psutil.Process | None]) -> None:
+    """The cell line of each busy rank on this host, from the report its watcher wrote when last asked
+    (SIGUSR1, as %dist_where asks; engine/runtime.py); then ask again, at most every ASK_EVERY_S and only
+    while a panel looks. A rank on another host keeps the line the board had."""
+    for row in ranks:
+        if row["state"] not in ("busy", "debugging") or engines.get(int(row["rank"])) is None:
+            continue
+        try:
+            with open(os.path.join(workdir, wire.REPORT.format(rank=row["rank"]))) as fh:
+                report = json.load(fh)
+        except (OSError, ValueError):
+            continue
+        if report.get("busy") and report.get("time", 0) >= row.get("since", 0) and report.get("cell_line"):
+            row["line"] = report["cell_line"]
+    now = time.monotonic()
+    if now - _ASKED.get(workdir, 0.0) < ASK_EVERY_S:
+        return
+    _ASKED[workdir] = now
+    for row in ranks:
+        proc = engines.get(int(row["rank"]))
+        if row["state"] == "busy" and proc is not None:
+            try:
+                proc.send_signal(signal.SIGUSR1)  # by pid, and only an engine's: its watcher writes its report
+            except (psutil.Error, OSError):
+                pass
 
 
 def state_text(row: dict[str, Any]) -> str:

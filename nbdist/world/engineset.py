@@ -16,7 +16,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from .. import compat
+from .. import compat, wire
 from ..config import StartConfig
 from ..launch import procs
 from ..launch.launchers import Launcher
@@ -227,7 +227,7 @@ class EngineSet:
 
     def where(self, ranks: list[int], wait: float = 0.5) -> dict[int, dict[str, Any]]:
         """Where these ranks are now: SIGUSR1 makes each one's watcher write its stack summary."""
-        paths = {r: os.path.join(self.workdir, f"rank{r}.json") for r in ranks}
+        paths = {r: os.path.join(self.workdir, wire.REPORT.format(rank=r)) for r in ranks}
         for path in paths.values():
             try:
                 os.unlink(path)
