@@ -128,10 +128,19 @@ def check_ddp_against_one_process(cluster) -> None:
 class Kernel:
     """One IPython kernel driven as a notebook front end drives it."""
 
-    def __init__(self, env: dict[str, str] | None = None) -> None:
-        from jupyter_client.manager import start_new_kernel
+    def __init__(self, env: dict[str, str] | None = None, connection_file: str = "") -> None:
+        """``connection_file``: named as a Jupyter server names it (``kernel-<id>.json``) where the test
+        needs the kernel id the server would know; else jupyter_client's temporary name."""
+        from jupyter_client.manager import KernelManager, start_new_kernel
 
-        self.km, self.kc = start_new_kernel(kernel_name="python3", **({"env": env} if env else {}))
+        if not connection_file:
+            self.km, self.kc = start_new_kernel(kernel_name="python3", **({"env": env} if env else {}))
+            return
+        self.km = KernelManager(kernel_name="python3", connection_file=connection_file)
+        self.km.start_kernel(**({"env": env} if env else {}))
+        self.kc = self.km.client()
+        self.kc.start_channels()
+        self.kc.wait_for_ready(timeout=60)
 
     def run(self, code: str, answers: list | None = None, timeout: float = 120) -> tuple[dict, str, list[str]]:
         """Run a cell; answer each input request with the next of ``answers`` (a string, or a callable that

@@ -13,6 +13,7 @@ import time
 import urllib.request
 
 from tests.browser.test_dashboard_browser import ARTIFACTS, _browser, _dismiss_news, _server, _write_notebook
+from tests.helpers import wait_gone
 
 RANKS = 16
 CELLS = [
@@ -93,7 +94,9 @@ def test_sixteen_ranks_a_killed_rank_and_the_actions_while_a_cell_runs(tmp_path)
             page.screenshot(path=str(ARTIFACTS / "panel-16-ranks.png"), full_page=True)
             # while the cell runs: its dashboard as a tab, then interrupt it
             page.click("#nbdist-worlds button:has-text('Dashboard')")
-            page.wait_for_selector(".nbdist-DashboardView .js-plotly-plot .gtitle", timeout=30_000)
+            page.wait_for_selector(
+                ".nbdist-DashboardView .js-plotly-plot .gtitle", timeout=90_000
+            )  # plotly.js loads first
             title = page.evaluate("() => document.querySelector('.nbdist-DashboardView .gtitle').textContent")
             assert "ranks 0-15: busy" in title, title
             page.screenshot(path=str(ARTIFACTS / "panel-dashboard-tab.png"), full_page=True)
@@ -120,6 +123,10 @@ def test_sixteen_ranks_a_killed_rank_and_the_actions_while_a_cell_runs(tmp_path)
             [world] = _worlds(base, token)
             assert next(r for r in world["ranks"] if r["rank"] == 5)["pid"] != victim["pid"]  # a new process
             page.screenshot(path=str(ARTIFACTS / "panel-after-restart.png"), full_page=True)
+            pids = [r["pid"] for r in _worlds(base, token)[0]["ranks"]]
+            page.click("#nbdist-worlds button:has-text('Stop')")  # interrupt (nothing runs), then %dist_stop
+            page.wait_for_selector("#nbdist-worlds .nbdist-empty", timeout=60_000)
+            assert wait_gone(pids, 30) == [], "the panel's Stop ends every rank"
         finally:
             try:  # the world ends with its kernel
                 for kernel in json.load(urllib.request.urlopen(f"{base}/api/kernels?token={token}")):

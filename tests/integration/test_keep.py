@@ -16,6 +16,7 @@ import pytest
 
 import nbdist
 from nbdist import wire
+from nbdist.cells import pointers, transcript
 from nbdist.errors import ConfigError
 from nbdist.launch import procs
 from tests.helpers import Kernel, poll, wait_gone
@@ -35,8 +36,8 @@ def kept_dir(tmp_path, monkeypatch):
     return path
 
 
-def start_kept(kept_dir, keep: str) -> tuple[Kernel, list[int]]:
-    kernel = Kernel(env={**os.environ, "NBDIST_KEPT_DIR": str(kept_dir)})
+def start_kept(kept_dir, keep: str, connection_file: str = "") -> tuple[Kernel, list[int]]:
+    kernel = Kernel(env={**os.environ, "NBDIST_KEPT_DIR": str(kept_dir)}, connection_file=connection_file)
     content, text, _ = kernel.run(START.format(keep=keep))
     assert content["status"] == "ok", text
     return kernel, json.loads(text.strip().splitlines()[-1])
@@ -60,10 +61,13 @@ def waiting_out_the_lease(workdir: str, pids: list[int]) -> None:
     poll(said, 30, every=0.05)
 
 
-def test_a_kept_world_outlives_a_kernel_restart_and_a_new_kernel_finds_it_as_it_was(kept_dir):
-    kernel, pids = start_kept(kept_dir, "60")
+def test_a_kept_world_outlives_a_kernel_restart_and_a_new_kernel_finds_it_as_it_was(kept_dir, tmp_path):
+    kernel_id = "7d1f0c2a-keep"  # named as a Jupyter server names a kernel's connection file
+    kernel, pids = start_kept(kept_dir, "60", connection_file=str(tmp_path / f"kernel-{kernel_id}.json"))
     try:
-        content, text, _ = kernel.run("%%distributed\nkept_value = 1000 + dist.get_rank()\nlayer = torch.nn.Linear(2, 2)")
+        content, text, _ = kernel.run(
+            "%%distributed\nkept_value = 1000 + dist.get_rank()\nlayer = torch.nn.Linear(2, 2)\nprint('value', kept_value)"
+        )
         assert content["status"] == "ok", text
         (record,) = kept_dir.glob("*.json")
         assert oct(record.stat().st_mode & 0o777) == "0o600" and oct(kept_dir.stat().st_mode & 0o777) == "0o700"
@@ -71,10 +75,17 @@ def test_a_kept_world_outlives_a_kernel_restart_and_a_new_kernel_finds_it_as_it_
         kernel.km.restart_kernel(now=False)  # JupyterLab's "Restart kernel": a clean exit, atexit handlers run
         waiting_out_the_lease(workdir, pids)
         assert [p for p in pids if not procs.alive(p)] == [], "a process of the kept world ended with the kernel"
+        os.unlink(pointers.pointer_path(kernel_id))  # as if this were another kernel: only %dist_attach points it
         content, text, _ = kernel.run("%load_ext nbdist\n%dist_attach\n%dist_status")
         assert content["status"] == "ok", text
         assert f"attached to {record.stem}: 2 ranks, backend gloo" in text
         assert f"kept world {record.stem}" in text and "at most 60 s idle" in text, "%dist_status shows age and limit"
+        # the kept world's transcripts come back with it: the kernel points at them, for its pages (issue 42)
+        assert json.loads(open(pointers.pointer_path(kernel_id)).read())["workdir"] == workdir
+        shown = [transcript.read(p) for p in transcript.cells(workdir)]
+        assert any(
+            "print('value', kept_value)" in c.code and "[rank 0] value 1000" in c.outputs[0]["text"] for c in shown
+        )
         cell = "%%distributed\nt = torch.ones(1) * kept_value\ndist.all_reduce(t)\nprint('sum', t.item(), tuple(layer.weight.shape))"
         content, text, _ = kernel.run(cell)
         assert content["status"] == "ok", text
