@@ -56,14 +56,7 @@ def _ensure_chromium() -> str:
 def _write_notebook(path: pathlib.Path, cells: list[str]) -> None:
     nb = {
         "cells": [
-            {
-                "id": f"cell-{i}",
-                "cell_type": "code",
-                "metadata": {},
-                "source": c,
-                "outputs": [],
-                "execution_count": None,
-            }
+            {"id": f"cell-{i}", "cell_type": "code", "metadata": {}, "source": c, "outputs": [], "execution_count": None}
             for i, c in enumerate(cells)
         ],
         "metadata": {"kernelspec": {"name": "python3", "display_name": "Python 3", "language": "python"}},
@@ -254,8 +247,14 @@ def test_dashboard_plot_grows_in_jupyterlab(lab):
     with _browser() as browser:
         page = browser.new_page(viewport={"width": 1400, "height": 1000})
         page.goto(f"{base}/lab/tree/live.ipynb?token={token}")
-        _ready(page)
-        _run_all(page)
+        page.wait_for_selector(".jp-Notebook .jp-Cell", timeout=90_000)
+        try:  # JupyterLab may ask which kernel to start
+            page.click(".jp-Dialog button:has-text('Select')", timeout=10_000)
+        except Exception:
+            pass
+        page.wait_for_selector(".jp-Notebook-ExecutionIndicator[data-status='idle']", timeout=90_000)
+        page.click("text=Run", timeout=30_000)
+        page.click("text=Run All Cells", timeout=30_000)
         try:
             page.wait_for_selector(".js-plotly-plot", timeout=120_000)
         finally:
@@ -301,32 +300,6 @@ def test_dashboard_plot_grows_in_jupyterlab(lab):
         assert _misplaced(page) == []  # the headline in full view, clear of the legend
 
 
-def _ready(page, app: str = "jupyterlab", dialog_s: float = 10) -> None:
-    """The notebook's page, once its kernel is chosen (JupyterLab may ask) and, in JupyterLab, idle."""
-    page.wait_for_selector(".jp-Notebook .jp-Cell", timeout=90_000)
-    try:
-        page.click(".jp-Dialog button:has-text('Select')", timeout=dialog_s * 1000)
-    except Exception:
-        pass
-    if app == "jupyterlab":
-        page.wait_for_selector(".jp-Notebook-ExecutionIndicator[data-status='idle']", timeout=90_000)
-
-
-def _run_all(page) -> None:
-    page.click("text=Run", timeout=30_000)
-    page.click("text=Run All Cells", timeout=30_000)
-
-
-def _shutdown_kernels(base: str, token: str) -> None:
-    """Every kernel of the server, through its API: the worlds end with their kernels."""
-    try:
-        for kernel in json.load(urllib.request.urlopen(f"{base}/api/kernels?token={token}")):
-            req = urllib.request.Request(f"{base}/api/kernels/{kernel['id']}?token={token}", method="DELETE")
-            urllib.request.urlopen(req)
-    except OSError:
-        pass
-
-
 def _dismiss_news(page) -> None:
     """JupyterLab's 'notified about official Jupyter news?' toast covers the output's corner."""
     try:
@@ -354,8 +327,13 @@ def test_final_dashboard_in_notebook7_saved_and_converted_to_html(tmp_path):
     with _server(tmp_path, "notebook") as (base, token), _browser() as browser:
         page = browser.new_page(viewport={"width": 1024, "height": 900})
         page.goto(f"{base}/notebooks/live.ipynb?token={token}")
-        _ready(page, "notebook", dialog_s=5)
-        _run_all(page)
+        page.wait_for_selector(".jp-Notebook .jp-Cell", timeout=90_000)
+        try:
+            page.click(".jp-Dialog button:has-text('Select')", timeout=5_000)
+        except Exception:
+            pass
+        page.click("text=Run", timeout=30_000)
+        page.click("text=Run All Cells", timeout=30_000)
         try:
             page.wait_for_function("() => document.body.innerText.includes('cluster stopped')", timeout=120_000)
             page.wait_for_selector(".js-plotly-plot .gtitle", timeout=30_000)
