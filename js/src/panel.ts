@@ -20,6 +20,8 @@ interface IRank {
   host: string;
   device: string;
   rss_MiB: number | null;
+  gpu_MiB: number | null;
+  gpu_total_MiB: number | null;
 }
 
 interface IWorld {
@@ -54,6 +56,18 @@ function stateText(rank: IRank): string {
   return rank.line && (rank.state === 'busy' || rank.state === 'debugging')
     ? `${rank.state} at cell line ${rank.line}`
     : rank.state;
+}
+
+/** '812 MiB', with the GPU's where the rank has one: '812 MiB · GPU 1234 / 143771 MiB'. */
+function memoryText(rank: IRank): string {
+  const parts = [];
+  if (rank.rss_MiB !== null && rank.rss_MiB !== undefined) {
+    parts.push(`${rank.rss_MiB} MiB`);
+  }
+  if (rank.gpu_MiB !== null && rank.gpu_MiB !== undefined && rank.gpu_total_MiB) {
+    parts.push(`GPU ${rank.gpu_MiB} / ${rank.gpu_total_MiB} MiB`);
+  }
+  return parts.join(' · ');
 }
 
 export class WorldPanel extends Widget {
@@ -164,7 +178,7 @@ export class WorldPanel extends Widget {
         row.dataset.state = rank.state;
         const state = el('td', stateText(rank), 'nbdist-state');
         state.style.color = COLOURS[rank.state] || '#555';
-        const memory = rank.rss_MiB === null ? '' : `${rank.rss_MiB} MiB`;
+        const memory = memoryText(rank);
         row.append(el('td', `rank ${rank.rank}`), state, el('td', rank.host), el('td', rank.device), el('td', memory));
         table.appendChild(row);
       }

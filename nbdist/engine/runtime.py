@@ -226,6 +226,10 @@ def _write_report(reason: str) -> None:
         report.update(where(frame))
     else:
         report["collective"] = collectives.describe()
+    try:
+        report["gpu"] = gpu.info()  # {} in a rank that never touched CUDA (a gloo world)
+    except Exception:  # a failing driver must not cost the report its cell line
+        report["gpu"] = {}
     directory = STATE.report_dir
     if not directory:
         return

@@ -6,8 +6,10 @@ running cell logged.
 
 Read from files while the kernel is busy in a cell: the ranks from ``<world>/ranks.json``
 (world/published.py), the metrics from the cell's transcript. Memory is each rank's resident set,
-read here for the ranks on this host (the panel's server runs where the notebook's kernel runs); so is
-a busy rank's cell line, from the report its watcher writes when asked (``busy_lines``).
+read here for the ranks on this host (the panel's server runs where the notebook's kernel runs); a busy
+rank's cell line and a GPU rank's memory on its device come from the report its watcher writes when
+asked (``from_reports``). GPU memory is what PyTorch's allocator reserves, as ``%dist_status`` shows it:
+the rank says it itself because ``nvidia-smi`` sees no process ids inside most containers.
 Same protections as routes.py: Jupyter's authentication, this server's kernels, this user's worlds.
 """
 
@@ -58,7 +60,8 @@ def world(kernel_id: str, notebook: str) -> dict[str, Any] | None:
     for row in ranks:
         proc = engines[int(row["rank"])]
         row["rss_MiB"] = round(proc.memory_info().rss / 2**20) if proc is not None else None
-    busy_lines(workdir, ranks, engines)
+        row["gpu_MiB"] = row["gpu_total_MiB"] = None
+    from_reports(workdir, ranks, engines)
     return {
         "kernel": kernel_id,
         "notebook": notebook,
@@ -83,27 +86,34 @@ ASK_EVERY_S = 1.0
 _ASKED: dict[str, float] = {}
 
 
-def busy_lines(workdir: str, ranks: list[dict[str, Any]], engines: dict[int, psutil.Process | None]) -> None:
-    """The cell line of each busy rank on this host, from the report its watcher wrote when last asked
-    (SIGUSR1, as %dist_where asks; engine/runtime.py); then ask again, at most every ASK_EVERY_S and only
-    while a panel looks. A rank on another host keeps the line the board had."""
+def from_reports(workdir: str, ranks: list[dict[str, Any]], engines: dict[int, psutil.Process | None]) -> None:
+    """From the report each rank on this host wrote when last asked (SIGUSR1, as %dist_where asks;
+    engine/runtime.py): a busy rank's cell line, a GPU rank's memory. Then ask again, at most every
+    ASK_EVERY_S and only while a panel looks: busy ranks, and idle ones on a GPU (their memory changes
+    between cells); an idle CPU rank is never woken. A rank on another host keeps the line the board had."""
     for row in ranks:
-        if row["state"] not in ("busy", "debugging") or engines.get(int(row["rank"])) is None:
+        if engines.get(int(row["rank"])) is None:
             continue
         try:
             with open(os.path.join(workdir, wire.REPORT.format(rank=row["rank"]))) as fh:
                 report = json.load(fh)
         except (OSError, ValueError):
             continue
-        if report.get("busy") and report.get("time", 0) >= row.get("since", 0) and report.get("cell_line"):
+        busy = row["state"] in ("busy", "debugging")
+        fresh = report.get("time", 0) >= row.get("since", 0)
+        if busy and report.get("busy") and fresh and report.get("cell_line"):
             row["line"] = report["cell_line"]
+        device = report.get("gpu") or {}
+        if device.get("total_mib"):
+            row["gpu_MiB"], row["gpu_total_MiB"] = device.get("memory_mib"), device["total_mib"]
     now = time.monotonic()
     if now - _ASKED.get(workdir, 0.0) < ASK_EVERY_S:
         return
     _ASKED[workdir] = now
     for row in ranks:
         proc = engines.get(int(row["rank"]))
-        if row["state"] == "busy" and proc is not None:
+        asked = row["state"] == "busy" or (row["state"] == "idle" and str(row.get("device", "")).startswith("cuda"))
+        if asked and proc is not None:
             try:
                 proc.send_signal(signal.SIGUSR1)  # by pid, and only an engine's: its watcher writes its report
             except (psutil.Error, OSError):

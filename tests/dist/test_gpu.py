@@ -157,3 +157,30 @@ def test_nccl_world_ddp_and_fsdp_on_gpus():
         assert r[1].status == "error" and r[0].status in ("interrupted", "dead")
         cluster.run("t = torch.ones(1, device=device())\ndist.all_reduce(t)\nv = t.item()").raise_for_error()
         assert cluster.pull("v") == [2.0, 2.0]
+
+
+@needs_gpus(1)
+def test_the_world_panel_shows_what_a_gpu_rank_holds_on_its_device(tmp_path, monkeypatch):
+    """The panel's route (server/worlds.py) asks each local GPU rank for its report, idle ones too, and
+    shows the memory its allocator holds beside the device's total."""
+    import time
+
+    import nbdist
+    from nbdist.cells import pointers
+    from nbdist.server import worlds
+
+    monkeypatch.setenv("JUPYTER_RUNTIME_DIR", str(tmp_path))
+    with nbdist.start(n=1) as cluster:
+        cluster.run(
+            "from nbdist.parallel import device\nbig = torch.empty(256 * 2**20, dtype=torch.uint8, device=device())"
+        ).raise_for_error()
+        pointers.point(cluster._workdir, "a-kernel")
+        deadline, row = time.monotonic() + 30, {}
+        while time.monotonic() < deadline:  # a hang guard: the first look asks, a later one reads
+            [row] = worlds.world("a-kernel", "")["ranks"]
+            if row["gpu_MiB"] is not None:
+                break
+            time.sleep(0.3)
+        assert row["state"] == "idle" and row["device"] == "cuda:0", row
+        assert row["gpu_MiB"] >= 256, row
+        assert row["gpu_total_MiB"] == round(torch.cuda.get_device_properties(0).total_memory / 2**20)

@@ -138,6 +138,7 @@ async def test_the_world_panels_route_names_each_rank_groups_many_and_the_slowes
         [found] = json.loads((await jp_fetch("nbdist", "api", "worlds")).body)["worlds"]
         assert found["kernel"] == kernel_id and [r["state"] for r in found["ranks"]] == ["busy", "dead"]
         assert found["ranks"][0]["line"] == 7 and found["ranks"][0]["rss_MiB"] is None  # a pid, but not a rank's
+        assert found["ranks"][0]["gpu_MiB"] is None  # nor a GPU's (tests/dist/test_gpu.py shows one)
         assert found["groups"] == []  # 2 ranks: one row each
         assert found["slowest"]["rank"] == 1 and found["slowest"]["holds"] == "data wait"
         assert found["slowest"]["pct"] == pytest.approx(30, abs=1)
