@@ -23,6 +23,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from . import peer_recovery
 from .cells.history import Cell, History
 from .cells.output import Sink
 from .cells.run import PendingRun, execute
@@ -69,6 +70,7 @@ class Recovery:
         self.used += 1
         tic = time.perf_counter()
         listed = ", ".join(map(str, dead))
+        chosen, not_peer = peer_recovery.plan(replay.engines, dead, replay.timeout)  # before anything changes
         try:
             replay.restart(dead)
         except Exception as exc:
@@ -91,12 +93,20 @@ class Recovery:
                 raise ClusterError(
                     f"automatic recovery: setup cell {i} of {len(replay.setup)} failed when replayed: {why}"
                 )
-        restored = _restore(replay, self.checkpoint)
         what = [f"restarted rank(s) {listed}", "rebuilt the process group"]
         if replay.setup:
             what.append(f"replayed {len(replay.setup)} setup cell(s)")
         else:
             what.append("no cell is marked %%distributed --setup, so restarted ranks start empty")
+        if chosen is not None:
+            try:
+                step = peer_recovery.restore(replay.engines, chosen, replay.timeout)
+                what.append(f"rebuilt step {step} from rank {chosen.source}'s memory (nothing recomputed)")
+            except ClusterError as exc:
+                chosen, not_peer = None, str(exc)
+        restored = _restore(replay, self.checkpoint) if chosen is None else None
+        if chosen is None and not_peer:
+            what.append(f"not from a living rank: {not_peer}")
         if restored is not None:
             what.append(f"restored step {restored} from {self.checkpoint['path']}")  # type: ignore[index]
         line = (

@@ -13,7 +13,7 @@ from torch.utils.data import DataLoader, Dataset, DistributedSampler
 
 from ..engine import preempt
 from ..errors import ConfigError
-from . import instrument
+from . import instrument, peer
 
 
 class _Sampler(DistributedSampler):
@@ -87,6 +87,7 @@ class ShardedLoader:
         step never waits for); a SIGTERM to any rank then saves on every rank at the same
         step and ends the loop with Preempted.
         """
+        peer.watch(self)  # with --max-restarts: what a lost rank would be rebuilt from (parallel/peer.py)
         it, fresh = iter(self), False
         while self.step < total:
             if preemptible:
