@@ -95,7 +95,7 @@ class Cluster(views.WorldView):
         self.last: RunResult | PendingRun | None = None  # the last run
         self.startup: dict[str, float] = {}  # seconds to each phase of start()
         self.restarts = 0  # restarts of any rank, automatic or not (torchrun's TORCHELASTIC_RESTART_COUNT)
-        self.recovery = Recovery(budget=self.config.max_restarts)  # --max-restarts, setup cells, last checkpoint
+        self.recovery = Recovery(budget=self.config.max_restarts, peer=self.config.recover_from == "peer")  # --max-restarts, setup cells, last checkpoint
         self.history = History()  # the cells that ran, for %dist_export
         self._workdir = ""
         self._lock = threading.RLock()

@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 from .errors import ConfigError
 
 BACKENDS = ("gloo", "nccl")
+RECOVER_FROM = ("peer", "checkpoint")
 
 
 @dataclass(frozen=True, slots=True)
@@ -156,6 +157,7 @@ class StartConfig:
     grace: float = 1.0  # seconds the other ranks get to finish after one failed, before they are released
     auto_restart: bool = False  # restart ranks that died during a cell at once (else: %dist_restart)
     max_restarts: int = 0  # recover from this many rank deaths by itself: restart, replay setup, resume, re-run
+    recover_from: str = "peer"  # what a recovery resumes from: "peer" (living ranks' memory, else the checkpoint)
     debug_collectives: bool = False  # torch checks each collective across ranks (TORCH_DISTRIBUTED_DEBUG=DETAIL)
     threads: int | None = None  # threads per rank (OMP_NUM_THREADS); None: cores // n
     cores: int | None = field(default=None)  # cores to plan for; None: this machine's
@@ -194,6 +196,11 @@ class StartConfig:
         if isinstance(self.max_restarts, bool) or not isinstance(self.max_restarts, int) or self.max_restarts < 0:
             raise ConfigError(
                 f"max_restarts ({self.max_restarts!r}) must be a whole number, 0 or more, such as --max-restarts 1."
+            )
+        if self.recover_from not in RECOVER_FROM:
+            raise ConfigError(
+                f"recover_from ({self.recover_from!r}) must be one of {', '.join(RECOVER_FROM)}: 'peer' rebuilds a lost "
+                "rank from the living ranks' memory (the last checkpoint where it cannot), 'checkpoint' always loads it."
             )
         if self.keep is not None:
             self.keep = parse_duration(self.keep)

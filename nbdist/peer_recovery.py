@@ -15,11 +15,13 @@ from .world.engineset import EngineSet
 
 @dataclass(frozen=True, slots=True)
 class Plan:
-    """Rebuild from ``source`` at ``step``; each restarted rank's own part from the rank in ``parts_from``."""
+    """Go on after ``done`` optimizer steps, at loop step ``step``: what every rank holds alike from
+    ``source``; each restarted rank's own part from the rank in ``parts_from``."""
 
-    source: int
+    done: int
     step: int
-    names: dict[str, str]
+    source: int
+    names: dict[str, Any]
     parts_from: dict[int, int]
 
 
@@ -29,10 +31,10 @@ def hold_on_rank() -> dict[str, Any]:
     return peer.hold()
 
 
-def restore_on_rank(source: int, names: dict[str, str], parts_from: dict[int, int]) -> int:
+def restore_on_rank(done: int, source: int, names: dict[str, Any], parts_from: dict[int, int]) -> int:
     from .parallel import peer
 
-    return peer.restore(source, names, parts_from)
+    return peer.restore(done, source, names, parts_from)
 
 
 def plan(engines: EngineSet, dead: list[int], timeout: float) -> tuple[Plan | None, str]:
@@ -50,42 +52,50 @@ def plan(engines: EngineSet, dead: list[int], timeout: float) -> tuple[Plan | No
 
 
 def decide(said: list[dict[str, Any]], dead: list[int]) -> tuple[Plan | None, str]:
-    """From what each living rank said (parallel/peer.hold): all at the same step with the same parameters,
-    and each dead rank's own part kept by a living rank at that step."""
+    """From what each living rank said (parallel/peer.hold): go on after the fewest optimizer steps any
+    living rank completed (a rank can be one step ahead: it passed the step whose exchange failed on
+    another); the source completed exactly those, every living rank kept its own part for that point,
+    each dead rank's part is kept by a living rank, and the ranks at that point hold the same parameters."""
     why = next((s["why"] for s in said if s.get("why")), "")
     if why:
         return None, why
-    steps = sorted({s["step"] for s in said})
+    done = min(s["done"] for s in said)
+    lacking = [s["rank"] for s in said if done not in s["steps"]]
+    if lacking:
+        at = ", ".join(f"rank {s['rank']} after {s['done']}" for s in said)
+        return None, f"rank(s) {', '.join(map(str, lacking))} kept no part for optimizer step {done} ({at})"
+    steps = {s["steps"][done] for s in said}
     if len(steps) > 1:
-        at = ", ".join(f"rank {s['rank']} at step {s['step']}" for s in said)
-        return None, f"the living ranks stopped at different steps ({at})"
+        return None, f"the living ranks' loaders disagree on the step after optimizer step {done} ({sorted(steps)})"
     sums: dict[str, list[int]] = {}
     for s in said:
-        sums.setdefault(s["checksum"], []).append(s["rank"])
+        if s["done"] == done:
+            sums.setdefault(s["checksum"], []).append(s["rank"])
     if len(sums) > 1:
         groups = "; ".join(f"rank(s) {', '.join(map(str, ranks))}: {digest[:8]}" for digest, ranks in sums.items())
         return None, f"the living ranks hold different parameters (checksums {groups}), so none can be copied"
     parts_from: dict[int, int] = {}
     for rank in dead:
-        keeper = next((s for s in said if s.get("keeps") == rank), None)
+        keeper = next((s for s in said if s["keeps"].get(done) == rank), None)
         if keeper is None:
-            return None, f"rank {rank}'s own part (RNG states, loader position, buffers) was kept by no living rank"
-        if keeper["keeps_step"] != steps[0]:
+            kept = [f"rank {s['rank']}: {sorted(i for i, r in s['keeps'].items() if r == rank)}" for s in said]
             return None, (
-                f"rank {rank}'s own part reached rank {keeper['rank']} for step {keeper['keeps_step']}, "
-                f"and the world stopped at step {steps[0]}"
+                f"rank {rank}'s own part (RNG states, loader position, buffers) for optimizer step {done} "
+                f"reached no living rank (kept: {'; '.join(kept)})"
             )
         parts_from[rank] = keeper["rank"]
-    source = min(s["rank"] for s in said)
+    source = min(s["rank"] for s in said if s["done"] == done)
     names = next(s["names"] for s in said if s["rank"] == source)
-    if not all(names.values()):
+    if not all(names[k] for k in ("model", "optimizer", "loader")):
         return None, f"the model, optimizer or loader has no variable name on rank {source} ({names})"
-    return Plan(source=source, step=steps[0], names=names, parts_from=parts_from), ""
+    return Plan(done=done, step=steps.pop(), source=source, names=names, parts_from=parts_from), ""
 
 
 def restore(engines: EngineSet, chosen: Plan, timeout: float) -> int:
     """On every rank of the rebuilt world at once (a broadcast and a gather): the step it goes on from."""
     every = list(range(len(engines.ranks)))
-    answers = engines.call(every, restore_on_rank, chosen.source, chosen.names, chosen.parts_from, timeout=timeout)
+    answers = engines.call(
+        every, restore_on_rank, chosen.done, chosen.source, chosen.names, chosen.parts_from, timeout=timeout
+    )
     steps = answers.ordered(f"recovery from rank {chosen.source}", every)
     return int(steps[0])

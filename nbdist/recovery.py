@@ -53,6 +53,7 @@ class Recovery:
     budget: int = 0
     used: int = 0
     checkpoint: dict[str, Any] | None = None  # {"path": ..., "names": {"model": ..., ...}}
+    peer: bool = True  # rebuild from the living ranks' memory where that is exact (peer_recovery.py)
 
     @property
     def left(self) -> int:
@@ -70,7 +71,7 @@ class Recovery:
         self.used += 1
         tic = time.perf_counter()
         listed = ", ".join(map(str, dead))
-        chosen, not_peer = peer_recovery.plan(replay.engines, dead, replay.timeout)  # before anything changes
+        chosen, not_peer = peer_recovery.plan(replay.engines, dead, replay.timeout) if self.peer else (None, "")
         try:
             replay.restart(dead)
         except Exception as exc:

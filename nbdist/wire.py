@@ -13,3 +13,4 @@ LEASE = "lease"  # in a kept world's directory: its modification time is the wor
 STEPS_ENV = "NBDIST_STEPS_DIR"  # where each engine says its step on the way in (engine/steps.py)
 WAITING = "waiting-{pid}"  # in a kept world's directory: this process saw its kernel go and waits out the lease
 REPORT = "rank{rank}.json"  # in the world's directory: where a rank is, written when it gets SIGUSR1 (engine/runtime.py)
+PEER_ENV = "NBDIST_PEER_RECOVERY"  # "1" on a rank of a world that recovers from a live peer (parallel/peer.py)

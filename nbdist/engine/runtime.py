@@ -45,6 +45,7 @@ def configure(
     node_rank: int = 0,
     interface: bool = False,
     max_restarts: int = 0,
+    peer: bool = False,
 ) -> dict[str, Any]:
     """Give this engine its rank: env vars, thread count, cores, watcher, cell hooks.
 
@@ -70,6 +71,7 @@ def configure(
         )
     )
     launched.not_interactive()
+    os.environ[wire.PEER_ENV] = "1" if peer else "0"  # parallel/peer.py keeps what a lost rank is rebuilt from
     name = net.interface_of(_address()) if interface else net.loopback_interface()
     for var in ("GLOO_SOCKET_IFNAME", "NCCL_SOCKET_IFNAME"):
         if name and not os.environ.get(var):

@@ -90,6 +90,13 @@ class DistMagics(Magics):
         help="recover from this many rank deaths by itself: restart, replay --setup cells, load the checkpoint, re-run",
     )
     @argument(
+        "--recover-from",
+        choices=["peer", "checkpoint"],
+        default="peer",
+        help="with --max-restarts, rebuild a lost rank from the living ranks' memory (peer: no step recomputed; "
+        "the last checkpoint where it cannot) or always from the last checkpoint",
+    )
+    @argument(
         "--debug-collectives",
         action="store_true",
         help="check every collective across ranks (TORCH_DISTRIBUTED_DEBUG=DETAIL): a mismatch fails instead of hanging",

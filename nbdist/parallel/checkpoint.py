@@ -39,7 +39,7 @@ from .. import wire
 from ..engine import control, metrics, preempt, schedulers
 from ..engine.state import at_cell_end
 from ..errors import ConfigError
-from . import ckpt_rank
+from . import ckpt_rank, peer
 
 KEY = wire.CHECKPOINT  # what the notebook learns of the last save (run.py reads it)
 _STEP = re.compile(r"^step-(\d+)$")
@@ -245,6 +245,7 @@ def _remember(
     if objects:
         names["state"] = {key: name for key, obj in objects.items() if (name := _names({"x": obj}).get("x"))}
     metrics.publish(KEY, {"path": os.path.abspath(path), "names": names})
+    peer.saved(names)  # a live peer gives the state= objects and extra= too (parallel/peer.py)
 
 
 def _names(objects: dict[str, Any]) -> dict[str, str]:

@@ -90,6 +90,7 @@ class ShardedLoader:
         peer.watch(self)  # with --max-restarts: what a lost rank would be rebuilt from (parallel/peer.py)
         it, fresh = iter(self), False
         while self.step < total:
+            peer.boundary()  # this rank's own part, as this step begins (parallel/peer.py)
             if preemptible:
                 preempt.point(self.step)  # before the next batch is read: the step count is what is done
             try:

@@ -3,23 +3,27 @@ the living ranks hold, so no file is read and no finished step is computed again
 
 What a checkpoint would hold comes in two parts, kept as training goes:
 
-- **what every rank holds alike** (the model's parameters, the optimizer, its LR schedulers): the living
-  ranks have it in memory. It changes only in ``optimizer.step()``, so a rank's model is exactly at a
-  step boundary unless the world broke inside that call; a step post-hook counts the completed steps,
-  a pre-hook the begun ones, and a rank whose counts differ says it cannot give its state.
-- **what each rank holds alone** (its RNG states, its loader's position, its buffers): taken at every
-  ``optimizer.step()`` of a ``loader.steps()`` loop, just before the step (the batch is read, the
-  backward is done: what the next step begins with) and sent without waiting to the rank ``OFFSET``
-  places on (``control.control_group("peer")``, nbdist's own gloo group, never a GPU): the *buddy*, which
-  keeps the last one it received. A rank that dies leaves its part with its buddy.
+- **what every rank holds alike** (the model's parameters, the optimizer, its LR schedulers, the
+  ``state=`` objects and ``extra=`` of the last ``save_checkpoint``): the living ranks have it in
+  memory. Parameters change only in ``optimizer.step()``; hooks count the steps begun and completed,
+  so a rank knows it sits after its k-th step, or that the world broke inside one (then it gives nothing).
+- **what each rank holds alone** (its RNG states, its loader's position, its buffers): a living rank
+  takes its own at each step boundary of ``loader.steps()`` (``boundary``). A dead rank's must have left
+  its process in time: at every ``optimizer.step()`` each rank sends it, without waiting, to its *buddy*
+  (``buddy``: a rank of another host where there is one) over nbdist's own gloo group
+  (``control.control_group("peer")``, never a GPU), which keeps the last one received. It is taken just
+  before the step, when the batch is read and the backward done: what the next step begins with, as long
+  as nothing draws random numbers between ``optimizer.step()`` and the next batch.
 
-Only with ``--max-restarts`` (TORCHELASTIC_MAX_RESTARTS > 0) and more than one rank. The objects are
+Only with ``--max-restarts`` (and not ``--recover-from checkpoint``: ``wire.PEER_ENV``) and more than one rank. The objects are
 found, when ``loader.steps()`` begins, in the rank's namespace: the one optimizer there, the module
-whose parameters it holds, the LR schedulers bound to it (engine/schedulers.py), and the loader.
+whose parameters it holds, the LR schedulers bound to it (engine/schedulers.py), the loader; and the
+``state=`` and ``extra=`` names the last ``save_checkpoint`` remembered (``saved``).
 """
 
 from __future__ import annotations
 
+import copy
 import datetime
 import hashlib
 import io
@@ -29,12 +33,14 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from .. import wire
 from ..engine import control, schedulers
 from ..engine.state import STATE
 from . import ckpt_rank
 
 AFTER_S = 0.2  # seconds a living rank waits, after a death, for a part already on its way
 SLACK = 4096  # bytes of room in each mirror buffer beyond the largest part seen at the first step
+KEEP = 3  # parts kept, own and mirrored: the living ranks may have stopped one step apart
 KEPT: dict[str, Any] = {
     "loader": None,  # the ShardedLoader of the loop that runs
     "optimizer": None,
@@ -42,17 +48,21 @@ KEPT: dict[str, Any] = {
     "hooked": set(),  # ids of optimizers whose hooks are on
     "begun": 0,  # optimizer steps begun / completed since the hooks went on
     "done": 0,
-    "own": None,  # this rank's part at its last optimizer step: (begun, bytes)
-    "mirror": None,  # the buddy's part: (rank it came from, bytes), the last complete one
-    "exchange": None,  # the send and receive in flight: (group, send work, recv work, recv buffer, from)
+    # This rank's own part by the optimizer steps completed when the loop is at it: (exact, part, extra's copy);
+    # exact at a step boundary, taken just before the step otherwise (what the boundary after it will be).
+    "parts": {},
+    "mirrors": {},  # the parts this rank keeps for another, by steps completed: (rank it came from, bytes)
+    "saved": {},  # the names the last save_checkpoint remembered: {"state": {key: name}, "extra": name}
+    "exchange": None,  # the receive in flight: (group, work, buffer, from)
     "capacity": 0,
+    "capacity_of": None,
     "held": None,  # what recovery took before the setup cells replaced the objects
 }
 
 
 def enabled() -> bool:
     return (
-        int(os.environ.get("TORCHELASTIC_MAX_RESTARTS", "0") or 0) > 0
+        os.environ.get(wire.PEER_ENV) == "1"
         and dist.is_available()
         and dist.is_initialized()
         and dist.get_world_size() > 1
@@ -68,30 +78,51 @@ def watch(loader: Any) -> None:
     optimizers = list({id(o): o for o in optimizers}.values())
     KEPT.update(loader=loader, optimizer=None, model=None)
     if len(optimizers) != 1:
-        return  # none, or several: recovery says which and falls back to the checkpoint
+        return  # none, or several: hold() says so and recovery falls back to the checkpoint
     optimizer = optimizers[0]
     params = {id(p) for group in optimizer.param_groups for p in group["params"]}
     models = [v for v in ns.values() if isinstance(v, torch.nn.Module) and params <= {id(p) for p in v.parameters()}]
     KEPT.update(optimizer=optimizer, model=min(models, key=lambda m: len(list(m.parameters())), default=None))
     if id(optimizer) not in KEPT["hooked"]:
         KEPT["hooked"].add(id(optimizer))
-        KEPT.update(begun=0, done=0, own=None, mirror=None, exchange=None)
+        KEPT.update(begun=0, done=0, parts={}, mirrors={}, exchange=None)
         optimizer.register_step_pre_hook(_before_step)
         optimizer.register_step_post_hook(_after_step)
+
+
+def boundary() -> None:
+    """A step boundary of ``loader.steps()`` (before the next batch is read): keep this rank's own part."""
+    if KEPT["optimizer"] is None or not enabled():
+        return
+    extra = _namespace().get(KEPT["saved"].get("extra") or "")
+    _keep(KEPT["parts"], KEPT["done"], (True, _own_part(), copy.deepcopy(extra) if isinstance(extra, dict) else None))
+
+
+def saved(names: dict[str, Any]) -> None:
+    """``save_checkpoint`` names its ``state=`` objects and ``extra=`` dict: a peer gives them too."""
+    KEPT["saved"] = {"state": dict(names.get("state") or {}), "extra": names.get("extra")}
 
 
 def _before_step(optimizer: Any, args: Any, kwargs: Any) -> None:
     if optimizer is not KEPT["optimizer"] or not enabled():
         return
-    KEPT["begun"] += 1
-    part = _serialise(_own_part())
-    KEPT["own"] = (KEPT["begun"], part)
-    _exchange(part)
+    after = KEPT["begun"] + 1
+    part = _own_part()
+    _exchange(_serialise((after, _serialise(part))))  # raises when the world broke: the step is not taken
+    KEPT["begun"] = after
+    if after not in KEPT["parts"]:
+        _keep(KEPT["parts"], after, (False, part, None))
 
 
 def _after_step(optimizer: Any, args: Any, kwargs: Any) -> None:
     if optimizer is KEPT["optimizer"]:
         KEPT["done"] += 1
+
+
+def _keep(kept: dict[int, Any], index: int, value: Any) -> None:
+    kept[index] = value
+    for old in sorted(kept)[:-KEEP]:
+        del kept[old]
 
 
 def _own_part() -> dict[str, Any]:
@@ -106,18 +137,19 @@ def _own_part() -> dict[str, Any]:
 
 
 def buddy(rank: int, size: int) -> int:
-    """The rank that keeps ``rank``'s part: OFFSET places on, a rank of another host where ranks are
-    placed host by host (LOCAL_WORLD_SIZE apart), so a lost host does not take its ranks' parts along."""
+    """The rank that keeps ``rank``'s part: one of another host where ranks are placed host by host
+    (LOCAL_WORLD_SIZE apart), so a lost host does not take its ranks' parts along; else the next rank."""
     local = int(os.environ.get("LOCAL_WORLD_SIZE", "1") or 1)
     offset = local if 0 < local < size else 1
     return (rank + offset) % size
 
 
 def _exchange(part: bytes) -> None:
-    """Finish the last exchange (keep the part it brought), then send this one to the buddy."""
+    """Finish the last exchange (keep the part it brought), then send this one to the buddy and wait until
+    it has left (the ranks come here together, just after the backward's last collective)."""
     group, rank, size = control.control_group("peer"), dist.get_rank(), dist.get_world_size()
     _finish(wait=True)
-    if not KEPT["capacity"] or KEPT.get("capacity_of") is not group:  # first step in this world: agree on a size
+    if KEPT["capacity_of"] is not group:  # first step in this world: agree on a size
         need = torch.tensor([len(part) + 8], dtype=torch.int64)
         dist.all_reduce(need, op=dist.ReduceOp.MAX, group=group)
         KEPT.update(capacity=int(need.item()) * 2 + SLACK, capacity_of=group)
@@ -131,25 +163,28 @@ def _exchange(part: bytes) -> None:
     source = next(r for r in range(size) if buddy(r, size) == rank)
     sent = dist.isend(out, dst=buddy(rank, size), group=group)
     got = dist.irecv(into, src=source, group=group)
-    KEPT["exchange"] = (group, sent, got, into, source, out)
+    if sent is not None:
+        sent.wait()  # once: a second wait on a gloo send waits for another send
+    KEPT["exchange"] = (group, got, into, source)
 
 
 def _finish(wait: bool) -> None:
-    """Take the part the exchange in flight brought, if it came (``wait``: it must; otherwise only if done)."""
+    """Keep the part the receive in flight brought (``wait``: it must come; otherwise only if it came)."""
     pending, KEPT["exchange"] = KEPT["exchange"], None
     if pending is None:
         return
-    group, sent, got, into, source, _ = pending
+    group, got, into, source = pending
     try:
         if wait:
-            sent.wait()
             got.wait()
         else:  # the world is broken: what arrived has arrived (gloo says so only when waited on)
             got.wait(timeout=datetime.timedelta(seconds=AFTER_S))
     except Exception:
         return
     length = int(into[:8].view(torch.int64).item())
-    KEPT["mirror"] = (source, bytes(into[8 : 8 + length].numpy())) if length >= 0 else None
+    if length >= 0:
+        index, part = _load(bytes(into[8 : 8 + length].numpy()))
+        _keep(KEPT["mirrors"], index, (source, part))
 
 
 def _serialise(value: Any) -> bytes:
@@ -180,8 +215,9 @@ def _name_of(obj: Any) -> str | None:
 
 def hold() -> dict[str, Any]:
     """Run on each living rank after a rank died, before anything else: keep this rank's state (the objects
-    will be replaced when the setup cells run again) and say what it can give: the step it is at, a checksum
-    of what every rank should hold alike, and whose part it keeps. ``why`` when it can give nothing."""
+    will be replaced when the setup cells run again) and say what it can give: the optimizer steps it
+    completed, a checksum of what every rank holds alike, its own parts and the parts it keeps for others
+    (each by steps completed). ``why`` when it can give nothing."""
     _finish(wait=False)
     optimizer, model, loader = KEPT["optimizer"], KEPT["model"], KEPT["loader"]
     rank = STATE.rank if STATE.rank is not None else int(os.environ.get("RANK", "0"))
@@ -189,27 +225,32 @@ def hold() -> dict[str, Any]:
     if optimizer is None or model is None or loader is None:
         out["why"] = "no loader.steps() loop with one optimizer and its model ran on this rank"
         return out
-    if KEPT["begun"] != KEPT["done"]:
+    done = KEPT["done"]
+    if KEPT["begun"] != done:
         out["why"] = f"rank {rank} was stopped inside optimizer.step(): its parameters are half updated"
         return out
-    if KEPT["own"] is None or KEPT["own"][0] != KEPT["done"]:
-        out["why"] = "no optimizer step was taken in this loop yet"
-        return out
-    scheds = schedulers.bound(optimizer)
+    ns, names = _namespace(), KEPT["saved"]
+    extra = ns.get(names.get("extra") or "")
     shared = {
         "model": model.state_dict(),
         "optimizer": optimizer.state_dict(),
-        "schedulers": [s.state_dict() for s in scheds],
+        "schedulers": [s.state_dict() for s in schedulers.bound(optimizer)],
+        "state": {key: ns[name].state_dict() for key, name in names.get("state", {}).items() if name in ns},
+        "extra": copy.deepcopy(extra) if isinstance(extra, dict) else None,
     }
-    own = _load(KEPT["own"][1])
-    KEPT["held"] = {"shared": shared, "own": own, "mirror": KEPT["mirror"]}
-    names = {"model": _name_of(model), "optimizer": _name_of(optimizer), "loader": _name_of(loader)}
+    KEPT["held"] = {"shared": shared, "parts": dict(KEPT["parts"]), "mirrors": dict(KEPT["mirrors"])}
     out.update(
-        step=int(own["loader"]["step"]),
-        checksum=checksum(shared),
-        keeps=KEPT["mirror"][0] if KEPT["mirror"] else None,
-        keeps_step=int(_load(KEPT["mirror"][1])["loader"]["step"]) if KEPT["mirror"] else None,
-        names=names,
+        done=done,
+        steps={index: int(part[1]["loader"]["step"]) for index, part in KEPT["parts"].items()},
+        checksum=checksum({k: shared[k] for k in ("model", "optimizer")}),
+        keeps={index: source for index, (source, _) in KEPT["mirrors"].items()},
+        names={
+            "model": _name_of(model),
+            "optimizer": _name_of(optimizer),
+            "loader": _name_of(loader),
+            "extra": names.get("extra") or "",
+            "state": names.get("state", {}),
+        },
     )
     return out
 
@@ -232,25 +273,37 @@ def _tensors(value: Any) -> list[torch.Tensor]:
     return []
 
 
-def restore(source: int, names: dict[str, str], parts_from: dict[int, int]) -> int:
-    """Run on every rank of the rebuilt world, after the setup cells ran again: ``source`` sends what every
-    rank holds alike; each rank takes its own part (a restarted rank, from the rank in ``parts_from``
-    that kept it); the objects named in ``names`` get it all. Returns the step the loop goes on from."""
+def restore(done: int, source: int, names: dict[str, Any], parts_from: dict[int, int]) -> int:
+    """Run on every rank of the rebuilt world, after the setup cells ran again: the world goes on after
+    ``done`` optimizer steps. ``source`` (which completed exactly those) sends what every rank holds alike;
+    each rank takes its own part for that point (a restarted rank, from the rank in ``parts_from`` that kept
+    it); the objects named in ``names`` get it all. Returns the step the loop goes on from."""
     rank = dist.get_rank()
-    held = KEPT["held"] or {}
-    box = [held.get("shared") if rank == source else None]
+    held = KEPT["held"] or {"parts": {}, "mirrors": {}}
+    shared = None
+    if rank == source:
+        exact, _, extra_then = held["parts"][done]
+        shared = dict(held["shared"], extra=extra_then if exact and extra_then is not None else held["shared"]["extra"])
+    box = [shared]
     dist.broadcast_object_list(box, src=source)
-    kept = {held["mirror"][0]: held["mirror"][1]} if held.get("mirror") else {}
+    given = {r: data for index, (r, data) in held["mirrors"].items() if index == done and parts_from.get(r) == rank}
     everyone: list[Any] = [None] * dist.get_world_size()
-    dist.all_gather_object(everyone, {r: data for r, data in kept.items() if parts_from.get(r) == rank})
-    mine: dict[str, Any] = held["own"] if rank not in parts_from else _load(everyone[parts_from[rank]][rank])
+    dist.all_gather_object(everyone, given)
+    mine: dict[str, Any] = held["parts"][done][1] if rank not in parts_from else _load(everyone[parts_from[rank]][rank])
     ns = _namespace()
     model, optimizer, loader = ns[names["model"]], ns[names["optimizer"]], ns[names["loader"]]
-    shared: dict[str, Any] = box[0]  # type: ignore[assignment]
+    shared = box[0]
+    assert shared is not None
     model.load_state_dict(shared["model"])
     optimizer.load_state_dict(shared["optimizer"])
     for sched, state in zip(schedulers.bound(optimizer), shared["schedulers"], strict=False):
         sched.load_state_dict(state)
+    for key, name in names.get("state", {}).items():
+        if key in shared["state"] and name in ns:
+            ns[name].load_state_dict(shared["state"][key])
+    if names.get("extra") and isinstance(ns.get(names["extra"]), dict) and shared["extra"] is not None:
+        ns[names["extra"]].clear()
+        ns[names["extra"]].update(shared["extra"])
     ckpt_rank.restore(mine, model, loader)
-    KEPT.update(held=None, own=None, mirror=None, exchange=None, begun=0, done=0)
+    KEPT.update(held=None, parts={}, mirrors={}, exchange=None, begun=0, done=0)
     return int(mine["loader"]["step"])

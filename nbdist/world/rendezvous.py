@@ -131,6 +131,7 @@ def configure_ranks(engines: EngineSet, ranks: list[RankInfo], *, pin: bool, tim
                 node_rank=r.node_rank,
                 interface=engines.launcher.multi_host,
                 max_restarts=config.max_restarts,
+                peer=config.max_restarts > 0 and config.recover_from == "peer",
             ),
         )
         for r in ranks

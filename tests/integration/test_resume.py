@@ -121,18 +121,43 @@ def _assert_same_run(reference) -> None:
     assert not torch.equal(ref_final[0][-3], ref_final[1][-3])
 
 
-@pytest.mark.parametrize(
-    "case",
-    [
-        dict(kill_rank=0, kill_at=22),  # rank 0 hosts the rendezvous store
-        dict(kill_rank=1, kill_at=22),
-        dict(kill_rank=1, kill_in_save=20),  # mid-save: step 20 never completes; 15 is the latest
-        dict(kill_rank=0, kill_at=27, asynchronous=True),
-    ],
-    ids=["rank0-killed", "rank1-killed", "killed-mid-save", "async-saves-rank0-killed"],
-)
-def test_a_killed_rank_recovers_by_itself_to_the_uninterrupted_run(ip, tmp_path, capsys, reference, case):
+CASES = [
+    dict(kill_rank=0, kill_at=22),  # rank 0 hosts the rendezvous store
+    dict(kill_rank=1, kill_at=22),
+    dict(kill_rank=1, kill_in_save=20),  # mid-save: step 20 never completes; 15 is the latest
+    dict(kill_rank=0, kill_at=27, asynchronous=True),
+]
+IDS = ["rank0-killed", "rank1-killed", "killed-mid-save", "async-saves-rank0-killed"]
+
+
+@pytest.mark.parametrize("case", CASES, ids=IDS)
+def test_a_killed_rank_is_rebuilt_from_the_living_rank_with_no_step_recomputed(ip, tmp_path, capsys, reference, case):
+    """--recover-from peer (the default): the living rank's memory, no file read; the loop goes on from the
+    step the kill interrupted (after the save's step when killed mid-save) and ends as the uninterrupted run."""
     run_cell(ip, "%dist_start -n 2 --max-restarts 1")
+    try:
+        ckpt = str(tmp_path / "ckpt")
+        run_cell(ip, _setup(ckpt, mark=str(tmp_path / "mark"), **case))
+        capsys.readouterr()
+        tic = time.monotonic()
+        run_cell(ip, f"%%distributed\n{TRAIN}")  # the kill happens; the cell still succeeds
+        assert time.monotonic() - tic < HANG_S
+        assert (tmp_path / "mark").exists()
+        lines = [ln for ln in capsys.readouterr().out.splitlines() if "died during the cell" in ln]
+        assert len(lines) == 1 and f"restarted rank(s) {case['kill_rank']}" in lines[0], lines
+        step = case.get("kill_at", case.get("kill_in_save", 0) - 1) + 1  # the steps done when the kill came
+        living = 1 - case["kill_rank"]
+        assert f"rebuilt step {step} from rank {living}'s memory (nothing recomputed)" in lines[0], lines[0]
+        assert "restored step" not in lines[0]  # no checkpoint was read
+        _assert_same_run(reference)
+    finally:
+        run_cell(ip, "%dist_stop")
+
+
+@pytest.mark.parametrize("case", CASES, ids=IDS)
+def test_a_killed_rank_recovers_by_itself_to_the_uninterrupted_run(ip, tmp_path, capsys, reference, case):
+    """--recover-from checkpoint: the last complete checkpoint, the steps since computed again."""
+    run_cell(ip, "%dist_start -n 2 --max-restarts 1 --recover-from checkpoint")
     try:
         ckpt = str(tmp_path / "ckpt")
         run_cell(ip, _setup(ckpt, mark=str(tmp_path / "mark"), **case))
