@@ -75,10 +75,16 @@ def decide(said: list[dict[str, Any]], dead: list[int]) -> tuple[Plan | None, st
         groups = "; ".join(f"rank(s) {', '.join(map(str, ranks))}: {digest[:8]}" for digest, ranks in sums.items())
         return None, f"the living ranks hold different parameters (checksums {groups}), so none can be copied"
     parts_from: dict[int, int] = {}
+    extra = next((s["names"].get("extra") for s in said if s["names"].get("extra")), "")
     for rank in dead:
-        keeper = next((s for s in said if s["keeps"].get(done) == rank), None)
+        keeper = next((s for s in said if (s["keeps"].get(done) or [None])[0] == rank), None)
+        if keeper is not None and extra and not keeper["keeps"][done][1]:
+            return None, (
+                f"rank {rank} died after its optimizer step {done} and before the next step began, and the "
+                f"{extra} it updates in between (extra= of save_checkpoint) died with it"
+            )
         if keeper is None:
-            kept = [f"rank {s['rank']}: {sorted(i for i, r in s['keeps'].items() if r == rank)}" for s in said]
+            kept = [f"rank {s['rank']}: {sorted(i for i, k in s['keeps'].items() if k[0] == rank)}" for s in said]
             return None, (
                 f"rank {rank}'s own part (RNG states, loader position, buffers) for optimizer step {done} "
                 f"reached no living rank (kept: {'; '.join(kept)})"

@@ -48,12 +48,12 @@ KEPT: dict[str, Any] = {
     "hooked": set(),  # ids of optimizers whose hooks are on
     "begun": 0,  # optimizer steps begun / completed since the hooks went on
     "done": 0,
-    # This rank's own part by the optimizer steps completed when the loop is at it: (exact, part, extra's copy);
-    # exact at a step boundary, taken just before the step otherwise (what the boundary after it will be).
+    # This rank's own part by the optimizer steps completed when the loop is at it: (exact, part); exact at a
+    # step boundary, taken just before the step otherwise (what the next boundary will be, but for extra=).
     "parts": {},
-    "mirrors": {},  # the parts this rank keeps for another, by steps completed: (rank it came from, bytes)
+    "mirrors": {},  # the parts this rank keeps for another, the same way: (rank it came from, exact, bytes)
     "saved": {},  # the names the last save_checkpoint remembered: {"state": {key: name}, "extra": name}
-    "exchange": None,  # the receive in flight: (group, work, buffer, from)
+    "exchange": None,  # the exchange in flight: (group, receive, buffer, from, send not waited for, send buffer)
     "capacity": 0,
     "capacity_of": None,
     "held": None,  # what recovery took before the setup cells replaced the objects
@@ -91,11 +91,13 @@ def watch(loader: Any) -> None:
 
 
 def boundary() -> None:
-    """A step boundary of ``loader.steps()`` (before the next batch is read): keep this rank's own part."""
+    """A step boundary of ``loader.steps()`` (before the next batch is read): keep this rank's own part, exact,
+    and send it to the buddy without waiting (it has the whole step to arrive)."""
     if KEPT["optimizer"] is None or not enabled():
         return
-    extra = _namespace().get(KEPT["saved"].get("extra") or "")
-    _keep(KEPT["parts"], KEPT["done"], (True, _own_part(), copy.deepcopy(extra) if isinstance(extra, dict) else None))
+    part = _own_part(with_extra=True)
+    _keep(KEPT["parts"], KEPT["done"], (True, part))
+    _exchange(_serialise((KEPT["done"], True, _serialise(part))), wait=False)
 
 
 def saved(names: dict[str, Any]) -> None:
@@ -104,14 +106,16 @@ def saved(names: dict[str, Any]) -> None:
 
 
 def _before_step(optimizer: Any, args: Any, kwargs: Any) -> None:
+    """Just before the step: this rank's part as the next boundary will be (``extra=`` not yet updated for
+    this step, so left out), sent to the buddy and waited for: a rank that takes the step leaves it behind."""
     if optimizer is not KEPT["optimizer"] or not enabled():
         return
     after = KEPT["begun"] + 1
-    part = _own_part()
-    _exchange(_serialise((after, _serialise(part))))  # raises when the world broke: the step is not taken
+    part = _own_part(with_extra=False)
+    _exchange(_serialise((after, False, _serialise(part))), wait=True)  # raises when the world broke: no step
     KEPT["begun"] = after
     if after not in KEPT["parts"]:
-        _keep(KEPT["parts"], after, (False, part, None))
+        _keep(KEPT["parts"], after, (False, part))
 
 
 def _after_step(optimizer: Any, args: Any, kwargs: Any) -> None:
@@ -125,14 +129,16 @@ def _keep(kept: dict[int, Any], index: int, value: Any) -> None:
         del kept[old]
 
 
-def _own_part() -> dict[str, Any]:
-    """What this rank alone holds, as the next step will begin with it."""
+def _own_part(with_extra: bool) -> dict[str, Any]:
+    """What this rank alone holds, as the next step will begin with it (``ckpt_rank``'s per-rank part)."""
     loader, model = KEPT["loader"], KEPT["model"]
+    extra = _namespace().get(KEPT["saved"].get("extra") or "")
     return {
         "rank": dist.get_rank(),
         "rng": ckpt_rank.rng_states(),
         "loader": loader.state_dict() if loader is not None else None,
         "buffers": {n: b.detach().to("cpu", copy=True) for n, b in model.named_buffers()} if model is not None else {},
+        "extra": copy.deepcopy(extra) if with_extra and isinstance(extra, dict) else None,
     }
 
 
@@ -144,28 +150,28 @@ def buddy(rank: int, size: int) -> int:
     return (rank + offset) % size
 
 
-def _exchange(part: bytes) -> None:
-    """Finish the last exchange (keep the part it brought), then send this one to the buddy and wait until
-    it has left (the ranks come here together, just after the backward's last collective)."""
+def _exchange(payload: bytes, wait: bool) -> None:
+    """Finish the last exchange (keep the part it brought), then send this one to the buddy; ``wait`` until
+    it has left. Every rank sends at the same points (each boundary, each step), so sends and receives pair."""
     group, rank, size = control.control_group("peer"), dist.get_rank(), dist.get_world_size()
     _finish(wait=True)
-    if KEPT["capacity_of"] is not group:  # first step in this world: agree on a size
-        need = torch.tensor([len(part) + 8], dtype=torch.int64)
+    if KEPT["capacity_of"] is not group:  # first exchange in this world: agree on a size
+        need = torch.tensor([len(payload) + 8], dtype=torch.int64)
         dist.all_reduce(need, op=dist.ReduceOp.MAX, group=group)
         KEPT.update(capacity=int(need.item()) * 2 + SLACK, capacity_of=group)
     out = torch.zeros(KEPT["capacity"], dtype=torch.uint8)
-    if len(part) + 8 <= KEPT["capacity"]:
-        out[:8] = torch.tensor([len(part)], dtype=torch.int64).view(torch.uint8)
-        out[8 : 8 + len(part)] = torch.frombuffer(bytearray(part), dtype=torch.uint8)
-    else:  # grown past the room agreed: the buddy learns that it holds nothing for this step
+    if len(payload) + 8 <= KEPT["capacity"]:
+        out[:8] = torch.tensor([len(payload)], dtype=torch.int64).view(torch.uint8)
+        out[8 : 8 + len(payload)] = torch.frombuffer(bytearray(payload), dtype=torch.uint8)
+    else:  # grown past the room agreed: the buddy learns that it holds nothing for this point
         out[:8] = torch.tensor([-1], dtype=torch.int64).view(torch.uint8)
     into = torch.empty(KEPT["capacity"], dtype=torch.uint8)
     source = next(r for r in range(size) if buddy(r, size) == rank)
     sent = dist.isend(out, dst=buddy(rank, size), group=group)
     got = dist.irecv(into, src=source, group=group)
-    if sent is not None:
+    if wait and sent is not None:
         sent.wait()  # once: a second wait on a gloo send waits for another send
-    KEPT["exchange"] = (group, got, into, source)
+    KEPT["exchange"] = (group, got, into, source, None if wait else sent, out)
 
 
 def _finish(wait: bool) -> None:
@@ -173,9 +179,11 @@ def _finish(wait: bool) -> None:
     pending, KEPT["exchange"] = KEPT["exchange"], None
     if pending is None:
         return
-    group, got, into, source = pending
+    group, got, into, source, sent, _ = pending
     try:
         if wait:
+            if sent is not None:
+                sent.wait()
             got.wait()
         else:  # the world is broken: what arrived has arrived (gloo says so only when waited on)
             got.wait(timeout=datetime.timedelta(seconds=AFTER_S))
@@ -183,8 +191,9 @@ def _finish(wait: bool) -> None:
         return
     length = int(into[:8].view(torch.int64).item())
     if length >= 0:
-        index, part = _load(bytes(into[8 : 8 + length].numpy()))
-        _keep(KEPT["mirrors"], index, (source, part))
+        index, exact, part = _load(bytes(into[8 : 8 + length].numpy()))
+        if exact or index not in KEPT["mirrors"]:
+            _keep(KEPT["mirrors"], index, (source, exact, part))
 
 
 def _serialise(value: Any) -> bytes:
@@ -230,20 +239,22 @@ def hold() -> dict[str, Any]:
         out["why"] = f"rank {rank} was stopped inside optimizer.step(): its parameters are half updated"
         return out
     ns, names = _namespace(), KEPT["saved"]
-    extra = ns.get(names.get("extra") or "")
     shared = {
         "model": model.state_dict(),
         "optimizer": optimizer.state_dict(),
         "schedulers": [s.state_dict() for s in schedulers.bound(optimizer)],
         "state": {key: ns[name].state_dict() for key, name in names.get("state", {}).items() if name in ns},
-        "extra": copy.deepcopy(extra) if isinstance(extra, dict) else None,
     }
-    KEPT["held"] = {"shared": shared, "parts": dict(KEPT["parts"]), "mirrors": dict(KEPT["mirrors"])}
+    parts = dict(KEPT["parts"])
+    if done in parts and not parts[done][0]:  # past its step, not at the next boundary: extra= as it is now
+        extra = ns.get(names.get("extra") or "")
+        parts[done] = (True, dict(parts[done][1], extra=copy.deepcopy(extra) if isinstance(extra, dict) else None))
+    KEPT["held"] = {"shared": shared, "parts": parts, "mirrors": dict(KEPT["mirrors"])}
     out.update(
         done=done,
-        steps={index: int(part[1]["loader"]["step"]) for index, part in KEPT["parts"].items()},
+        steps={index: int(part[1]["loader"]["step"]) for index, part in parts.items()},
         checksum=checksum({k: shared[k] for k in ("model", "optimizer")}),
-        keeps={index: source for index, (source, _) in KEPT["mirrors"].items()},
+        keeps={index: [source, exact] for index, (source, exact, _) in KEPT["mirrors"].items()},
         names={
             "model": _name_of(model),
             "optimizer": _name_of(optimizer),
@@ -280,13 +291,9 @@ def restore(done: int, source: int, names: dict[str, Any], parts_from: dict[int,
     it); the objects named in ``names`` get it all. Returns the step the loop goes on from."""
     rank = dist.get_rank()
     held = KEPT["held"] or {"parts": {}, "mirrors": {}}
-    shared = None
-    if rank == source:
-        exact, _, extra_then = held["parts"][done]
-        shared = dict(held["shared"], extra=extra_then if exact and extra_then is not None else held["shared"]["extra"])
-    box = [shared]
+    box = [held["shared"] if rank == source else None]
     dist.broadcast_object_list(box, src=source)
-    given = {r: data for index, (r, data) in held["mirrors"].items() if index == done and parts_from.get(r) == rank}
+    given = {r: data for index, (r, _, data) in held["mirrors"].items() if index == done and parts_from.get(r) == rank}
     everyone: list[Any] = [None] * dist.get_world_size()
     dist.all_gather_object(everyone, given)
     mine: dict[str, Any] = held["parts"][done][1] if rank not in parts_from else _load(everyone[parts_from[rank]][rank])
@@ -301,9 +308,9 @@ def restore(done: int, source: int, names: dict[str, Any], parts_from: dict[int,
     for key, name in names.get("state", {}).items():
         if key in shared["state"] and name in ns:
             ns[name].load_state_dict(shared["state"][key])
-    if names.get("extra") and isinstance(ns.get(names["extra"]), dict) and shared["extra"] is not None:
+    if names.get("extra") and isinstance(ns.get(names["extra"]), dict) and mine.get("extra") is not None:
         ns[names["extra"]].clear()
-        ns[names["extra"]].update(shared["extra"])
+        ns[names["extra"]].update(mine["extra"])  # into the dict the setup cells made, as load_checkpoint(extra=)
     ckpt_rank.restore(mine, model, loader)
     KEPT.update(held=None, parts={}, mirrors={}, exchange=None, begun=0, done=0)
     return int(mine["loader"]["step"])

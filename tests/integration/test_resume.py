@@ -61,6 +61,9 @@ for step, (x, y) in loader.steps(40):
         loss = torch.nn.functional.mse_loss(model(x).float(), y)
     opt.zero_grad()
     scaler.scale(loss).backward()
+    if step == KILL_EARLY and dist.get_rank() == KILL_RANK and MARK and not os.path.exists(MARK):
+        open(MARK, "w").close()  # killed after its backward, before its optimizer step
+        os.kill(os.getpid(), 9)
     scaler.step(opt)
     scaler.update()
     sched.step()
@@ -85,11 +88,12 @@ def _setup(
     kill_rank: int = 0,
     kill_at: int = -1,
     kill_in_save: int = -1,
+    kill_early: int = -1,
     asynchronous: bool = False,
 ) -> str:
     knobs = (
-        f"CKPT, MARK, KILL_RANK, KILL_AT, KILL_IN_SAVE, ASYNC, SAVING = {ckpt!r}, {mark!r}, {kill_rank}, "
-        f"{kill_at}, {kill_in_save}, {asynchronous}, 0"
+        f"CKPT, MARK, KILL_RANK, KILL_AT, KILL_IN_SAVE, KILL_EARLY, ASYNC, SAVING = {ckpt!r}, {mark!r}, {kill_rank}, "
+        f"{kill_at}, {kill_in_save}, {kill_early}, {asynchronous}, 0"
     )
     return f"%%distributed --setup\n{knobs}\n{SETUP}"
 
@@ -130,10 +134,20 @@ CASES = [
 IDS = ["rank0-killed", "rank1-killed", "killed-mid-save", "async-saves-rank0-killed"]
 
 
-@pytest.mark.parametrize("case", CASES, ids=IDS)
+PEER_CASES = [
+    dict(kill_rank=0, kill_early=22),  # after its backward, before its optimizer step
+    dict(kill_rank=1, kill_at=22),  # after its step: its part is taken at the step, and extra= changes after it
+    dict(kill_rank=1, kill_early=22),
+    dict(kill_rank=0, kill_early=27, asynchronous=True),
+]
+PEER_IDS = ["rank0-killed-before-its-step", "rank1-killed-after-its-step", "rank1-killed-before-its-step", "async"]
+
+
+@pytest.mark.parametrize("case", PEER_CASES, ids=PEER_IDS)
 def test_a_killed_rank_is_rebuilt_from_the_living_rank_with_no_step_recomputed(ip, tmp_path, capsys, reference, case):
     """--recover-from peer (the default): the living rank's memory, no file read; the loop goes on from the
-    step the kill interrupted (after the save's step when killed mid-save) and ends as the uninterrupted run."""
+    step the kill interrupted and ends as the uninterrupted run. Killed after its step, the rank took its
+    extra= (meta, updated after the step) along: that one falls back to the checkpoint and says why."""
     run_cell(ip, "%dist_start -n 2 --max-restarts 1")
     try:
         ckpt = str(tmp_path / "ckpt")
@@ -145,10 +159,14 @@ def test_a_killed_rank_is_rebuilt_from_the_living_rank_with_no_step_recomputed(i
         assert (tmp_path / "mark").exists()
         lines = [ln for ln in capsys.readouterr().out.splitlines() if "died during the cell" in ln]
         assert len(lines) == 1 and f"restarted rank(s) {case['kill_rank']}" in lines[0], lines
-        step = case.get("kill_at", case.get("kill_in_save", 0) - 1) + 1  # the steps done when the kill came
-        living = 1 - case["kill_rank"]
-        assert f"rebuilt step {step} from rank {living}'s memory (nothing recomputed)" in lines[0], lines[0]
-        assert "restored step" not in lines[0]  # no checkpoint was read
+        if "kill_early" in case:
+            step, living = case["kill_early"], 1 - case["kill_rank"]
+            assert f"rebuilt step {step} from rank {living}'s memory (nothing recomputed)" in lines[0], lines[0]
+            assert "restored step" not in lines[0]  # no checkpoint was read
+        else:
+            assert "not from a living rank: rank 1 died after its optimizer step 23 and before the next step " in lines[0]
+            assert "the meta it updates in between (extra= of save_checkpoint) died with it" in lines[0], lines[0]
+            assert f"restored step 20 from {ckpt}" in lines[0], lines[0]
         _assert_same_run(reference)
     finally:
         run_cell(ip, "%dist_stop")
