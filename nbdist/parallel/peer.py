@@ -253,7 +253,7 @@ def hold() -> dict[str, Any]:
     out.update(
         done=done,
         steps={index: int(part[1]["loader"]["step"]) for index, part in parts.items()},
-        checksum=checksum({k: shared[k] for k in ("model", "optimizer")}),
+        checksum=checksum({"parameters": list(model.parameters()), "optimizer": shared["optimizer"]}),  # not buffers
         keeps={index: [source, exact] for index, (source, exact, _) in KEPT["mirrors"].items()},
         names={
             "model": _name_of(model),
@@ -267,7 +267,8 @@ def hold() -> dict[str, Any]:
 
 
 def checksum(shared: dict[str, Any]) -> str:
-    """Of the parameters and the optimizer's tensors, bit for bit."""
+    """Of what every rank holds alike (the parameters and the optimizer's tensors; buffers are each rank's
+    own), bit for bit."""
     digest = hashlib.sha1()
     for value in _tensors(shared):
         digest.update(value.detach().to("cpu").contiguous().view(torch.uint8).numpy().tobytes())
