@@ -2,10 +2,12 @@
 
 - nbdist ``--max-restarts``: 2 ranks, the small DDP model of the tests, a checkpoint every 5
   steps; a rank is killed from outside at step ~22 (the matrix: rank 1, rank 0, which hosts the
-  store, and rank 1 with asynchronous saves); the cell recovers by itself (restart the
-  rank, rebuild the group, replay the setup cell, load step 20, run the cell again). Timed:
-  kill -> first step completed after the kill; and its parts (kill -> recovery begins,
-  the recovery itself, recovery -> first step);
+  store, and rank 1 with asynchronous saves), each ``--recover-from peer`` (the living rank's
+  memory: the interrupted step goes on) and ``--recover-from checkpoint`` (load step 20); the cell
+  recovers by itself (restart the rank, rebuild the group, replay the setup cell, restore, run
+  the cell again). Timed: kill -> first step completed after the kill; and its parts (kill ->
+  recovery begins, the recovery itself, recovery -> first step); counted: steps computed twice;
+- what keeping the parts for a peer costs a step (``peer_overhead``);
 - torchrun ``--max-restarts 1`` (torchelastic), the same model and checkpoints in plain torch,
   killed the same way: it restarts every worker process;
 - the plain ``%dist_restart`` (both ranks) and ``%dist_restart --ranks 1``.
@@ -139,9 +141,9 @@ def _seconds(line: str) -> float:
     return float(line.split(" in ")[-1].split(" s,")[0])
 
 
-def nbdist_once(cluster, workdir: str, i: int, kill_rank: int = 1, asynchronous: bool = False) -> dict:
-    progress, said = os.path.join(workdir, f"nb-progress-{i}-{kill_rank}-{asynchronous}"), {}
-    ckpt = os.path.join(workdir, f"nb-ckpt-{i}-{kill_rank}-{asynchronous}")
+def nbdist_once(cluster, workdir: str, i: int, kill_rank: int, asynchronous: bool, mode: str) -> dict:
+    progress, said = os.path.join(workdir, f"nb-progress-{i}-{kill_rank}-{asynchronous}-{mode}"), {}
+    ckpt = os.path.join(workdir, f"nb-ckpt-{i}-{kill_rank}-{asynchronous}-{mode}")
     cluster.run(
         f"CKPT, PROGRESS, SAVE_ARGS = {ckpt!r}, {progress!r}, {{'asynchronous': {asynchronous}}}\n" + NBDIST_SETUP,
         setup=True,
@@ -155,7 +157,10 @@ def nbdist_once(cluster, workdir: str, i: int, kill_rank: int = 1, asynchronous:
     assert result.recovered, "the kill did not land during the cell"
     recovery_s = _seconds(result.recovered[0])
     total = _progress_after(progress, out["kill"])
+    steps = [int(r[1]) for r in _lines(progress)]
     return {
+        "steps_computed_twice": len(steps) - len(set(steps)),  # rank 0's progress lines: a step logged again
+        "from_peer": "nothing recomputed" in result.recovered[0],
         "kill_to_progress_s": total,
         "detect_s": said["recovery_began"] - out["kill"],
         "recovery_s": recovery_s,
@@ -229,6 +234,40 @@ def torchrun_once(workdir: str, i: int) -> dict:
 
 
 CASES = {"rank1": (1, False), "rank0": (0, False), "rank1-async-saves": (1, True)}
+MODES = ("peer", "checkpoint")  # --recover-from
+OVERHEAD_STEPS = 300
+OVERHEAD_TRAIN = f"""
+import time
+tic = time.perf_counter()
+for step, (x, y) in loader.steps(loader.step + {OVERHEAD_STEPS}):
+    loss = torch.nn.functional.mse_loss(model(x), y)
+    opt.zero_grad(); loss.backward(); opt.step()
+per_step = (time.perf_counter() - tic) / {OVERHEAD_STEPS}
+"""
+
+
+def peer_overhead(reps: int) -> dict:
+    """What keeping each rank's part (and mirroring it to the buddy) costs a step: the same loop, no sleep,
+    no save, under --max-restarts 1 with --recover-from peer and checkpoint, and without --max-restarts;
+    a fresh world each, taken in turn round by round, so the machine's drift falls on all three alike."""
+    settings = {
+        "peer": dict(max_restarts=1),
+        "checkpoint": dict(max_restarts=1, recover_from="checkpoint"),
+        "no restarts": dict(max_restarts=0),
+    }
+    per_step: dict[str, list[float]] = {k: [] for k in settings}
+    for _ in range(reps):
+        for name, kw in settings.items():
+            with nbdist.start(2, timeout=60, **kw) as cluster:
+                cluster.run("CKPT, PROGRESS, SAVE_ARGS = '', '', {}\n" + NBDIST_SETUP, setup=True).raise_for_error()
+                cluster.run(OVERHEAD_TRAIN).raise_for_error()  # warm
+                cluster.run(OVERHEAD_TRAIN).raise_for_error()
+                per_step[name].append(max(cluster.pull("per_step")) * 1e3)
+        print("ms per step: " + ", ".join(f"{k} {v[-1]:.3f}" for k, v in per_step.items()))
+    out = {k: stats(v) for k, v in per_step.items()}
+    base = out["checkpoint"]["median"]
+    out["peer_cost_pct"] = 100 * (out["peer"]["median"] - base) / base
+    return out
 
 
 def main() -> None:
@@ -237,29 +276,36 @@ def main() -> None:
     parser.add_argument("--cases", default=",".join(CASES), help=f"which kills to time: {', '.join(CASES)}")
     args = parser.parse_args()
     cases = args.cases.split(",")
-    matrix: dict[str, list[dict]] = {c: [] for c in cases}
+    matrix: dict[str, list[dict]] = {f"{c} from {m}": [] for m in MODES for c in cases}
     tr, restart_all, restart_one = [], [], []
     with tempfile.TemporaryDirectory() as workdir:
-        with nbdist.start(2, max_restarts=args.reps * len(cases), timeout=60) as cluster:
-            for i in range(args.reps):
-                for case in cases:
-                    kill_rank, asynchronous = CASES[case]
-                    matrix[case].append(nbdist_once(cluster, workdir, i, kill_rank, asynchronous))
-                    row = matrix[case][-1]
-                    print(f"nbdist --max-restarts, {case}: kill -> progress {row['kill_to_progress_s']:.2f} s {row}")
-            for _ in range(args.reps):
-                restart_all.append(cluster.restart())
-                restart_one.append(cluster.restart([1]))
-            print(f"%dist_restart: {restart_all}; --ranks 1: {restart_one}")
+        overhead = peer_overhead(args.reps)
+        for mode in MODES:
+            with nbdist.start(2, max_restarts=args.reps * len(cases), recover_from=mode, timeout=60) as cluster:
+                for i in range(args.reps):
+                    for case in cases:
+                        kill_rank, asynchronous = CASES[case]
+                        row = nbdist_once(cluster, workdir, i, kill_rank, asynchronous, mode)
+                        matrix[f"{case} from {mode}"].append(row)
+                        print(f"nbdist --max-restarts, {case}, from {mode}: {row}")
+                if mode == MODES[0]:
+                    for _ in range(args.reps):
+                        restart_all.append(cluster.restart())
+                        restart_one.append(cluster.restart([1]))
+                    print(f"%dist_restart: {restart_all}; --ranks 1: {restart_one}")
         for i in range(args.reps):
             tr.append(torchrun_once(workdir, i))
             print(f"torchrun --max-restarts 1: {tr[-1]}")
-    nb = matrix[cases[0]]
-    keys = ("kill_to_progress_s", "detect_s", "recovery_s", "rerun_to_first_step_s")
+    nb = matrix[f"{cases[0]} from peer"]
+    keys = ("kill_to_progress_s", "detect_s", "recovery_s", "rerun_to_first_step_s", "steps_computed_twice")
     data = {
         "target_kill_to_progress_s": 10.0,
         "nbdist_max_restarts": {k: stats([r[k] for r in nb]) for k in keys},
-        "nbdist_matrix": {case: {k: stats([r[k] for r in rows]) for k in keys} for case, rows in matrix.items()},
+        "nbdist_matrix": {
+            case: {**{k: stats([r[k] for r in rows]) for k in keys}, "from_peer": [r["from_peer"] for r in rows]}
+            for case, rows in matrix.items()
+        },
+        "peer_overhead_ms_per_step": overhead,
         "torchrun_max_restarts": {
             "recovered": f"{sum(r['ok'] for r in tr)} of {len(tr)}",
             "kill_to_progress_s": stats([r["kill_to_progress_s"] for r in tr if r["ok"]])
@@ -281,8 +327,15 @@ def main() -> None:
         print(
             f"  {case}: kill -> progress {row['kill_to_progress_s']['median']:.2f} s (detection "
             f"{row['detect_s']['median']:.2f} s, recovery {row['recovery_s']['median']:.2f} s, "
-            f"cell again -> first step {row['rerun_to_first_step_s']['median']:.2f} s)"
+            f"cell again -> first step {row['rerun_to_first_step_s']['median']:.2f} s), steps computed twice "
+            f"{row['steps_computed_twice']['samples']}, from a peer {row['from_peer']}"
         )
+    o = data["peer_overhead_ms_per_step"]
+    print(
+        f"  a step: {o['peer']['median']:.3f} ms keeping parts for a peer, {o['checkpoint']['median']:.3f} ms with "
+        f"--recover-from checkpoint, {o['no restarts']['median']:.3f} ms without --max-restarts "
+        f"({o['peer_cost_pct']:+.1f}%)"
+    )
     save("recovery", data)
 
 

@@ -26,19 +26,23 @@ from __future__ import annotations
 import copy
 import datetime
 import hashlib
-import io
 import os
+import queue
+import threading
 from typing import Any
 
+import numpy as np
 import torch
 import torch.distributed as dist
 
 from .. import wire
 from ..engine import control, schedulers
 from ..engine.state import STATE
-from . import ckpt_rank
+from . import ckpt_rank, peer_part
 
 AFTER_S = 0.2  # seconds a living rank waits, after a death, for a part already on its way
+SEND_WAIT_S = 30.0  # seconds a step waits for its part to leave (a bound: a broken world fails the send at once)
+HEADER = 24  # bytes: the part's length, the steps completed it belongs to, whether it was taken at a boundary
 SLACK = 4096  # bytes of room in each mirror buffer beyond the largest part seen at the first step
 KEEP = 3  # parts kept, own and mirrored: the living ranks may have stopped one step apart
 KEPT: dict[str, Any] = {
@@ -53,10 +57,15 @@ KEPT: dict[str, Any] = {
     "parts": {},
     "mirrors": {},  # the parts this rank keeps for another, the same way: (rank it came from, exact, bytes)
     "saved": {},  # the names the last save_checkpoint remembered: {"state": {key: name}, "extra": name}
-    "exchange": None,  # the exchange in flight: (group, receive, buffer, from, send not waited for, send buffer)
-    "capacity": 0,
-    "capacity_of": None,
+    "exchange": None,  # the exchange in flight: (receive, from, the send not waited for yet)
+    "capacity_of": None,  # the group the buffers below were agreed in
+    "out": None,
+    "into": None,
     "held": None,  # what recovery took before the setup cells replaced the objects
+    "queue": queue.Queue(),  # exchanges for the sender thread (``_send``)
+    "sender": None,
+    "failed": None,  # the exchange that raised (the world broke)
+    "last_sent": None,
 }
 
 
@@ -95,9 +104,9 @@ def boundary() -> None:
     and send it to the buddy without waiting (it has the whole step to arrive)."""
     if KEPT["optimizer"] is None or not enabled():
         return
-    part = _own_part(with_extra=True)
-    _keep(KEPT["parts"], KEPT["done"], (True, part))
-    _exchange(_serialise((KEPT["done"], True, _serialise(part))), wait=False)
+    data = _own_part(with_extra=True)
+    _keep(KEPT["parts"], KEPT["done"], (True, data))
+    _send(KEPT["done"], True, data, wait=False)
 
 
 def saved(names: dict[str, Any]) -> None:
@@ -107,20 +116,50 @@ def saved(names: dict[str, Any]) -> None:
 
 def _before_step(optimizer: Any, args: Any, kwargs: Any) -> None:
     """Just before the step: this rank's part as the next boundary will be (``extra=`` not yet updated for
-    this step, so left out), sent to the buddy and waited for: a rank that takes the step leaves it behind."""
+    this step, so left out), sent to the buddy; the step waits until it has left, and is not taken when it
+    could not leave (the buddy died): a rank that took its step left its part behind, and a rank whose
+    buddy died stays with the dead rank, at the step whose boundary part it sent."""
     if optimizer is not KEPT["optimizer"] or not enabled():
         return
     after = KEPT["begun"] + 1
-    part = _own_part(with_extra=False)
-    _exchange(_serialise((after, False, _serialise(part))), wait=True)  # raises when the world broke: no step
+    data = _own_part(with_extra=False)
+    sent = _send(after, False, data, wait=True)
+    if not sent.wait(SEND_WAIT_S) or KEPT.get("failed") is sent:
+        raise RuntimeError(f"nbdist: rank {dist.get_rank()} could not leave its part with its buddy: the world broke")
     KEPT["begun"] = after
     if after not in KEPT["parts"]:
-        _keep(KEPT["parts"], after, (False, part))
+        _keep(KEPT["parts"], after, (False, data))
 
 
 def _after_step(optimizer: Any, args: Any, kwargs: Any) -> None:
     if optimizer is KEPT["optimizer"]:
         KEPT["done"] += 1
+
+
+def _send(index: int, exact: bool, data: bytes, wait: bool) -> threading.Event:
+    """Hand an exchange to this rank's sender thread: gloo's point-to-point calls take about 1.5 ms each on
+    the 2-core CI machine beside a training step (benchmarks/recovery.py), and the boundary's need not be
+    waited for. The group is taken here, on the training thread: a new one is a collective of every rank."""
+    sender = KEPT.get("sender")
+    if sender is None or not sender.is_alive():
+        sender = threading.Thread(target=_sender, args=(KEPT["queue"],), name="nbdist-peer", daemon=True)
+        KEPT["sender"] = sender
+        sender.start()
+    done = threading.Event()
+    KEPT["queue"].put((control.control_group("peer"), index, exact, data, wait, done))
+    KEPT["last_sent"] = done
+    return done
+
+
+def _sender(items: queue.Queue) -> None:
+    while True:
+        group, index, exact, data, wait, done = items.get()
+        try:
+            _exchange(group, index, exact, data, wait)
+        except Exception:  # the world broke: what was in flight stays as it is for hold()
+            KEPT["failed"] = done
+        finally:
+            done.set()
 
 
 def _keep(kept: dict[int, Any], index: int, value: Any) -> None:
@@ -129,17 +168,10 @@ def _keep(kept: dict[int, Any], index: int, value: Any) -> None:
         del kept[old]
 
 
-def _own_part(with_extra: bool) -> dict[str, Any]:
-    """What this rank alone holds, as the next step will begin with it (``ckpt_rank``'s per-rank part)."""
-    loader, model = KEPT["loader"], KEPT["model"]
-    extra = _namespace().get(KEPT["saved"].get("extra") or "")
-    return {
-        "rank": dist.get_rank(),
-        "rng": ckpt_rank.rng_states(),
-        "loader": loader.state_dict() if loader is not None else None,
-        "buffers": {n: b.detach().to("cpu", copy=True) for n, b in model.named_buffers()} if model is not None else {},
-        "extra": copy.deepcopy(extra) if with_extra and isinstance(extra, dict) else None,
-    }
+def _own_part(with_extra: bool) -> bytes:
+    """What this rank alone holds, as the next step will begin with it (peer_part.py)."""
+    extra = _namespace().get(KEPT["saved"].get("extra") or "") if with_extra else None
+    return peer_part.take(KEPT["loader"], KEPT["model"], copy.deepcopy(extra) if isinstance(extra, dict) else None)
 
 
 def buddy(rank: int, size: int) -> int:
@@ -150,28 +182,33 @@ def buddy(rank: int, size: int) -> int:
     return (rank + offset) % size
 
 
-def _exchange(payload: bytes, wait: bool) -> None:
+def _exchange(group: Any, index: int, exact: bool, data: bytes, wait: bool) -> None:
     """Finish the last exchange (keep the part it brought), then send this one to the buddy; ``wait`` until
-    it has left. Every rank sends at the same points (each boundary, each step), so sends and receives pair."""
-    group, rank, size = control.control_group("peer"), dist.get_rank(), dist.get_world_size()
+    it has left. Every rank sends at the same points (each boundary, each step), so sends and receives pair.
+    One buffer each way per world, agreed in size at the first exchange: a header (length, index, exact)
+    and the part."""
+    rank, size = dist.get_rank(), dist.get_world_size()
     _finish(wait=True)
     if KEPT["capacity_of"] is not group:  # first exchange in this world: agree on a size
-        need = torch.tensor([len(payload) + 8], dtype=torch.int64)
+        need = torch.tensor([len(data) + HEADER], dtype=torch.int64)
         dist.all_reduce(need, op=dist.ReduceOp.MAX, group=group)
-        KEPT.update(capacity=int(need.item()) * 2 + SLACK, capacity_of=group)
-    out = torch.zeros(KEPT["capacity"], dtype=torch.uint8)
-    if len(payload) + 8 <= KEPT["capacity"]:
-        out[:8] = torch.tensor([len(payload)], dtype=torch.int64).view(torch.uint8)
-        out[8 : 8 + len(payload)] = torch.frombuffer(bytearray(payload), dtype=torch.uint8)
-    else:  # grown past the room agreed: the buddy learns that it holds nothing for this point
-        out[:8] = torch.tensor([-1], dtype=torch.int64).view(torch.uint8)
-    into = torch.empty(KEPT["capacity"], dtype=torch.uint8)
+        room = int(need.item()) * 2 + SLACK
+        KEPT.update(
+            capacity_of=group,
+            out=torch.zeros(room, dtype=torch.uint8),
+            into=torch.zeros(room, dtype=torch.uint8),
+        )
+    out, into = KEPT["out"], KEPT["into"]
+    fits = len(data) + HEADER <= out.numel()  # else the buddy learns that it holds nothing for this point
+    out[:HEADER].view(torch.int64).copy_(torch.tensor([len(data) if fits else -1, index, int(exact)]))
+    if fits:
+        out.numpy()[HEADER : HEADER + len(data)] = np.frombuffer(data, dtype=np.uint8)
     source = next(r for r in range(size) if buddy(r, size) == rank)
-    sent = dist.isend(out, dst=buddy(rank, size), group=group)
-    got = dist.irecv(into, src=source, group=group)
+    sent = group.send([out], buddy(rank, size), 0)  # the group's own ranks: every rank is in it
+    got = group.recv([into], source, 0)
     if wait and sent is not None:
         sent.wait()  # once: a second wait on a gloo send waits for another send
-    KEPT["exchange"] = (group, got, into, source, None if wait else sent, out)
+    KEPT["exchange"] = (got, source, None if wait else sent)
 
 
 def _finish(wait: bool) -> None:
@@ -179,7 +216,7 @@ def _finish(wait: bool) -> None:
     pending, KEPT["exchange"] = KEPT["exchange"], None
     if pending is None:
         return
-    group, got, into, source, sent, _ = pending
+    got, source, sent = pending
     try:
         if wait:
             if sent is not None:
@@ -189,21 +226,10 @@ def _finish(wait: bool) -> None:
             got.wait(timeout=datetime.timedelta(seconds=AFTER_S))
     except Exception:
         return
-    length = int(into[:8].view(torch.int64).item())
-    if length >= 0:
-        index, exact, part = _load(bytes(into[8 : 8 + length].numpy()))
-        if exact or index not in KEPT["mirrors"]:
-            _keep(KEPT["mirrors"], index, (source, exact, part))
-
-
-def _serialise(value: Any) -> bytes:
-    buf = io.BytesIO()
-    torch.save(value, buf)
-    return buf.getvalue()
-
-
-def _load(data: bytes) -> Any:
-    return torch.load(io.BytesIO(data), weights_only=False)
+    into = KEPT["into"]
+    length, index, exact = into[:HEADER].view(torch.int64).tolist()
+    if length >= 0 and (exact or index not in KEPT["mirrors"]):
+        _keep(KEPT["mirrors"], index, (source, bool(exact), into.numpy()[HEADER : HEADER + length].tobytes()))
 
 
 def _namespace() -> dict[str, Any]:
@@ -227,6 +253,9 @@ def hold() -> dict[str, Any]:
     will be replaced when the setup cells run again) and say what it can give: the optimizer steps it
     completed, a checksum of what every rank holds alike, its own parts and the parts it keeps for others
     (each by steps completed). ``why`` when it can give nothing."""
+    last = KEPT.get("last_sent")
+    if last is not None:
+        last.wait(AFTER_S)  # the sender thread is done with what it had
     _finish(wait=False)
     optimizer, model, loader = KEPT["optimizer"], KEPT["model"], KEPT["loader"]
     rank = STATE.rank if STATE.rank is not None else int(os.environ.get("RANK", "0"))
@@ -248,11 +277,14 @@ def hold() -> dict[str, Any]:
     parts = dict(KEPT["parts"])
     if done in parts and not parts[done][0]:  # past its step, not at the next boundary: extra= as it is now
         extra = ns.get(names.get("extra") or "")
-        parts[done] = (True, dict(parts[done][1], extra=copy.deepcopy(extra) if isinstance(extra, dict) else None))
+        parts[done] = (
+            True,
+            peer_part.with_extra(parts[done][1], copy.deepcopy(extra) if isinstance(extra, dict) else None),
+        )
     KEPT["held"] = {"shared": shared, "parts": parts, "mirrors": dict(KEPT["mirrors"])}
     out.update(
         done=done,
-        steps={index: int(part[1]["loader"]["step"]) for index, part in parts.items()},
+        steps={index: peer_part.step_of(data) for index, (_, data) in parts.items()},
         checksum=checksum({"parameters": list(model.parameters()), "optimizer": shared["optimizer"]}),  # not buffers
         keeps={index: [source, exact] for index, (source, exact, _) in KEPT["mirrors"].items()},
         names={
@@ -297,7 +329,7 @@ def restore(done: int, source: int, names: dict[str, Any], parts_from: dict[int,
     given = {r: data for index, (r, _, data) in held["mirrors"].items() if index == done and parts_from.get(r) == rank}
     everyone: list[Any] = [None] * dist.get_world_size()
     dist.all_gather_object(everyone, given)
-    mine: dict[str, Any] = held["parts"][done][1] if rank not in parts_from else _load(everyone[parts_from[rank]][rank])
+    mine = peer_part.decode(held["parts"][done][1] if rank not in parts_from else everyone[parts_from[rank]][rank])
     ns = _namespace()
     model, optimizer, loader = ns[names["model"]], ns[names["optimizer"]], ns[names["loader"]]
     shared = box[0]

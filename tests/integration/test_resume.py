@@ -26,7 +26,7 @@ from tests.helpers import run_cell
 HANG_S = 120.0
 
 SETUP = """
-import os, torch, nbdist
+import os, time, torch, nbdist
 from nbdist.parallel import apply_ddp, shard, save_checkpoint, load_checkpoint
 torch.manual_seed(0)
 model = apply_ddp(torch.nn.Sequential(
@@ -62,7 +62,8 @@ for step, (x, y) in loader.steps(40):
     opt.zero_grad()
     scaler.scale(loss).backward()
     if step == KILL_EARLY and dist.get_rank() == KILL_RANK and MARK and not os.path.exists(MARK):
-        open(MARK, "w").close()  # killed after its backward, before its optimizer step
+        open(MARK, "w").close()  # killed after its backward, before its optimizer step, 50 ms into the step (a
+        time.sleep(0.05)  # real one's length: this model's takes 1 ms, less than its boundary part takes to leave)
         os.kill(os.getpid(), 9)
     scaler.step(opt)
     scaler.update()

@@ -1,0 +1,82 @@
+"""A rank's own part (what ``ckpt_rank`` keeps per rank: RNG states, loader position, buffers, ``extra=``),
+taken and turned into bytes fast enough to do twice a step (parallel/peer.py).
+
+``torch.save`` and ``torch.load`` cost about 0.6 and 0.4 ms for these 20 KB, as much as the small
+models' whole step; the tensors here are flat bytes instead (dtype and shape beside them), and the
+rest is plain values, so ``pickle`` takes about 10 us. ``decode`` gives ``ckpt_rank.restore``'s layout.
+"""
+
+from __future__ import annotations
+
+import pickle
+import random
+import sys
+from typing import Any
+
+import torch
+
+
+def take(loader: Any, model: Any, extra: dict | None) -> bytes:
+    """This rank's own part now, as bytes."""
+    rng: dict[str, Any] = {"torch": _raw(torch.get_rng_state()), "random": random.getstate()}
+    if torch.cuda.is_available() and torch.cuda.is_initialized():
+        rng["cuda"] = [_raw(s) for s in torch.cuda.get_rng_state_all()]
+    np = sys.modules.get("numpy")
+    if np is not None:
+        kind, keys, pos, has_gauss, gauss = np.random.get_state()
+        rng["numpy"] = (kind, keys.tobytes(), pos, has_gauss, gauss)
+    position = None
+    if loader is not None:
+        position = dict(loader.state_dict())
+        if isinstance(position.get("epoch_rng"), torch.Tensor):
+            position["epoch_rng"] = _raw(position["epoch_rng"])
+    buffers = {name: _raw(b) for name, b in model.named_buffers()} if model is not None else {}
+    part = {"rng": rng, "loader": position, "buffers": buffers, "extra": extra}
+    return pickle.dumps(part, protocol=pickle.HIGHEST_PROTOCOL)
+
+
+def step_of(data: bytes) -> int:
+    """The loop step the part's loader goes on from."""
+    return int(pickle.loads(data)["loader"]["step"])
+
+
+def with_extra(data: bytes, extra: dict | None) -> bytes:
+    part = pickle.loads(data)
+    part["extra"] = extra
+    return pickle.dumps(part, protocol=pickle.HIGHEST_PROTOCOL)
+
+
+def decode(data: bytes) -> dict[str, Any]:
+    """The part as ``ckpt_rank.restore`` takes it (and ``extra``)."""
+    part = pickle.loads(data)
+    rng = dict(part["rng"])
+    rng["torch"] = _tensor(rng["torch"])
+    if "cuda" in rng:
+        rng["cuda"] = [_tensor(s) for s in rng["cuda"]]
+    if "numpy" in rng:
+        import numpy as np
+
+        kind, keys, pos, has_gauss, gauss = rng["numpy"]
+        rng["numpy"] = (
+            kind,
+            torch.from_numpy(np.frombuffer(keys, dtype=np.uint32).astype(np.int64)),
+            pos,
+            has_gauss,
+            gauss,
+        )
+    position = part["loader"]
+    if position is not None and isinstance(position.get("epoch_rng"), tuple):
+        position = dict(position, epoch_rng=_tensor(position["epoch_rng"]))
+    buffers = {name: _tensor(raw) for name, raw in part["buffers"].items()}
+    return {"rng": rng, "loader": position, "buffers": buffers, "extra": part["extra"]}
+
+
+def _raw(t: torch.Tensor) -> tuple[str, tuple[int, ...], bytes]:
+    flat = t.detach().to("cpu").contiguous().reshape(-1)
+    return str(flat.dtype).removeprefix("torch."), tuple(t.shape), flat.view(torch.uint8).numpy().tobytes()
+
+
+def _tensor(raw: tuple[str, tuple[int, ...], bytes]) -> torch.Tensor:
+    dtype, shape, data = raw
+    flat = torch.frombuffer(bytearray(data), dtype=torch.uint8) if data else torch.empty(0, dtype=torch.uint8)
+    return flat.view(getattr(torch, dtype)).reshape(shape).clone()
