@@ -161,6 +161,7 @@ def nbdist_once(cluster, workdir: str, i: int, kill_rank: int, asynchronous: boo
     return {
         "steps_computed_twice": len(steps) - len(set(steps)),  # rank 0's progress lines: a step logged again
         "from_peer": "nothing recomputed" in result.recovered[0],
+        "line": result.recovered[0],
         "kill_to_progress_s": total,
         "detect_s": said["recovery_began"] - out["kill"],
         "recovery_s": recovery_s,

@@ -29,6 +29,7 @@ import hashlib
 import os
 import queue
 import threading
+import weakref
 from typing import Any
 
 import numpy as np
@@ -41,15 +42,16 @@ from ..engine.state import STATE
 from . import ckpt_rank, peer_part
 
 AFTER_S = 0.2  # seconds a living rank waits, after a death, for a part already on its way
+WAIT_STEP_S = 0.5  # seconds between looks, while waiting for an exchange, at whether its world was replaced
 SEND_WAIT_S = 30.0  # seconds a step waits for its part to leave (a bound: a broken world fails the send at once)
 HEADER = 24  # bytes: the part's length, the steps completed it belongs to, whether it was taken at a boundary
 SLACK = 4096  # bytes of room in each mirror buffer beyond the largest part seen at the first step
 KEEP = 3  # parts kept, own and mirrored: the living ranks may have stopped one step apart
 KEPT: dict[str, Any] = {
     "loader": None,  # the ShardedLoader of the loop that runs
+    "hooked": weakref.WeakSet(),  # optimizers whose hooks are on (not by id: one is reused once freed)
     "optimizer": None,
     "model": None,
-    "hooked": set(),  # ids of optimizers whose hooks are on
     "begun": 0,  # optimizer steps begun / completed since the hooks went on
     "done": 0,
     # This rank's own part by the optimizer steps completed when the loop is at it: (exact, part); exact at a
@@ -66,6 +68,7 @@ KEPT: dict[str, Any] = {
     "sender": None,
     "failed": None,  # the exchange that raised (the world broke)
     "last_sent": None,
+    "generation": 0,  # a rebuilt world or a new loop's optimizer: exchanges of an older one are dropped
 }
 
 
@@ -92,9 +95,9 @@ def watch(loader: Any) -> None:
     params = {id(p) for group in optimizer.param_groups for p in group["params"]}
     models = [v for v in ns.values() if isinstance(v, torch.nn.Module) and params <= {id(p) for p in v.parameters()}]
     KEPT.update(optimizer=optimizer, model=min(models, key=lambda m: len(list(m.parameters())), default=None))
-    if id(optimizer) not in KEPT["hooked"]:
-        KEPT["hooked"].add(id(optimizer))
-        KEPT.update(begun=0, done=0, parts={}, mirrors={}, exchange=None)
+    if optimizer not in KEPT["hooked"]:
+        KEPT["hooked"].add(optimizer)
+        KEPT.update(begun=0, done=0, parts={}, mirrors={}, exchange=None, generation=KEPT["generation"] + 1)
         optimizer.register_step_pre_hook(_before_step)
         optimizer.register_step_post_hook(_after_step)
 
@@ -125,7 +128,9 @@ def _before_step(optimizer: Any, args: Any, kwargs: Any) -> None:
     data = _own_part(with_extra=False)
     sent = _send(after, False, data, wait=True)
     if not sent.wait(SEND_WAIT_S) or KEPT.get("failed") is sent:
-        raise RuntimeError(f"nbdist: rank {dist.get_rank()} could not leave its part with its buddy: the world broke")
+        raise RuntimeError(
+            f"nbdist: rank {dist.get_rank()} could not leave its part with its buddy ({KEPT.get('why') or 'no answer'})"
+        )
     KEPT["begun"] = after
     if after not in KEPT["parts"]:
         _keep(KEPT["parts"], after, (False, data))
@@ -145,19 +150,27 @@ def _send(index: int, exact: bool, data: bytes, wait: bool) -> threading.Event:
         sender = threading.Thread(target=_sender, args=(KEPT["queue"],), name="nbdist-peer", daemon=True)
         KEPT["sender"] = sender
         sender.start()
+    group = control.control_group("peer")
+    if group is not KEPT.get("group"):  # a world rebuilt since the last exchange (a release, a restart)
+        KEPT.update(group=group, generation=KEPT["generation"] + 1, exchange=None)
     done = threading.Event()
-    KEPT["queue"].put((control.control_group("peer"), index, exact, data, wait, done))
+    KEPT["queue"].put((KEPT["generation"], group, index, exact, data, wait, done))
     KEPT["last_sent"] = done
     return done
 
 
 def _sender(items: queue.Queue) -> None:
     while True:
-        group, index, exact, data, wait, done = items.get()
+        generation, group, index, exact, data, wait, done = items.get()
         try:
-            _exchange(group, index, exact, data, wait)
-        except Exception:  # the world broke: what was in flight stays as it is for hold()
-            KEPT["failed"] = done
+            if generation != KEPT["generation"]:  # of a world or loop since replaced: dropped
+                raise RuntimeError("an exchange of a world since rebuilt")
+            _exchange(group, generation, index, exact, data, wait)
+        except Exception as exc:  # the world broke: what was in flight stays as it is for hold()
+            KEPT["failed"], KEPT["why"] = (
+                done,
+                f"{type(exc).__name__}: {str(exc).splitlines()[0][:200] if str(exc) else ''}",
+            )
         finally:
             done.set()
 
@@ -182,13 +195,15 @@ def buddy(rank: int, size: int) -> int:
     return (rank + offset) % size
 
 
-def _exchange(group: Any, index: int, exact: bool, data: bytes, wait: bool) -> None:
+def _exchange(group: Any, generation: int, index: int, exact: bool, data: bytes, wait: bool) -> None:
     """Finish the last exchange (keep the part it brought), then send this one to the buddy; ``wait`` until
     it has left. Every rank sends at the same points (each boundary, each step), so sends and receives pair.
     One buffer each way per world, agreed in size at the first exchange: a header (length, index, exact)
     and the part."""
     rank, size = dist.get_rank(), dist.get_world_size()
     _finish(wait=True)
+    if generation != KEPT["generation"]:
+        raise RuntimeError("an exchange of a world since rebuilt")
     if KEPT["capacity_of"] is not group:  # first exchange in this world: agree on a size
         need = torch.tensor([len(data) + HEADER], dtype=torch.int64)
         dist.all_reduce(need, op=dist.ReduceOp.MAX, group=group)
@@ -206,9 +221,24 @@ def _exchange(group: Any, index: int, exact: bool, data: bytes, wait: bool) -> N
     source = next(r for r in range(size) if buddy(r, size) == rank)
     sent = group.send([out], buddy(rank, size), 0)  # the group's own ranks: every rank is in it
     got = group.recv([into], source, 0)
-    if wait and sent is not None:
-        sent.wait()  # once: a second wait on a gloo send waits for another send
-    KEPT["exchange"] = (got, source, None if wait else sent)
+    if wait and sent is not None and not _waited(sent, generation):  # a gloo send is waited for once only
+        raise RuntimeError("the world was rebuilt while this rank's part was leaving")
+    KEPT["exchange"] = (got, source, None if wait else sent, generation)
+
+
+def _waited(work: Any, generation: int) -> bool:
+    """Wait for a send or receive until it completes (True) or its world is replaced (False); a broken
+    world raises. Bounded steps: an exchange between two living ranks of a broken world never completes,
+    and must not hold the sender thread when the rebuilt world needs it."""
+    while True:
+        try:
+            work.wait(timeout=datetime.timedelta(seconds=WAIT_STEP_S))
+            return True
+        except Exception as exc:
+            if generation != KEPT["generation"]:
+                return False
+            if "timed out" not in str(exc).lower() and "timeout" not in str(exc).lower():
+                raise
 
 
 def _finish(wait: bool) -> None:
@@ -216,12 +246,13 @@ def _finish(wait: bool) -> None:
     pending, KEPT["exchange"] = KEPT["exchange"], None
     if pending is None:
         return
-    got, source, sent = pending
+    got, source, sent, generation = pending
+    if generation != KEPT["generation"]:
+        return
     try:
         if wait:
-            if sent is not None:
-                sent.wait()
-            got.wait()
+            if (sent is not None and not _waited(sent, generation)) or not _waited(got, generation):
+                return
         else:  # the world is broken: what arrived has arrived (gloo says so only when waited on)
             got.wait(timeout=datetime.timedelta(seconds=AFTER_S))
     except Exception:
@@ -257,11 +288,15 @@ def hold() -> dict[str, Any]:
     if last is not None:
         last.wait(AFTER_S)  # the sender thread is done with what it had
     _finish(wait=False)
+    KEPT["generation"] += 1  # what the sender thread still waits for in the broken world: let it go
     optimizer, model, loader = KEPT["optimizer"], KEPT["model"], KEPT["loader"]
     rank = STATE.rank if STATE.rank is not None else int(os.environ.get("RANK", "0"))
     out: dict[str, Any] = {"rank": rank, "why": ""}
     if optimizer is None or model is None or loader is None:
         out["why"] = "no loader.steps() loop with one optimizer and its model ran on this rank"
+        return out
+    if _sharded(model):
+        out["why"] = "the model is sharded (FSDP): each rank holds only its own shard, which died with it"
         return out
     done = KEPT["done"]
     if KEPT["begun"] != done:
@@ -296,6 +331,16 @@ def hold() -> dict[str, Any]:
         },
     )
     return out
+
+
+def _sharded(model: Any) -> bool:
+    """FSDP (either API): a parameter is a DTensor shard, or the module is FSDP's wrapper."""
+    if type(model).__name__ in ("FullyShardedDataParallel", "FSDPModule") or hasattr(model, "_fsdp_wrapped_module"):
+        return True
+    return any(
+        type(p).__name__ == "DTensor" or type(getattr(p, "data", None)).__name__ == "DTensor"
+        for p in model.parameters()
+    )
 
 
 def checksum(shared: dict[str, Any]) -> str:
@@ -345,5 +390,5 @@ def restore(done: int, source: int, names: dict[str, Any], parts_from: dict[int,
         ns[names["extra"]].clear()
         ns[names["extra"]].update(mine["extra"])  # into the dict the setup cells made, as load_checkpoint(extra=)
     ckpt_rank.restore(mine, model, loader)
-    KEPT.update(held=None, parts={}, mirrors={}, exchange=None, begun=0, done=0)
+    KEPT.update(held=None, parts={}, mirrors={}, exchange=None, begun=0, done=0, generation=KEPT["generation"] + 1)
     return int(mine["loader"]["step"])

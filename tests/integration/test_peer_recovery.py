@@ -57,7 +57,9 @@ final = [t.detach().clone() for t in [*model.parameters(), *model.buffers()]]
 
 
 # Killed just after its step (the progress line): every living rank completed that step too, so all are compared.
-STEADY = TRAIN.replace("    time.sleep(0.01)\n    opt.step()", "    opt.step()").replace("time.sleep(0.01)", "time.sleep(0.05)")
+STEADY = TRAIN.replace("    time.sleep(0.01)\n    opt.step()", "    opt.step()").replace(
+    "time.sleep(0.01)", "time.sleep(0.05)"
+)
 
 
 def _progress(path: str, rank: int) -> int:
@@ -67,11 +69,29 @@ def _progress(path: str, rank: int) -> int:
         return -1
 
 
+# A living rank sometimes dies beside the killed one (about 1 kill in 20 on the 2-core machine, with
+# --recover-from checkpoint as well: not peer recovery's doing; see the closing note of #39). Peer
+# recovery then has fewer ranks to take from; such a run is tried once more, in a fresh world.
+ATTEMPTS = 2
+
+
+def _died(line: str) -> list[int]:
+    return [int(r) for r in re.match(r"rank\(s\) ([\d, ]+) died", line).group(1).split(", ")]
+
+
 def test_ranks_killed_from_outside_are_rebuilt_from_the_living_with_no_step_computed_twice(tmp_path):
-    rng = random.Random(SEED)
+    for attempt in range(ATTEMPTS):
+        if _two_kills(tmp_path / f"attempt{attempt}", SEED + attempt, last=attempt + 1 == ATTEMPTS):
+            return
+
+
+def _two_kills(tmp_path, seed: int, last: bool) -> bool:
+    """The drill once; False when a living rank died beside a killed one (and this is not the last try)."""
+    tmp_path.mkdir()
+    rng = random.Random(seed)
     first, second = rng.randrange(5, 25), rng.randrange(32, 50)
     victims = [0, rng.choice([1, 2, 3])]  # rank 0 (it hosts the store) and another
-    print(f"seed {SEED}: kill rank {victims[0]} after step {first}, rank {victims[1]} after step {second}")
+    print(f"seed {seed}: kill rank {victims[0]} after step {first}, rank {victims[1]} after step {second}")
     with nbdist.start(4, max_restarts=2, oversubscribe=True, timeout=90) as c:
         progress = str(tmp_path / "killed")
         c.run(f"PROGRESS = {progress!r}\n{SETUP}", setup=True).raise_for_error()
@@ -90,6 +110,10 @@ def test_ranks_killed_from_outside_are_rebuilt_from_the_living_with_no_step_comp
         result = c.run(TRAIN).raise_for_error()  # two kills; the cell still succeeds
         thread.join(timeout=HANG_S)
         assert time.monotonic() - tic < 2 * HANG_S and len(killed) == 2, killed
+        beside = [line for line in result.recovered if len(_died(line)) > 1]
+        if beside and not last:
+            print(f"a living rank died beside the killed one: {beside[0][:80]}; trying again in a fresh world")
+            return False
         assert len(result.recovered) == 2, result.recovered
         for line, (rank, _) in zip(result.recovered, killed, strict=True):
             assert line.startswith(f"rank(s) {rank} died during the cell"), line
@@ -114,13 +138,14 @@ def test_ranks_killed_from_outside_are_rebuilt_from_the_living_with_no_step_comp
         plain, by_hand = references
         for rank in range(4):
             for i, (mine, theirs) in enumerate(zip(final[rank], by_hand[rank], strict=True)):
-                assert torch.equal(mine, theirs), (SEED, rank, i, (mine - theirs).abs().max())
+                assert torch.equal(mine, theirs), (seed, rank, i, (mine - theirs).abs().max())
         assert not torch.equal(plain[0][-3], plain[1][-3])  # BatchNorm statistics are each rank's own
         assert not all(torch.equal(a, b) for a, b in zip(plain[0], by_hand[0], strict=True))  # a fresh DDP tells
         # Every step once but the one each kill interrupted: a rank that completed it while another's exchange
         # with the dead rank failed is one step ahead, and the world goes on from the step behind (restarted
         # ranks count from their restart, so only the others are counted).
-        assert all(STEPS <= computed[r] <= STEPS + 2 for r in range(4) if r not in victims), (SEED, computed)
+        assert all(STEPS <= computed[r] <= STEPS + 2 for r in range(4) if r not in victims), (seed, computed)
+    return True
 
 
 def test_living_ranks_whose_parameters_differ_are_named_and_none_is_copied(tmp_path):
@@ -156,3 +181,62 @@ def test_recover_from_names_its_choices(value):
 
     with pytest.raises(ConfigError, match=rf"recover_from \({value!r}\) must be one of peer, checkpoint"):
         StartConfig(n=1, recover_from=value)
+
+
+FSDP_SETUP = """
+import os, torch
+from nbdist.parallel import apply_fsdp, shard, save_checkpoint
+torch.manual_seed(0)
+model = apply_fsdp(torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.ReLU(), torch.nn.Linear(16, 1)))
+opt = torch.optim.Adam(model.parameters(), lr=0.01)
+_g = torch.Generator().manual_seed(1)
+X = torch.randn(256, 8, generator=_g)
+loader = shard(torch.utils.data.TensorDataset(X, X.sum(1, keepdim=True)), batch_size=8, seed=2)
+"""
+FSDP_TRAIN = """
+for step, (x, y) in loader.steps(20):
+    loss = torch.nn.functional.mse_loss(model(x), y)
+    opt.zero_grad(); loss.backward(); opt.step()
+    if (step + 1) % 5 == 0:
+        save_checkpoint(CKPT, model, opt, step + 1, loader=loader)
+    if step == 12 and dist.get_rank() == 1 and not os.path.exists(MARK):
+        open(MARK, "w").close()
+        os.kill(os.getpid(), 9)
+"""
+
+
+def test_a_sharded_model_falls_back_to_the_checkpoint_and_says_why(tmp_path):
+    """FSDP without replicas: each rank's shard exists only on that rank, so no peer holds the dead one's."""
+    with nbdist.start(2, max_restarts=1, timeout=90) as c:
+        c.run(
+            f"CKPT, MARK = {str(tmp_path / 'ckpt')!r}, {str(tmp_path / 'mark')!r}\n{FSDP_SETUP}", setup=True
+        ).raise_for_error()
+        result = c.run(FSDP_TRAIN).raise_for_error()
+        assert (tmp_path / "mark").exists() and len(result.recovered) == 1, result.recovered
+        line = result.recovered[0]
+        assert "not from a living rank: the model is sharded (FSDP): each rank holds only its own shard" in line
+        assert f"restored step 10 from {tmp_path / 'ckpt'}" in line, line
+
+
+def test_after_a_cell_that_raised_the_next_loop_keeps_parts_again(tmp_path):
+    """An error (not a death) breaks the world and nbdist rebuilds it: the exchanges of the broken world are
+    dropped (the sender threads wait on none of them), and a later kill is rebuilt from a peer."""
+    with nbdist.start(2, max_restarts=1, timeout=90) as c:
+        c.run(f"PROGRESS = {str(tmp_path / 'p')!r}\n{SETUP}", setup=True).raise_for_error()
+        raising = TRAIN.replace(
+            "    computed += 1",
+            "    computed += 1\n    if step == 5 and dist.get_rank() == 1:\n        raise ValueError('no')",
+        )
+        with pytest.raises(Exception, match="ValueError"):
+            c.run(raising).raise_for_error()
+        assert c.dead_ranks() == []
+        # the rebuilt world needs a new DDP (the old one holds the old group), as after any release
+        c.run(f"PROGRESS = {str(tmp_path / 'p')!r}\n{SETUP}", setup=True).raise_for_error()
+        kill = TRAIN.replace(
+            "    computed += 1",
+            "    computed += 1\n    if step == 20 and dist.get_rank() == 1:\n        os.kill(os.getpid(), 9)",
+        )
+        tic = time.monotonic()
+        result = c.run(kill).raise_for_error()
+        assert time.monotonic() - tic < HANG_S
+        assert len(result.recovered) == 1 and "rebuilt step 21 from rank 0's memory" in result.recovered[0], result
