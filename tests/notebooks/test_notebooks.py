@@ -159,7 +159,7 @@ def test_notebook_runs_top_to_bottom(path, tmp_path):
         # each lesson's measured claim (the notebook asserts the loose bounds itself)
         assert rank_said(text, 1, "the world works again: 2.0")
         assert text.count("died during the cell; restarted rank(s) 1") == 1
-        assert "restored step 30 from" in text
+        assert "from rank 0's memory (nothing recomputed)" in text and "restored step" not in text
         assert "after recovery == uninterrupted, bit for bit: [True, True]" in text
         assert "kill -> training progressing again:" in text
         assert "<-- behind: rank(s) 0 entered all_reduce" in text
