@@ -135,6 +135,21 @@ CASES = [
 IDS = ["rank0-killed", "rank1-killed", "killed-mid-save", "async-saves-rank0-killed"]
 
 
+def _killed_run(ip, tmp_path, capsys, case: dict) -> tuple[str, list[str]]:
+    """Set up with ``case``'s kill, run the loop (the cell succeeds by itself); the checkpoint path and the
+    one recovery line, checked to name the killed rank."""
+    ckpt = str(tmp_path / "ckpt")
+    run_cell(ip, _setup(ckpt, mark=str(tmp_path / "mark"), **case))
+    capsys.readouterr()
+    tic = time.monotonic()
+    run_cell(ip, f"%%distributed\n{TRAIN}")  # the kill happens; the cell still succeeds
+    assert time.monotonic() - tic < HANG_S
+    assert (tmp_path / "mark").exists()
+    lines = [ln for ln in capsys.readouterr().out.splitlines() if "died during the cell" in ln]
+    assert len(lines) == 1 and f"restarted rank(s) {case['kill_rank']}" in lines[0], lines
+    return ckpt, lines
+
+
 PEER_CASES = [
     dict(kill_rank=0, kill_early=22),  # after its backward, before its optimizer step
     dict(kill_rank=1, kill_at=22),  # after its step: its part is taken at the step, and extra= changes after it
@@ -151,21 +166,15 @@ def test_a_killed_rank_is_rebuilt_from_the_living_rank_with_no_step_recomputed(i
     extra= (meta, updated after the step) along: that one falls back to the checkpoint and says why."""
     run_cell(ip, "%dist_start -n 2 --max-restarts 1")
     try:
-        ckpt = str(tmp_path / "ckpt")
-        run_cell(ip, _setup(ckpt, mark=str(tmp_path / "mark"), **case))
-        capsys.readouterr()
-        tic = time.monotonic()
-        run_cell(ip, f"%%distributed\n{TRAIN}")  # the kill happens; the cell still succeeds
-        assert time.monotonic() - tic < HANG_S
-        assert (tmp_path / "mark").exists()
-        lines = [ln for ln in capsys.readouterr().out.splitlines() if "died during the cell" in ln]
-        assert len(lines) == 1 and f"restarted rank(s) {case['kill_rank']}" in lines[0], lines
+        ckpt, lines = _killed_run(ip, tmp_path, capsys, case)
         if "kill_early" in case:
             step, living = case["kill_early"], 1 - case["kill_rank"]
             assert f"rebuilt step {step} from rank {living}'s memory (nothing recomputed)" in lines[0], lines[0]
             assert "restored step" not in lines[0]  # no checkpoint was read
         else:
-            assert "not from a living rank: rank 1 died after its optimizer step 23 and before the next step " in lines[0]
+            assert (
+                "not from a living rank: rank 1 died after its optimizer step 23 and before the next step " in lines[0]
+            )
             assert "the meta it updates in between (extra= of save_checkpoint) died with it" in lines[0], lines[0]
             assert f"restored step 20 from {ckpt}" in lines[0], lines[0]
         _assert_same_run(reference)
@@ -178,15 +187,7 @@ def test_a_killed_rank_recovers_by_itself_to_the_uninterrupted_run(ip, tmp_path,
     """--recover-from checkpoint: the last complete checkpoint, the steps since computed again."""
     run_cell(ip, "%dist_start -n 2 --max-restarts 1 --recover-from checkpoint")
     try:
-        ckpt = str(tmp_path / "ckpt")
-        run_cell(ip, _setup(ckpt, mark=str(tmp_path / "mark"), **case))
-        capsys.readouterr()
-        tic = time.monotonic()
-        run_cell(ip, f"%%distributed\n{TRAIN}")  # the kill happens; the cell still succeeds
-        assert time.monotonic() - tic < HANG_S
-        assert (tmp_path / "mark").exists()
-        lines = [ln for ln in capsys.readouterr().out.splitlines() if "died during the cell" in ln]
-        assert len(lines) == 1 and f"restarted rank(s) {case['kill_rank']}" in lines[0], lines
+        ckpt, lines = _killed_run(ip, tmp_path, capsys, case)
         expected = {22: ["20"], 27: ["25", "20"]}.get(case.get("kill_at", -1), ["15"])
         if not case.get("asynchronous"):
             expected = expected[:1]  # a synchronous save is complete when the call returns
