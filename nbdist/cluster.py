@@ -101,7 +101,14 @@ class Cluster(views.WorldView):
         self._lock = threading.RLock()
         self.keeper: kept.Keeper | None = None  # --keep: the record %dist_attach reads, the lease kept fresh
         self.cells = CellPath(  # a cell's way through the ranks, with recovery
-            self._engines, self.config, self.recovery, self.history, self._say, self.restart, self.rebuild_world
+            self._engines,
+            self.config,
+            self.recovery,
+            self.history,
+            self._say,
+            self.restart,
+            self.rebuild_world,
+            self.shrink,
         )
 
     # ------------------------------------------------------------------ lifecycle
@@ -181,6 +188,20 @@ class Cluster(views.WorldView):
         self._kept()
         return time.perf_counter() - tic
 
+    def shrink(self, lost: list[int]) -> dict[int, int]:
+        """Go on without these dead ranks (their replacement could not start): the others numbered 0..n-1 again,
+        each told its new rank and world size, a new process group. Returns each old rank -> its new one."""
+        engines = self._engines()
+        with self._lock:
+            new = engines.drop(lost)
+            self.history.renumber(new)  # the setup cells replay on the ranks that remain
+            self.restarts += 1
+            leave_world(engines)
+            self._form_world(engines.ranks)
+        self.running = True
+        self._kept()
+        return new
+
     def rebuild_world(self) -> float:
         """Tear the process group down on every rank and build a new one; return seconds taken."""
         engines = self._engines()
@@ -238,10 +259,11 @@ class Cluster(views.WorldView):
         data); with ``max_restarts`` it is replayed after an automatic restart (recovery.py).
         """
         engines = self._engines()
-        cfg = RunConfig(ranks=parse_ranks(ranks, self.world_size), timeout=timeout, block=block, quiet=quiet, each=each)
+        parse_ranks(ranks, self.world_size)  # bad ranks are said before anything is done
         dead = engines.dead_ranks()
         if dead and self.recovery.left > 0:  # died between cells (a preempted rank left, say)
             self.recovery.recover(dead, self.cells.replay(), self.progress)
+        cfg = RunConfig(ranks=parse_ranks(ranks, self.world_size), timeout=timeout, block=block, quiet=quiet, each=each)
         self.last = self.cells.execute(code, cfg, sink, setup)
         return self.last
 

@@ -158,6 +158,7 @@ class StartConfig:
     auto_restart: bool = False  # restart ranks that died during a cell at once (else: %dist_restart)
     max_restarts: int = 0  # recover from this many rank deaths by itself: restart, replay setup, resume, re-run
     recover_from: str = "peer"  # what a recovery resumes from: "peer" (living ranks' memory, else the checkpoint)
+    min_ranks: int | None = None  # a lost rank whose replacement cannot start: go on without it, down to this many
     debug_collectives: bool = False  # torch checks each collective across ranks (TORCH_DISTRIBUTED_DEBUG=DETAIL)
     threads: int | None = None  # threads per rank (OMP_NUM_THREADS); None: cores // n
     cores: int | None = field(default=None)  # cores to plan for; None: this machine's
@@ -202,6 +203,7 @@ class StartConfig:
                 f"recover_from ({self.recover_from!r}) must be one of {', '.join(RECOVER_FROM)}: 'peer' rebuilds a lost "
                 "rank from the living ranks' memory (the last checkpoint where it cannot), 'checkpoint' always loads it."
             )
+        self._check_min_ranks()
         if self.keep is not None:
             self.keep = parse_duration(self.keep)
         if self.heartbeat_ms < 10:
@@ -213,6 +215,21 @@ class StartConfig:
             self.threads = default_threads(per_host if LAUNCHERS[self.launcher].multi_host else self.n, cores)
         elif self.threads < 1:
             raise ConfigError(f"threads ({self.threads}) must be at least 1.")
+
+    def _check_min_ranks(self) -> None:
+        """--min-ranks: a whole number from 1 to -n, and only with --max-restarts (a shrink is a recovery)."""
+        if self.min_ranks is None:
+            return
+        if isinstance(self.min_ranks, bool) or not isinstance(self.min_ranks, int) or not 1 <= self.min_ranks <= self.n:
+            raise ConfigError(
+                f"min_ranks ({self.min_ranks!r}) must be a whole number from 1 to n ({self.n}): the fewest ranks the "
+                f"world goes on with when lost ranks cannot be replaced, such as --min-ranks {max(1, self.n // 2)}."
+            )
+        if self.max_restarts < 1:
+            raise ConfigError(
+                f"min_ranks ({self.min_ranks}) needs max_restarts: going on with fewer ranks is an automatic recovery "
+                f"and spends one; add --max-restarts {max(1, self.n - self.min_ranks)}."
+            )
 
     def _check_slurm_values(self) -> None:
         """Values that go into the sbatch script or an argv: Slurm's syntax, one line each, before any is used."""

@@ -37,25 +37,28 @@ def restore_on_rank(done: int, source: int, names: dict[str, Any], parts_from: d
     return peer.restore(done, source, names, parts_from)
 
 
-def plan(engines: EngineSet, dead: list[int], timeout: float) -> tuple[Plan | None, str]:
-    """Ask every living rank to hold its state (before the setup cells replace its objects); a Plan, or
-    None and why not in a few words."""
+def ask(engines: EngineSet, dead: list[int], timeout: float) -> tuple[list[dict[str, Any]] | None, str]:
+    """Ask every living rank to hold its state (before the setup cells replace its objects): what each
+    said (``decide`` reads it), or None and why not in a few words."""
     living = [r for r in range(len(engines.ranks)) if r not in dead]
     if not living:
         return None, "no rank lived to give its state"
     answers = engines.call(living, hold_on_rank, timeout=timeout)
     try:
-        said = answers.ordered("holding the state for recovery from a peer", living)
+        return answers.ordered("holding the state for recovery from a peer", living), ""
     except ClusterError as exc:
         return None, str(exc)
-    return decide(said, dead)
 
 
-def decide(said: list[dict[str, Any]], dead: list[int]) -> tuple[Plan | None, str]:
+def decide(
+    said: list[dict[str, Any]], dead: list[int], renumbered: dict[int, int] | None = None
+) -> tuple[Plan | None, str]:
     """From what each living rank said (parallel/peer.hold): go on after the fewest optimizer steps any
     living rank completed (a rank can be one step ahead: it passed the step whose exchange failed on
     another); the source completed exactly those, every living rank kept its own part for that point,
-    each dead rank's part is kept by a living rank, and the ranks at that point hold the same parameters."""
+    each dead rank's part is kept by a living rank, and the ranks at that point hold the same parameters.
+    ``dead``: the ranks restarted (none when the world goes on without them); ``renumbered``: the living
+    ranks' new numbers in a world that went on with fewer (the Plan's ranks are the new world's)."""
     why = next((s["why"] for s in said if s.get("why")), "")
     if why:
         return None, why
@@ -94,6 +97,8 @@ def decide(said: list[dict[str, Any]], dead: list[int]) -> tuple[Plan | None, st
     names = next(s["names"] for s in said if s["rank"] == source)
     if not all(names[k] for k in ("model", "optimizer", "loader")):
         return None, f"the model, optimizer or loader has no variable name on rank {source} ({names})"
+    if renumbered:
+        source, parts_from = renumbered[source], {renumbered.get(r, r): renumbered[k] for r, k in parts_from.items()}
     return Plan(done=done, step=steps.pop(), source=source, names=names, parts_from=parts_from), ""
 
 

@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from . import peer_recovery
@@ -44,6 +44,19 @@ class Replay:
     grace: float
     watchdog: float | None
     timeout: float
+    shrink: Callable[[list[int]], dict[int, int]] | None = None  # go on without dead ranks (``Cluster.shrink``)
+    min_ranks: int | None = None  # --min-ranks: the fewest the world goes on with (None: it never shrinks)
+
+
+@dataclass(frozen=True, slots=True)
+class Resize:
+    """The world went on with ``ranks`` ranks (were ``before``) from loop step ``step`` (None: no step known)."""
+
+    before: int
+    ranks: int
+    step: int | None
+    lost: list[int]
+    at: float  # time.time()
 
 
 @dataclass(slots=True)
@@ -54,6 +67,20 @@ class Recovery:
     used: int = 0
     checkpoint: dict[str, Any] | None = None  # {"path": ..., "names": {"model": ..., ...}}
     peer: bool = True  # rebuild from the living ranks' memory where that is exact (peer_recovery.py)
+    sizes: list[Resize] = field(default_factory=list)  # each time the world went on with fewer ranks
+    renumbered: dict[int, int] | None = None  # the last recovery's old rank -> new rank, when the world shrank
+
+    def sizes_line(self) -> str:
+        """The world's sizes, as %dist_status says them: 'world size: 4 ranks, then 3 from step 7 (rank 1 lost
+        at 10:42:03)'; '' while it never changed."""
+        if not self.sizes:
+            return ""
+        said = [f"world size: {self.sizes[0].before} ranks"]
+        for s in self.sizes:
+            when = time.strftime("%H:%M:%S", time.localtime(s.at))
+            step = f" from step {s.step}" if s.step is not None else ""
+            said.append(f"then {s.ranks}{step} (rank(s) {', '.join(map(str, s.lost))} lost at {when})")
+        return ", ".join(said)
 
     @property
     def left(self) -> int:
@@ -66,18 +93,24 @@ class Recovery:
         return sorted(r.rank for r in result.ranks if r.status == RankStatus.DEAD and r.rank not in killed)
 
     def recover(self, dead: list[int], replay: Replay, say: Callable[[str], None]) -> str:
-        """Restart ``dead``, rebuild the world, replay the setup cells, restore the checkpoint; return what
-        was done as one line (``say`` gets it too). Raises ClusterError naming the step that failed."""
+        """Restart ``dead`` (or, with --min-ranks, go on without them when they cannot be replaced), rebuild the
+        world, replay the setup cells, restore from a living rank or the checkpoint; return what was done as one
+        line (``say`` gets it too). Raises ClusterError naming the step that failed."""
         self.used += 1
+        self.renumbered = None
         tic = time.perf_counter()
         listed = ", ".join(map(str, dead))
-        chosen, not_peer = peer_recovery.plan(replay.engines, dead, replay.timeout) if self.peer else (None, "")
+        said, not_peer = peer_recovery.ask(replay.engines, dead, replay.timeout) if self.peer else (None, "")
+        before = len(replay.engines.ranks)
         try:
             replay.restart(dead)
+            what, renumbered = [f"restarted rank(s) {listed}", "rebuilt the process group"], None
         except Exception as exc:
-            raise ClusterError(
-                f"automatic recovery could not restart rank(s) {listed}: {exc}; run %dist_restart."
-            ) from exc
+            renumbered = self.renumbered = _shrink(dead, replay, exc)
+            what = [f"could not replace them ({_first_line(exc)})", _continuing(renumbered, before)]
+        chosen = None
+        if said is not None:
+            chosen, not_peer = peer_recovery.decide(said, [] if renumbered else dead, renumbered)
         for i, cell in enumerate(replay.setup, 1):
             result = execute(
                 replay.engines,
@@ -94,28 +127,68 @@ class Recovery:
                 raise ClusterError(
                     f"automatic recovery: setup cell {i} of {len(replay.setup)} failed when replayed: {why}"
                 )
-        what = [f"restarted rank(s) {listed}", "rebuilt the process group"]
         if replay.setup:
             what.append(f"replayed {len(replay.setup)} setup cell(s)")
-        else:
+        elif not renumbered:
             what.append("no cell is marked %%distributed --setup, so restarted ranks start empty")
+        step: int | None = None
         if chosen is not None:
             try:
                 step = peer_recovery.restore(replay.engines, chosen, replay.timeout)
-                what.append(f"rebuilt step {step} from rank {chosen.source}'s memory (nothing recomputed)")
+                was = next((old for old, new in (renumbered or {}).items() if new == chosen.source), chosen.source)
+                source = f"{chosen.source}'s" if was == chosen.source else f"{chosen.source}'s (was rank {was})"
+                what.append(f"rebuilt step {step} from rank {source} memory (nothing recomputed)")
             except ClusterError as exc:
                 chosen, not_peer = None, str(exc)
         restored = _restore(replay, self.checkpoint) if chosen is None else None
         if chosen is None and not_peer:
             what.append(f"not from a living rank: {not_peer}")
         if restored is not None:
+            step = restored
             what.append(f"restored step {restored} from {self.checkpoint['path']}")  # type: ignore[index]
+        if renumbered:
+            self.sizes.append(Resize(before, len(renumbered), step, list(dead), time.time()))
         line = (
             f"rank(s) {listed} died during the cell; {', '.join(what)} in {time.perf_counter() - tic:.1f} s, "
             f"and ran the cell again (automatic restarts left: {self.left} of {self.budget})."
         )
         say(line)
         return line
+
+
+def _first_line(exc: BaseException) -> str:
+    """The first sentence of why (a failed start says much more: where each engine got to, its log)."""
+    return (str(exc).splitlines() or [type(exc).__name__])[0].split(". ")[0][:200]
+
+
+def _shrink(dead: list[int], replay: Replay, exc: BaseException) -> dict[int, int]:
+    """The dead ranks' replacement did not start (``exc``): with --min-ranks, go on with the living ranks when
+    there are enough (their new numbers); else ClusterError naming what was lost and what to do."""
+    listed, left = ", ".join(map(str, dead)), len(replay.engines.ranks) - len(dead)
+    if replay.shrink is None or replay.min_ranks is None:
+        raise ClusterError(
+            f"automatic recovery could not restart rank(s) {listed}: {exc}; run %dist_restart."
+        ) from exc
+    if left < replay.min_ranks:
+        raise ClusterError(
+            f"automatic recovery: rank(s) {listed} died and could not be replaced ({_first_line(exc)}); "
+            f"{left} rank(s) are left, fewer than --min-ranks {replay.min_ranks}, so the world does not go on. "
+            "Run %dist_restart once their hosts are back (or %dist_start again with fewer ranks)."
+        ) from exc
+    try:
+        return replay.shrink(dead)
+    except Exception as again:
+        raise ClusterError(
+            f"automatic recovery could not go on without rank(s) {listed}: {_first_line(again)}; run %dist_restart."
+        ) from again
+
+
+def _continuing(renumbered: dict[int, int], before: int) -> str:
+    moved = {old: new for old, new in renumbered.items() if old != new}
+    said = f"continuing with {len(renumbered)} of {before} ranks"
+    if moved:
+        said += f" (rank(s) {', '.join(map(str, moved))} now {', '.join(map(str, moved.values()))})"
+    return said + ", rebuilt the process group"
 
 
 def restore_on_rank(path: str, names: dict[str, Any]) -> int | None:
@@ -193,6 +266,7 @@ class CellPath:
     say: Callable[[str], None]
     restart: Callable[[list[int]], float]
     rebuild: Callable[[], float]
+    shrink: Callable[[list[int]], dict[int, int]] | None = None
 
     def execute(self, code: str, cfg: RunConfig, sink: Sink | None, setup: bool) -> RunResult | PendingRun:
         def then(result: RunResult, recover: list[int]) -> RunResult:
@@ -223,8 +297,12 @@ class CellPath:
             result.notes.append(str(exc))
         if not line:
             return result
+        new = self.recovery.renumbered  # the world went on with fewer ranks: the cell runs on those left
+        ranks = cfg.ranks if new is None else [new[r] for r in cfg.ranks if r in new]
+        if new is not None and sink is not None:
+            sink.resized(new, self.recovery.sizes[-1].step)
         again = self.execute(
-            code, RunConfig(ranks=cfg.ranks, timeout=cfg.timeout, quiet=cfg.quiet, each=cfg.each), sink, setup
+            code, RunConfig(ranks=ranks, timeout=cfg.timeout, quiet=cfg.quiet, each=cfg.each), sink, setup
         )
         assert isinstance(again, RunResult)
         again.recovered[:0] = [*result.recovered, line]
@@ -238,6 +316,8 @@ class CellPath:
             grace=self.config.grace,
             watchdog=self.config.watchdog,
             timeout=self.config.timeout,
+            shrink=self.shrink,
+            min_ranks=self.config.min_ranks,
         )
 
     def repair(self, result: RunResult, killed: list[int]) -> list[int]:

@@ -48,3 +48,9 @@ class History:
     def add(self, code: str, ranks: list[int], setup: bool) -> None:
         script = code.splitlines()[0][len(SCRIPT) :] if code.startswith(SCRIPT) else ""
         self.cells.append(Cell(code, list(ranks), setup, script))
+
+    def renumber(self, new: dict[int, int]) -> None:
+        """The world went on with fewer ranks (``new``: each remaining rank's old number to its new one): the
+        cells ran on the ranks that remain, by their new numbers (what a replay after it runs them on)."""
+        for cell in self.cells:
+            cell.ranks = [new[r] for r in cell.ranks if r in new]

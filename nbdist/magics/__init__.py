@@ -97,6 +97,14 @@ class DistMagics(Magics):
         "the last checkpoint where it cannot) or always from the last checkpoint",
     )
     @argument(
+        "--min-ranks",
+        type=int,
+        default=None,
+        metavar="N",
+        help="with --max-restarts, when a lost rank's replacement cannot start (its node is gone), go on with the "
+        "ranks left, down to N (the process group rebuilt, the data split again, nothing recomputed)",
+    )
+    @argument(
         "--debug-collectives",
         action="store_true",
         help="check every collective across ranks (TORCH_DISTRIBUTED_DEBUG=DETAIL): a mismatch fails instead of hanging",
@@ -161,6 +169,8 @@ class DistMagics(Magics):
         rows = call(cluster.status)
         if cluster.keeper is not None:
             print(cluster.keeper.describe())
+        if cluster.recovery.sizes:  # the world went on with fewer ranks (--min-ranks)
+            print(cluster.recovery.sizes_line())
         if len(rows) > GROUP_ABOVE and not args.all:
             for text in views.summary(rows):
                 print(text)

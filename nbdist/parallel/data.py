@@ -17,13 +17,38 @@ from . import instrument, peer
 
 
 class _Sampler(DistributedSampler):
-    """A DistributedSampler whose next pass can start ``skip`` samples in (a resumed epoch)."""
+    """A DistributedSampler whose next pass can start ``skip`` samples in (a resumed epoch), and after
+    ``offset`` places of the epoch's order that an earlier world read (a world that shrank or grew mid-epoch:
+    the rest of the order is split over the ranks now, strided as the sampler splits a whole epoch)."""
 
     skip = 0
+    offset = 0
 
     def __iter__(self) -> Iterator[int]:
         skip, self.skip = self.skip, 0
-        return itertools.islice(super().__iter__(), skip, None)
+        offset, self.offset = self.offset, 0
+        if not offset:
+            return itertools.islice(super().__iter__(), skip, None)
+        return itertools.islice(iter(rest_of_epoch(self, offset)), skip, None)
+
+
+def rest_of_epoch(sampler: DistributedSampler, offset: int) -> list[int]:
+    """This rank's indices of the sampler's epoch from place ``offset`` of its order on: the rest of the order,
+    cut (drop_last) or padded as DistributedSampler does a whole epoch, to the same count on every rank."""
+    n = len(sampler.dataset)  # type: ignore[arg-type]
+    if sampler.shuffle:
+        g = torch.Generator()
+        g.manual_seed(sampler.seed + sampler.epoch)
+        order = torch.randperm(n, generator=g).tolist()
+    else:
+        order = list(range(n))
+    rest, size = order[offset:], sampler.num_replicas
+    if sampler.drop_last:
+        rest = rest[: len(rest) // size * size]
+    elif rest and len(rest) % size:
+        pad = size - len(rest) % size
+        rest += (rest * (pad // len(rest) + 1))[:pad]
+    return rest[sampler.rank :: size]
 
 
 class ShardedLoader:
@@ -45,23 +70,25 @@ class ShardedLoader:
         self.epoch = 0
         self.batch = 0  # batches handed out in the current epoch
         self.step = 0  # batches handed out in all
+        self.offset = 0  # places of this epoch's order read by an earlier world of another size (``load_state_dict``)
         self._epoch_rng: torch.Tensor | None = None  # the RNG when this epoch's pass began
 
     def set_epoch(self, epoch: int) -> None:
-        self.epoch, self.batch = epoch, 0
+        self.epoch, self.batch, self.offset = epoch, 0, 0
 
     def __iter__(self) -> Iterator[Any]:
         self.sampler.set_epoch(self.epoch)
-        if self.batch and self._epoch_rng is not None:
+        if (self.batch or self.offset) and self._epoch_rng is not None:
             # Mid-epoch: skip what was read, and let the DataLoader draw its seed from the RNG
             # state the interrupted pass drew it from, so workers and the RNG match that run.
             now = torch.get_rng_state()
             torch.set_rng_state(self._epoch_rng)
             self.sampler.skip = self.batch * self.loader.batch_size  # type: ignore[attr-defined,operator]
+            self.sampler.offset = self.offset  # type: ignore[attr-defined]
             it = iter(self.loader)
             torch.set_rng_state(now)
         else:
-            self.batch = 0
+            self.batch, self.offset = 0, 0
             self._epoch_rng = torch.get_rng_state()
             it = iter(self.loader)
         clock = time.perf_counter
@@ -76,7 +103,7 @@ class ShardedLoader:
             self.step += 1
             yield item
         self.epoch += 1
-        self.batch = 0
+        self.batch, self.offset = 0, 0
 
     def steps(self, total: int, preemptible: bool = True) -> Iterator[tuple[int, Any]]:
         """``(step, batch)`` until ``total`` steps in all, across epochs, from where the loader is.
@@ -106,11 +133,27 @@ class ShardedLoader:
             preempt.settle(self.step)
 
     def state_dict(self) -> dict[str, Any]:
-        return {"epoch": self.epoch, "batch": self.batch, "step": self.step, "epoch_rng": self._epoch_rng}
+        return {
+            "epoch": self.epoch,
+            "batch": self.batch,
+            "step": self.step,
+            "epoch_rng": self._epoch_rng,
+            "offset": self.offset,
+            "world": self.sampler.num_replicas,
+            "batch_size": self.loader.batch_size,
+        }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Go on where ``state`` was. Saved by a world of another size (a world that shrank or grew): the places
+        of this epoch's order it read are skipped, and the rest is split over this world's ranks, so every
+        sample of the epoch is read once (but for the tail drop_last drops, as in any epoch)."""
         self.epoch, self.batch, self.step = int(state["epoch"]), int(state["batch"]), int(state["step"])
+        self.offset = int(state.get("offset", 0))
         self._epoch_rng = state.get("epoch_rng")
+        world = int(state.get("world", self.sampler.num_replicas))
+        if world != self.sampler.num_replicas:
+            self.offset += self.batch * int(state.get("batch_size") or self.loader.batch_size or 1) * world
+            self.batch = 0
 
     def __len__(self) -> int:
         return len(self.loader)

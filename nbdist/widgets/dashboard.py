@@ -120,6 +120,13 @@ class Dashboard:
         if self._head is not None:
             self._head.value = self.headline_html()
 
+    def resized(self, new: dict[int, int], step: float | None) -> None:
+        """The world went on with fewer ranks from ``step`` (old rank -> new): the ranks' lines go on under their
+        new numbers, the figure marks the step; drawn again at once."""
+        self.store.renumber(new, step)
+        self.states = {new[r]: st for r, st in self.states.items() if r in new}
+        self.render()
+
     def strip_html(self) -> str:
         """Each rank's state as a badge in its colour's row."""
         from . import STATE_COLOURS
@@ -162,7 +169,7 @@ class Dashboard:
             t.x, t.y = list(map(plain, t.x)), list(map(plain, t.y))
         below = wrap(states.split(" · ")) if states else []
         title = wrap(headline_parts(self.store)) + below
-        return build_figure(layout, items, widget=False, title=title, small=len(below))
+        return build_figure(layout, items, widget=False, title=title, small=len(below), marks=self.store.resizes)
 
     def states_text(self) -> str:
         """Each rank's state, one part per rank ('rank 0: idle · rank 1: failed'); the caller may
@@ -185,9 +192,10 @@ class Dashboard:
         layout = panels(self.store)
         items = traces(self.store, layout, self.picked)
         shape = identity(layout, items)
+        shape += tuple(self.store.resizes)
         if self._widget is None or shape != self._shape:
             self._shape = shape
-            self._widget = build_figure(layout, items, widget=True)
+            self._widget = build_figure(layout, items, widget=True, marks=self.store.resizes)
             self._titles = [p.title for p in layout]
             self.rebuilds += 1
             if self._box is not None:

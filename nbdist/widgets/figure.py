@@ -242,9 +242,15 @@ def wrap(parts: Sequence[str], width: int = TITLE_CHARS, sep: str = " · ") -> l
 
 
 def build_figure(
-    layout: list[Panel], items: list[Trace], widget: bool, title: Sequence[str] = (), small: int = 0
+    layout: list[Panel],
+    items: list[Trace],
+    widget: bool,
+    title: Sequence[str] = (),
+    small: int = 0,
+    marks: Sequence[tuple[float | None, int]] = (),
 ) -> Any:
-    """The figure; ``title``: its lines, from the top (the last ``small`` of them in a smaller font).
+    """The figure; ``title``: its lines, from the top (the last ``small`` of them in a smaller font);
+    ``marks``: (step, ranks) where the world's size changed, a dotted line on each panel over steps.
     The title and the legend get a band of their own above the panels, sized by the number of lines,
     so that neither is cut off by the figure's top nor covers the other."""
     import html
@@ -269,6 +275,12 @@ def build_figure(
             fig.update_yaxes(autorange="reversed", row=row, col=col)
         else:
             fig.update_xaxes(title_text="step", title_standoff=2, row=row, col=col)
+            for step, ranks in marks:
+                if step is not None:
+                    fig.add_vline(
+                        x=step, line_dash="dot", line_color="#888", annotation_text=f"{ranks} ranks",
+                        annotation_font_size=10, row=row, col=col,
+                    )
     fig.update_annotations(font_size=13)
     title_px = TITLE_LINE_PX * len(title) + (6 if title else 0)
     top = TOP_PAD_PX + title_px + LEGEND_ROW_PX + SUBPLOT_TITLE_PX

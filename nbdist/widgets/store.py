@@ -169,6 +169,7 @@ class MetricStore:
         self.steps: dict[int, float] = {}  # the last step each rank logged
         self.spreads: dict[str, Spread] = {}
         self.loggers: dict[str, set[int]] = {}  # the ranks that log each metric
+        self.resizes: list[tuple[float | None, int]] = []  # (step, ranks from then on): the world went on with fewer
 
     def add(self, rank: int, rows: Iterable[dict[str, Any]]) -> None:
         for row in rows:
@@ -205,6 +206,18 @@ class MetricStore:
                   for rank, rows in runs.items()]
         for _, rank, row in heapq.merge(*tagged, key=lambda t: (t[0], t[1])):
             self.add(rank, [row])
+
+    def renumber(self, new: dict[int, int], step: float | None) -> None:
+        """The world went on with fewer ranks from ``step`` (``new``: each remaining rank's old number -> new):
+        their series go on under the new numbers, a lost rank's end, and each step waits for the ranks left.
+        ``resizes`` keeps where the size changed, which the figure marks."""
+        self.series = {(k, new[r]): s for (k, r), s in self.series.items() if r in new}
+        self.last = {(k, new[r]): v for (k, r), v in self.last.items() if r in new}
+        self.counts = {new[r]: n for r, n in self.counts.items() if r in new}
+        self.steps = {new[r]: x for r, x in self.steps.items() if r in new}
+        self.loggers = {k: {new[r] for r in who if r in new} for k, who in self.loggers.items()}
+        self.world = len(new)
+        self.resizes.append((step, len(new)))
 
     def keys(self) -> list[str]:
         return sorted({k for k, _ in self.series})

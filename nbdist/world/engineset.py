@@ -13,7 +13,6 @@ import os
 import signal
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
 from typing import Any
 
 from .. import compat, wire
@@ -25,28 +24,9 @@ from . import registration
 from .answers import Answers, Call
 from .board import Board, RankNow
 from .published import Published
+from .rankinfo import RankInfo
 
 log = logging.getLogger("nbdist")
-@dataclass(slots=True)
-class RankInfo:
-    """One rank: its torch rank, the ipyparallel engine serving it, and where it runs."""
-
-    rank: int
-    engine_id: int
-    pid: int = 0  # on its host
-    host: str = ""
-    addr: str = ""  # its address on the route to the controller (MASTER_ADDR when it is rank 0)
-    local: bool = True  # on this host, so its pid means something here
-    local_rank: int = 0
-    local_world_size: int = 1
-    node_rank: int = 0
-    gpu_ids: list[str] = field(default_factory=list)  # the GPUs its process sees (UUIDs), [] without CUDA
-    gpu: int | None = None  # the visible device it binds under nccl (None: no GPU of its own)
-    cpus: list[int] | None = None  # the cores this rank is pinned to (None: not pinned)
-
-    def where(self) -> str:
-        """'engine 3' here, 'engine 3 on node2' when the rank runs on another host."""
-        return f"engine {self.engine_id}" + ("" if self.local else f" on {self.host}")
 
 
 class EngineSet:
@@ -94,12 +74,42 @@ class EngineSet:
         self.kill(ranks)
         known = set(self.client.ids) | {r.engine_id for r in self.ranks}
         old_launchers = {id(el) for el in self.launchers()}
+        before = set(self._ipp.engines)
         self._ipp.start_engines_sync(len(ranks))
         self._record_jobs()
-        new_ids = registration.in_launch_order(self, registration.wait_for_engines(self, len(ranks), known, old_launchers))
+        try:
+            waited = registration.wait_for_engines(self, len(ranks), known, old_launchers, ranks)
+        except BaseException:  # nothing of a replacement that did not come is left running or queued
+            self._give_up(set(self._ipp.engines) - before)
+            raise
+        new_ids = registration.in_launch_order(self, waited)
         for rank, eid in zip(ranks, new_ids, strict=True):
             self.ranks[rank] = RankInfo(rank=rank, engine_id=eid)
         return [self.ranks[r] for r in ranks]
+
+    def _give_up(self, engine_sets: set[str]) -> None:
+        """Stop these engine sets (a replacement that did not start: its processes, its queued batch job)."""
+        for key in engine_sets:
+            launcher = self._ipp.engines.get(key)
+            jobs = self.launcher.job_ids([launcher]) if launcher is not None else []
+            try:
+                self._ipp.stop_engines_sync(key)
+            except Exception as exc:
+                log.debug("stopping engine set %s failed: %s", key, exc)
+            self.launcher.cancel(jobs)
+        self._record_jobs()
+
+    def drop(self, lost: list[int]) -> dict[int, int]:
+        """Go on without these ranks (dead, their replacement could not start): the others are numbered
+        0..n-1 again in their order. Returns each remaining rank's old number -> new number."""
+        remaining = [r for r in self.ranks if r.rank not in lost]
+        new = {r.rank: i for i, r in enumerate(remaining)}
+        for i, r in enumerate(remaining):
+            r.rank = i
+        self.ranks = remaining
+        self._views.clear()
+        self.board.reset([r.rank for r in self.ranks])
+        return new
 
     def adopt(self, client: Any, ranks: list[RankInfo], cluster_id: str, pids: list[int], jobs: list[str]) -> None:
         """Take over a running world (a kept one, kept.py): its client, its ranks, the processes and batch jobs

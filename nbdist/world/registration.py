@@ -51,12 +51,16 @@ def check_preflight(engines: Registering) -> None:
         raise ClusterError(f"{line} {engines.launcher.unreachable_hint()}".strip())
 
 
-def wait_for_engines(engines: Registering, n: int, known: set[int], old_launchers: set[int]) -> list[int]:
+def wait_for_engines(
+    engines: Registering, n: int, known: set[int], old_launchers: set[int], ranks: list[int] | None = None
+) -> list[int]:
     """Wait until n new engines registered; name the missing ranks if they don't (docs/faults.md, row 7).
 
     ``known`` are engine ids that existed before, ``old_launchers`` the ids of
-    launcher objects that existed before this start (their exits are not news).
-    While a batch job waits in the queue the timeout does not run; the wait is
+    launcher objects that existed before this start (their exits are not news); ``ranks``: the
+    ranks these engines are for (replacements), as a failure names them.
+    While a batch job waits in the queue the timeout does not run (but for a replacement, with
+    --min-ranks: the world goes on without it); the wait is
     reported through ``progress`` and Ctrl-C ends it (the caller cancels the job).
     """
     started = time.monotonic()
@@ -76,7 +80,9 @@ def wait_for_engines(engines: Registering, n: int, known: set[int], old_launcher
         if engines.launcher.multi_host and now - asked_at >= 1.0:
             asked_at = now
             waiting, finished = engines.launcher.queue(launchers)
-            if waiting:
+            # A queued job does not count against the timeout, but for a replacement that the world can go on
+            # without (--min-ranks): its node may be gone for good, so the wait is bounded.
+            if waiting and not (known and engines.config.min_ranks):
                 deadline = max(deadline, now + engines.config.timeout)
                 if now - started >= 2 and (waiting != said or now - said_at >= 15):
                     engines.progress(f"{waiting}; waited {now - started:.0f} s (Ctrl-C cancels it)")
@@ -89,7 +95,7 @@ def wait_for_engines(engines: Registering, n: int, known: set[int], old_launcher
             check_preflight(engines)  # written just before those engines exited
             missing = n - len(new)
             first_missing = len(engines.ranks) if known else len(new)
-            names = ", ".join(str(first_missing + i) for i in range(missing))
+            names = ", ".join(map(str, ranks[len(new) :] if ranks else range(first_missing, first_missing + missing)))
             why = (
                 f"{len(exited)} engine process(es) exited while starting"
                 if exited

@@ -288,3 +288,27 @@ def test_title_lines_fit_and_the_title_band_grows_with_them():
     assert legend_top_px >= TOP_PAD_PX + title_px  # under the title's last line
     assert layout.margin.t - plain.layout.margin.t == TITLE_LINE_PX  # one more line, one line's more room
     assert layout.height - layout.margin.t == plain.layout.height - plain.layout.margin.t  # the panels keep their size
+
+
+def test_a_world_that_goes_on_with_fewer_ranks_keeps_the_lines_by_new_rank_and_marks_the_step():
+    """Rank 1 lost at step 5: ranks 2 and 3 go on as 1 and 2; each later step waits for 3 ranks, not 4, and
+    every panel over steps has a dotted line at step 5 saying '3 ranks'."""
+    board = Dashboard(ranks=4)
+    for step in range(6):
+        for rank in range(4):
+            board.update(rank, [{"step": step, "loss": 1.0 + rank, "throughput/samples_per_s": 100.0}])
+    board.states = {0: "busy", 1: "dead", 2: "busy", 3: "busy"}
+    board.resized({0: 0, 2: 1, 3: 2}, 5)
+    for step in range(6, 9):
+        for rank in range(3):
+            board.update(rank, [{"step": step, "loss": 10.0 + rank, "throughput/samples_per_s": 100.0}])
+    store = board.store
+    assert store.ranks() == [0, 1, 2] and board.states == {0: "busy", 1: "busy", 2: "busy"}
+    xs, ys = store.series[("loss", 1)].points()
+    assert xs == [0, 1, 2, 3, 4, 5, 6, 7, 8] and ys[:6] == [3.0] * 6 and ys[6:] == [11.0] * 3  # old rank 2's line
+    assert store.spreads["loss"].x[-1] == 8  # a step of the smaller world is counted once its 3 ranks logged
+    assert store.total("throughput/samples_per_s")[1][-1] == 300.0
+    fig = board.figure()
+    marks = [s for s in fig.layout.shapes if s.x0 == 5 and s.line.dash == "dot"]
+    assert len(marks) == len([p for p in panels(store) if p.key != "split"]) >= 2
+    assert all(a.text == "3 ranks" for a in fig.layout.annotations if a.x == 5)

@@ -62,3 +62,32 @@ def test_lr_scaling_rules():
     assert scale_lr(0.1, 4, "none") == 0.1
     with pytest.raises(ConfigError, match="did you mean 'linear'"):
         scale_lr(0.1, 4, "linaer")
+
+
+def _order(n: int, seed: int, epoch: int) -> list[int]:
+    g = torch.Generator()
+    g.manual_seed(seed + epoch)
+    return torch.randperm(n, generator=g).tolist()
+
+
+@pytest.mark.parametrize(("before", "after", "read"), [(4, 3, 3), (4, 2, 5), (3, 4, 2), (2, 5, 1)])
+def test_a_world_of_another_size_reads_the_rest_of_the_epoch_each_sample_once(before, after, read):
+    """A world that shrank or grew mid-epoch (load_state_dict of a loader saved by another world size): what
+    both worlds read is a prefix of the epoch's order, no sample twice, and the places left unread are fewer
+    than one batch per new rank plus one sample per rank (drop_last's tail, as in any epoch)."""
+    n, batch, seed = 103, 4, 9
+    old = [shard(_ds(n), batch, seed=seed, num_replicas=before, rank=r) for r in range(before)]
+    streams = [iter(loader) for loader in old]
+    seen = [i for _ in range(read) for it in streams for i in next(it)[0].tolist()]
+    state = old[0].state_dict()
+    new = [shard(_ds(n), batch, seed=seed, num_replicas=after, rank=r) for r in range(after)]
+    for loader in new:
+        loader.load_state_dict(state)
+    rest = [[i for b in loader for i in b[0].tolist()] for loader in new]  # one pass: to the epoch's end
+    assert len({len(r) for r in rest}) == 1  # every rank the same number of batches: none waits in a collective
+    seen += [i for r in rest for i in r]
+    places = sorted(_order(n, seed, 0).index(i) for i in seen)
+    assert places == list(range(len(seen))), "not a prefix of the epoch's order, or a sample read twice"
+    assert n - len(seen) < after * batch + after
+    assert all(loader.epoch == 1 and loader.step == read + len(rest[0]) // batch for loader in new)
+    assert new[0].state_dict()["offset"] == 0  # the next epoch is whole again, split over the new world

@@ -1,0 +1,212 @@
+"""A world that goes on with fewer ranks (``--min-ranks``, docs/faults.md rows 60-61), on real clusters with
+real gloo groups, 2 cores.
+
+The node a rank runs on goes away: the rank is killed from outside (SIGKILL of its pid, at a seeded random
+step, rank 0 included) and no engine can start in its place. The launcher here starts every engine as a
+fresh process of ``gone_engine.py``, which exits at once, as an engine on a lost node never comes, once the
+test has marked the node gone: the rest (engines, controller, gloo, recovery) is nbdist's own. The world
+goes on with the 3 ranks left from the step the kill interrupted, the rest of the epoch's samples split over
+them.
+
+The reference is the same training done by hand, as a user would without nbdist's recovery: 4 ranks train to
+that step, rank 0 saves the model and optimizer, a new world of 3 ranks loads them and goes on, each rank
+reading the samples the stated rule gives it (the rest of the epoch's order from the place the 4 ranks
+reached, cut to a multiple of 3 and strided, then whole epochs of 3), all index arithmetic written here.
+Every parameter must be ``torch.equal`` to it. HANG_S only catches hangs.
+"""
+
+from __future__ import annotations
+
+import os
+import random
+import re
+import signal
+import sys
+import textwrap
+import threading
+
+import pytest
+import torch
+
+import nbdist
+from nbdist.config import LAUNCHERS, LauncherSpec
+from nbdist.errors import RankError
+from nbdist.launch import registry
+from tests.helpers import poll
+
+HANG_S = 120.0
+N, B, STEPS, SEED = 384, 8, 40, 3  # 12 steps an epoch with 4 ranks, 16 with 3: the run crosses two epochs
+PICK = int(os.environ.get("NBDIST_TEST_SEED", "0")) or random.SystemRandom().randrange(1, 10**6)
+
+MODEL = f"""
+import torch
+from torch.nn.parallel import DistributedDataParallel as DDP
+torch.manual_seed(0)
+net = torch.nn.Sequential(torch.nn.Linear(8, 32), torch.nn.Tanh(), torch.nn.Linear(32, 1))
+model = DDP(net)
+opt = torch.optim.Adam(model.parameters(), lr=0.01)
+_g = torch.Generator().manual_seed(1)
+X = torch.randn({N}, 8, generator=_g)
+Y = (X ** 2).sum(1, keepdim=True)
+"""
+SETUP = (
+    MODEL
+    + f"""
+from nbdist.parallel import shard
+loader = shard(torch.utils.data.TensorDataset(X, Y), batch_size={B}, seed={SEED})
+"""
+)
+TRAIN = f"""
+import time
+for step, (x, y) in loader.steps({STEPS}):
+    loss = torch.nn.functional.mse_loss(model(x), y)
+    opt.zero_grad(); loss.backward(); opt.step()
+    open(PROGRESS + f"-{{dist.get_rank()}}", "w").write(str(step))
+    time.sleep(0.03)
+final = [p.detach().clone() for p in model.parameters()]
+"""
+
+# The same training by hand: the indices each rank reads, from the epoch's order as DistributedSampler makes it.
+BY_HAND = f"""
+def order(epoch):
+    g = torch.Generator(); g.manual_seed({SEED} + epoch)
+    return torch.randperm({N}, generator=g).tolist()
+
+def batches(places, rank, size):
+    mine = places[: len(places) // size * size][rank::size]
+    return [mine[i : i + {B}] for i in range(0, len(mine) // {B} * {B}, {B})]
+
+def train(plan):
+    for idx in plan:
+        loss = torch.nn.functional.mse_loss(model(X[idx]), Y[idx])
+        opt.zero_grad(); loss.backward(); opt.step()
+"""
+FIRST = """
+train(batches(order(0), dist.get_rank(), 4)[:STOP])
+if dist.get_rank() == 0:
+    torch.save({"model": net.state_dict(), "opt": opt.state_dict()}, SAVED)
+"""
+THEN = f"""
+saved = torch.load(SAVED)
+net.load_state_dict(saved["model"]); opt.load_state_dict(saved["opt"])
+left = STEPS - STOP
+plan = batches(order(0)[STOP * 4 * {B}:], dist.get_rank(), 3)[:left]
+epoch = 1
+while len(plan) < left:
+    plan += batches(order(epoch), dist.get_rank(), 3)[: left - len(plan)]
+    epoch += 1
+train(plan)
+final = [p.detach().clone() for p in model.parameters()]
+"""
+
+GONE_ENGINE = """
+import os, sys
+if os.path.exists({flag!r}):
+    sys.exit("nbdist test: this engine's node is gone")
+os.execv(sys.executable, [sys.executable, "-m", "nbdist.engine", *sys.argv[1:]])
+"""
+
+
+@pytest.fixture
+def gone_launcher(tmp_path):
+    """A launcher whose engines are fresh processes of gone_engine.py; ``flag`` marks the node gone."""
+    from ipyparallel.cluster.launcher import LocalEngineSetLauncher
+
+    from nbdist.launch.launchers import Launcher, build_cluster
+    from nbdist.launch.net import LOOPBACK
+
+    flag = tmp_path / "node-gone"
+    script = tmp_path / "gone_engine.py"
+    script.write_text(textwrap.dedent(GONE_ENGINE.format(flag=str(flag))))
+
+    class GoneNodeLauncher(Launcher):
+        spec = LauncherSpec("gone-node", "engines that cannot start once their node is gone", multi_host=False)
+
+        def cluster(self, config, profile_dir, fresh=True):
+            cluster, engines = build_cluster(
+                config,
+                profile_dir,
+                fresh=fresh,
+                ip=LOOPBACK,
+                engines=LocalEngineSetLauncher,
+                engine_args=["--IPEngine.enable_nanny=False"],
+            )
+            engines.engine_cmd = [sys.executable, str(script)]
+            engines.delay = 0.0
+            return cluster
+
+    registry.register(GoneNodeLauncher)
+    try:
+        yield flag
+    finally:
+        registry.LAUNCHER_CLASSES.pop("gone-node", None)
+        LAUNCHERS.pop("gone-node", None)
+
+
+def _progress(path: str, rank: int) -> int:
+    try:
+        return int(open(f"{path}-{rank}").read() or -1)
+    except (OSError, ValueError):
+        return -1
+
+
+def test_a_lost_node_shrinks_the_world_and_training_goes_on_as_by_hand(tmp_path, gone_launcher):
+    rng = random.Random(PICK)
+    victim, after = rng.choice([0, 1, 2, 3]), rng.randrange(3, 9)
+    print(f"seed {PICK}: rank {victim} and its node lost after step {after}")
+    progress = str(tmp_path / "progress")
+    with nbdist.start(4, launcher="gone-node", max_restarts=2, min_ranks=2, oversubscribe=True, timeout=90) as c:
+        c.run(f"PROGRESS = {progress!r}\n{SETUP}", setup=True).raise_for_error()
+        gone_launcher.write_text("")  # from now on no engine starts: a replacement never comes
+        pid = c.engines.ranks[victim].pid
+
+        def killer() -> None:
+            poll(lambda: _progress(progress, victim) >= after, within=HANG_S, every=0.005)
+            os.kill(pid, signal.SIGKILL)
+
+        thread = threading.Thread(target=killer, daemon=True)
+        thread.start()
+        result = c.run(TRAIN).raise_for_error()  # the cell succeeds with 3 ranks
+        thread.join(timeout=HANG_S)
+        [line] = result.recovered
+        print(line)
+        assert line.startswith(f"rank(s) {victim} died during the cell; could not replace them ("), line
+        assert "continuing with 3 of 4 ranks" in line and " memory (nothing recomputed)" in line, line
+        stop = int(re.search(r"rebuilt step (\d+) from rank (\d+)'s (\(was rank (\d+)\) )?memory", line).group(1))
+        assert after <= stop <= after + 2, (after, stop)  # the step the kill interrupted, not an earlier one
+        sizes = c.run("print(dist.get_rank(), dist.get_world_size())", quiet=True).raise_for_error()
+        assert c.world_size == 3 and [r.stdout for r in sizes.ranks] == [f"{r} 3\n" for r in range(3)]
+        elastic = c.pull("final")
+        assert [s.ranks for s in c.recovery.sizes] == [3] and c.recovery.sizes[0].step == stop
+    for rank in (1, 2):
+        assert all(torch.equal(a, b) for a, b in zip(elastic[0], elastic[rank], strict=True))
+
+    saved = str(tmp_path / "by-hand.pt")
+    common = f"STEPS, STOP, SAVED = {STEPS}, {stop}, {saved!r}\n{MODEL}\n{BY_HAND}"
+    with nbdist.start(4, oversubscribe=True) as c:
+        c.run(common + FIRST).raise_for_error()
+    with nbdist.start(3, oversubscribe=True) as c:
+        c.run(common + THEN).raise_for_error()
+        reference = c.pull("final")
+    assert all(torch.equal(a, b) for a, b in zip(elastic[0], reference[0], strict=True)), (
+        "the world that went on with 3 ranks differs from the same training done by hand"
+    )
+
+
+def test_a_world_below_min_ranks_fails_the_cell_naming_what_was_lost(tmp_path, gone_launcher):
+    progress = str(tmp_path / "progress")
+    with nbdist.start(2, launcher="gone-node", max_restarts=1, min_ranks=2, timeout=90) as c:
+        c.run(f"PROGRESS = {progress!r}\n{SETUP}", setup=True).raise_for_error()
+        gone_launcher.write_text("")
+        pid = c.engines.ranks[1].pid
+        threading.Thread(
+            target=lambda: (poll(lambda: _progress(progress, 1) >= 3, within=HANG_S), os.kill(pid, signal.SIGKILL)),
+            daemon=True,
+        ).start()
+        result = c.run(TRAIN)
+        with pytest.raises(RankError):
+            result.raise_for_error()
+        said = " ".join(result.notes)
+        assert "rank(s) 1 died and could not be replaced (" in said and "fewer than --min-ranks 2" in said, said
+        kept = c.run("print(step)", ranks=[0], quiet=True).raise_for_error()
+        assert kept.ranks[0].stdout.strip().isdigit()  # rank 0 kept what it had
