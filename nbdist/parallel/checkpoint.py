@@ -267,9 +267,10 @@ def _names(objects: dict[str, Any]) -> dict[str, str]:
     return out
 
 
-def restore_latest(path: str, names: dict[str, Any]) -> int | None:
+def restore_latest(path: str, names: dict[str, Any], saved_as: int | None = None) -> int | None:
     """After a restart: load the latest checkpoint under ``path`` into the namespace's objects
-    named in ``names`` (model, optimizer, loader, the state objects); the step, or None when there is none yet."""
+    named in ``names`` (model, optimizer, loader, the state objects); the step, or None when there is none yet.
+    ``saved_as``: this rank's number when it saved (load_checkpoint)."""
     if latest_step(path) is None:
         return None
     from IPython import get_ipython
@@ -285,7 +286,8 @@ def restore_latest(path: str, names: dict[str, Any]) -> int | None:
     loader = ns.get(names["loader"]) if "loader" in names else None
     extra = ns.get(names["extra"]) if "extra" in names else None
     state = {key: ns[name] for key, name in names.get("state", {}).items()}
-    return load_checkpoint(path, ns[names["model"]], ns[names["optimizer"]], loader=loader, state=state, extra=extra)
+    model, optimizer = ns[names["model"]], ns[names["optimizer"]]
+    return load_checkpoint(path, model, optimizer, loader=loader, state=state, extra=extra, saved_as=saved_as)
 
 
 def load_checkpoint(
@@ -297,11 +299,14 @@ def load_checkpoint(
     state: dict[str, Any] | None = None,
     extra: dict | None = None,
     per_rank: bool = True,
+    saved_as: int | None = None,
 ) -> int:
     """Load the given (default: latest complete) step into the model, the optimizer, the ``state=``
     objects, this rank's RNG states, buffers and loader position, and ``extra`` (a dict, updated);
     return the step. ``per_rank=False`` skips the per-rank part (RNG, loader, buffers), which a
-    world of another size cannot use."""
+    world of another size cannot use; ``saved_as=r`` loads the one rank r saved (a world that went on
+    with fewer ranks: each rank's own part, saved under its old number; the loader splits the rest of
+    the epoch over the ranks now)."""
     objects = _stateful(state)
     wait_for_saves()
     if step is None:
@@ -321,7 +326,9 @@ def load_checkpoint(
         ) from None
     try:
         own, problem = (
-            ckpt_rank.load(directory, _rank(), dist.get_world_size() if dist.is_initialized() else 1, per_rank),
+            ckpt_rank.load(
+                directory, _rank(), dist.get_world_size() if dist.is_initialized() else 1, per_rank, saved_as
+            ),
             "",
         )
     except ConfigError as exc:

@@ -66,9 +66,14 @@ def save(directory: str, rank: int, model: torch.nn.Module, loader: Any, step: i
     torch.save(own, os.path.join(directory, f"rank-{rank}.pt"))
 
 
-def load(directory: str, rank: int, world_size: int, per_rank: bool) -> dict[str, Any] | None:
+def load(
+    directory: str, rank: int, world_size: int, per_rank: bool, saved_as: int | None = None
+) -> dict[str, Any] | None:
     """This rank's part (``per_rank``), or only rank 0's ``extra``; ConfigError when it is missing,
-    unreadable, or from a world of another size."""
+    unreadable, or from a world of another size. ``saved_as``: the part this process saved under another
+    rank number, in a world of another size (one that went on with fewer ranks): read as it is."""
+    if saved_as is not None and per_rank:
+        rank, world_size = saved_as, _read(os.path.join(directory, f"rank-{saved_as}.pt")).get("world_size", 0)
     name = f"rank-{rank}.pt" if per_rank else "rank-0.pt"
     file = os.path.join(directory, name)
     if not os.path.exists(file):

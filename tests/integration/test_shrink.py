@@ -150,13 +150,26 @@ def _progress(path: str, rank: int) -> int:
         return -1
 
 
-def test_a_lost_node_shrinks_the_world_and_training_goes_on_as_by_hand(tmp_path, gone_launcher):
+# The same loop saving a checkpoint every 4 steps, for --recover-from checkpoint.
+SAVING = TRAIN.replace(
+    "opt.step()\n", "opt.step()\n    if step % 4 == 3: save_checkpoint(CKPT, model, opt, step + 1, loader=loader)\n"
+)
+
+
+@pytest.mark.parametrize("source", ["peer", "checkpoint"])
+def test_a_lost_node_shrinks_the_world_and_training_goes_on_as_by_hand(tmp_path, gone_launcher, source):
+    """From the living ranks' memory (the default), or from the last checkpoint: each rank then loads the part it
+    saved under its old number, and the loader splits the rest of the epoch over the 3 ranks left."""
     rng = random.Random(PICK)
-    victim, after = rng.choice([0, 1, 2, 3]), rng.randrange(3, 9)
+    victim, after = rng.choice([0, 1, 2, 3]), rng.randrange(5, 10)
     print(f"seed {PICK}: rank {victim} and its node lost after step {after}")
-    progress = str(tmp_path / "progress")
-    with nbdist.start(4, launcher="gone-node", max_restarts=2, min_ranks=2, oversubscribe=True, timeout=90) as c:
-        c.run(f"PROGRESS = {progress!r}\n{SETUP}", setup=True).raise_for_error()
+    progress, ckpt = str(tmp_path / "progress"), str(tmp_path / "ckpt")
+    with nbdist.start(
+        4, launcher="gone-node", max_restarts=2, min_ranks=2, recover_from=source, oversubscribe=True, timeout=90
+    ) as c:
+        c.run(
+            f"from nbdist.parallel import save_checkpoint\nPROGRESS, CKPT = {progress!r}, {ckpt!r}\n{SETUP}", setup=True
+        ).raise_for_error()
         gone_launcher.write_text("")  # from now on no engine starts: a replacement never comes
         pid = c.engines.ranks[victim].pid
 
@@ -166,18 +179,23 @@ def test_a_lost_node_shrinks_the_world_and_training_goes_on_as_by_hand(tmp_path,
 
         thread = threading.Thread(target=killer, daemon=True)
         thread.start()
-        result = c.run(TRAIN).raise_for_error()  # the cell succeeds with 3 ranks
+        result = c.run(TRAIN if source == "peer" else SAVING).raise_for_error()  # the cell succeeds with 3 ranks
         thread.join(timeout=HANG_S)
         [line] = result.recovered
         print(line)
         assert line.startswith(f"rank(s) {victim} died during the cell; could not replace them ("), line
-        assert "continuing with 3 of 4 ranks" in line and " memory (nothing recomputed)" in line, line
-        stop = int(re.search(r"rebuilt step (\d+) from rank (\d+)'s (\(was rank (\d+)\) )?memory", line).group(1))
-        assert after <= stop <= after + 2, (after, stop)  # the step the kill interrupted, not an earlier one
+        assert "continuing with 3 of 4 ranks" in line, line
+        if source == "peer":
+            assert " memory (nothing recomputed)" in line, line
+            stop = int(re.search(r"rebuilt step (\d+) from rank (\d+)'s (\(was rank (\d+)\) )?memory", line)[1])
+            assert after <= stop <= after + 2, (after, stop)  # the step the kill interrupted, not an earlier one
+        else:
+            stop = int(re.search(rf"restored step (\d+) from {re.escape(ckpt)}", line)[1])
+            assert stop % 4 == 0 and after - 4 < stop <= after + 1, (after, stop)  # the last one saved
+        assert f"world size: 4 ranks, then 3 from step {stop} (rank(s) {victim} lost at " in c.recovery.sizes_line()
         sizes = c.run("print(dist.get_rank(), dist.get_world_size())", quiet=True).raise_for_error()
         assert c.world_size == 3 and [r.stdout for r in sizes.ranks] == [f"{r} 3\n" for r in range(3)]
         elastic = c.pull("final")
-        assert [s.ranks for s in c.recovery.sizes] == [3] and c.recovery.sizes[0].step == stop
     for rank in (1, 2):
         assert all(torch.equal(a, b) for a, b in zip(elastic[0], elastic[rank], strict=True))
 
