@@ -23,6 +23,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+from . import grow as growing
 from .cells import pointers
 from .cells.history import History
 from .cells.output import Sink
@@ -108,7 +109,7 @@ class Cluster(views.WorldView):
             self._say,
             self.restart,
             self.rebuild_world,
-            self.shrink,
+            self.resize,
         )
 
     # ------------------------------------------------------------------ lifecycle
@@ -188,19 +189,30 @@ class Cluster(views.WorldView):
         self._kept()
         return time.perf_counter() - tic
 
-    def shrink(self, lost: list[int]) -> dict[int, int]:
-        """Go on without these dead ranks (their replacement could not start): the others numbered 0..n-1 again,
-        each told its new rank and world size, a new process group. Returns each old rank -> its new one."""
+    def resize(self, lost: list[int], add: int = 0) -> dict[int, int]:
+        """Go on without the dead ranks ``lost`` (their replacement could not start; the others numbered 0..n-1
+        again), or with ``add`` more ranks (``grow``): every rank told its rank and world size, a new process group.
+        Returns each remaining rank's old number -> its new one."""
         engines = self._engines()
         with self._lock:
-            new = engines.drop(lost)
+            before = len(engines.ranks)
+            new = engines.drop(lost) if lost else {r: r for r in range(before)}
             self.history.renumber(new)  # the setup cells replay on the ranks that remain
+            if add:
+                engines.add(add)  # ClusterError (nothing changed) when they do not start
+                self.history.widen(before, len(engines.ranks))  # and those that ran on every rank, on the new too
             self.restarts += 1
             leave_world(engines)
             self._form_world(engines.ranks)
+            engines.board.reset([r.rank for r in engines.ranks])
         self.running = True
         self._kept()
         return new
+
+    def grow(self, count: int) -> str:
+        """Add ``count`` ranks between cells: the setup cells run again on every rank, the new ranks take the state
+        from a living rank's memory (grow.py); the line that says what was done."""
+        return growing.grow(count, self._engines(), self.config, self.resize, self.cells.replay(), self.recovery, self._say)
 
     def rebuild_world(self) -> float:
         """Tear the process group down on every rank and build a new one; return seconds taken."""

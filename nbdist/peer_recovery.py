@@ -25,25 +25,28 @@ class Plan:
     parts_from: dict[int, int]
 
 
-def hold_on_rank() -> dict[str, Any]:
-    from .parallel import peer
+def hold_on_rank(now: bool = False) -> dict[str, Any]:
+    from .parallel import peer_give
 
-    return peer.hold()
-
-
-def restore_on_rank(done: int, source: int, names: dict[str, Any], parts_from: dict[int, int]) -> int:
-    from .parallel import peer
-
-    return peer.restore(done, source, names, parts_from)
+    return peer_give.hold(now)
 
 
-def ask(engines: EngineSet, dead: list[int], timeout: float) -> tuple[list[dict[str, Any]] | None, str]:
+def restore_on_rank(done: int, source: int, names: dict[str, Any], parts_from: dict[int, int], joined: int = 0) -> int:
+    from .parallel import peer_give
+
+    return peer_give.restore(done, source, names, parts_from, joined)
+
+
+def ask(
+    engines: EngineSet, dead: list[int], timeout: float, now: bool = False
+) -> tuple[list[dict[str, Any]] | None, str]:
     """Ask every living rank to hold its state (before the setup cells replace its objects): what each
-    said (``decide`` reads it), or None and why not in a few words."""
+    said (``decide`` reads it), or None and why not in a few words. ``now``: the state as it is between cells
+    (a world about to grow), not the parts kept during the loop."""
     living = [r for r in range(len(engines.ranks)) if r not in dead]
     if not living:
         return None, "no rank lived to give its state"
-    answers = engines.call(living, hold_on_rank, timeout=timeout)
+    answers = engines.call(living, hold_on_rank, now, timeout=timeout)
     try:
         return answers.ordered("holding the state for recovery from a peer", living), ""
     except ClusterError as exc:
@@ -53,7 +56,7 @@ def ask(engines: EngineSet, dead: list[int], timeout: float) -> tuple[list[dict[
 def decide(
     said: list[dict[str, Any]], dead: list[int], renumbered: dict[int, int] | None = None
 ) -> tuple[Plan | None, str]:
-    """From what each living rank said (parallel/peer.hold): go on after the fewest optimizer steps any
+    """From what each living rank said (parallel/peer_give.hold): go on after the fewest optimizer steps any
     living rank completed (a rank can be one step ahead: it passed the step whose exchange failed on
     another); the source completed exactly those, every living rank kept its own part for that point,
     each dead rank's part is kept by a living rank, and the ranks at that point hold the same parameters.
@@ -102,11 +105,12 @@ def decide(
     return Plan(done=done, step=steps.pop(), source=source, names=names, parts_from=parts_from), ""
 
 
-def restore(engines: EngineSet, chosen: Plan, timeout: float) -> int:
-    """On every rank of the rebuilt world at once (a broadcast and a gather): the step it goes on from."""
+def restore(engines: EngineSet, chosen: Plan, timeout: float, joined: int = 0) -> int:
+    """On every rank of the rebuilt world at once (a broadcast and a gather): the step it goes on from.
+    ``joined``: the last ranks are new to a world that grew (they take the source's part)."""
     every = list(range(len(engines.ranks)))
     answers = engines.call(
-        every, restore_on_rank, chosen.done, chosen.source, chosen.names, chosen.parts_from, timeout=timeout
+        every, restore_on_rank, chosen.done, chosen.source, chosen.names, chosen.parts_from, joined, timeout=timeout
     )
     steps = answers.ordered(f"recovery from rank {chosen.source}", every)
     return int(steps[0])

@@ -50,7 +50,8 @@ class Replay:
 
 @dataclass(frozen=True, slots=True)
 class Resize:
-    """The world went on with ``ranks`` ranks (were ``before``) from loop step ``step`` (None: no step known)."""
+    """The world went on with ``ranks`` ranks (were ``before``; ``lost``: those it lost, none when it grew) from
+    loop step ``step`` (None: no step known)."""
 
     before: int
     ranks: int
@@ -67,7 +68,7 @@ class Recovery:
     used: int = 0
     checkpoint: dict[str, Any] | None = None  # {"path": ..., "names": {"model": ..., ...}}
     peer: bool = True  # rebuild from the living ranks' memory where that is exact (peer_recovery.py)
-    sizes: list[Resize] = field(default_factory=list)  # each time the world went on with fewer ranks
+    sizes: list[Resize] = field(default_factory=list)  # each time the world went on with fewer ranks, or grew
     renumbered: dict[int, int] | None = None  # the last recovery's old rank -> new rank, when the world shrank
 
     def sizes_line(self) -> str:
@@ -79,7 +80,8 @@ class Recovery:
         for s in self.sizes:
             when = time.strftime("%H:%M:%S", time.localtime(s.at))
             step = f" from step {s.step}" if s.step is not None else ""
-            said.append(f"then {s.ranks}{step} (rank(s) {', '.join(map(str, s.lost))} lost at {when})")
+            why = f"rank(s) {', '.join(map(str, s.lost))} lost" if s.lost else f"{s.ranks - s.before} rank(s) added"
+            said.append(f"then {s.ranks}{step} ({why} at {when})")
         return ", ".join(said)
 
     @property
@@ -111,22 +113,7 @@ class Recovery:
         chosen = None
         if said is not None:
             chosen, not_peer = peer_recovery.decide(said, [] if renumbered else dead, renumbered)
-        for i, cell in enumerate(replay.setup, 1):
-            result = execute(
-                replay.engines,
-                cell.code,
-                RunConfig(ranks=cell.ranks),
-                grace=replay.grace,
-                watchdog=replay.watchdog,
-                on_done=lambda r, k: [],
-                sink=Sink(),
-            )
-            assert isinstance(result, RunResult)  # a blocking run
-            if not result.ok:
-                why = result.failed[0].failure().summary
-                raise ClusterError(
-                    f"automatic recovery: setup cell {i} of {len(replay.setup)} failed when replayed: {why}"
-                )
+        replay_setup(replay, "automatic recovery")
         if replay.setup:
             what.append(f"replayed {len(replay.setup)} setup cell(s)")
         elif not renumbered:
@@ -154,6 +141,25 @@ class Recovery:
         )
         say(line)
         return line
+
+
+def replay_setup(replay: Replay, who: str) -> None:
+    """Run the setup cells again, in order, each on the ranks it last ran on; ClusterError naming the one that
+    failed (``who``: what replays them, for the message)."""
+    for i, cell in enumerate(replay.setup, 1):
+        result = execute(
+            replay.engines,
+            cell.code,
+            RunConfig(ranks=cell.ranks),
+            grace=replay.grace,
+            watchdog=replay.watchdog,
+            on_done=lambda r, k: [],
+            sink=Sink(),
+        )
+        assert isinstance(result, RunResult)  # a blocking run
+        if not result.ok:
+            why = result.failed[0].failure().summary
+            raise ClusterError(f"{who}: setup cell {i} of {len(replay.setup)} failed when replayed: {why}")
 
 
 def _first_line(exc: BaseException) -> str:

@@ -54,3 +54,9 @@ class History:
         cells ran on the ranks that remain, by their new numbers (what a replay after it runs them on)."""
         for cell in self.cells:
             cell.ranks = [new[r] for r in cell.ranks if r in new]
+
+    def widen(self, before: int, after: int) -> None:
+        """The world grew from ``before`` ranks to ``after``: a cell that ran on every rank runs on every rank."""
+        for cell in self.cells:
+            if cell.ranks == list(range(before)):
+                cell.ranks = list(range(after))

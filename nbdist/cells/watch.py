@@ -17,6 +17,7 @@ from typing import Any
 from .. import compat
 from ..launch import procs
 from ..results import RankState, RunResult
+from ..world import reports
 from ..world.engineset import EngineSet
 from . import replies
 from .heard import Heard, call_sink
@@ -156,7 +157,7 @@ class Watch:
                     exited=self.exited,
                 )
                 if action is Action.PROBE:
-                    self.reports = self.engines.where(running)
+                    self.reports = reports.where(self.engines, running)
                     action = policy.probed(any(rep.get("in_collective") for rep in self.reports.values()))
                     if action is Action.RELEASE:
                         self.engines.signal(running)
@@ -219,7 +220,7 @@ class Watch:
 
     def _release(self, running: list[int]) -> None:
         """Note where the running ranks are, then interrupt them (their watchers do the rest)."""
-        self.reports = self.engines.where(running)
+        self.reports = reports.where(self.engines, running)
         self.engines.signal(running)
 
     def _report_states(self) -> None:

@@ -1,6 +1,6 @@
 """IPython magics: parse the line, build a config, call the API. Nothing else.
 
-%dist_start, %dist_attach, %dist_status, %dist_where, %dist_restart, %dist_stop, %%distributed, %%rank,
+%dist_start, %dist_attach, %dist_status, %dist_where, %dist_restart, %dist_grow, %dist_stop, %%distributed, %%rank,
 %dist_mode, %dist_push, %dist_pull; %dist_run and %dist_export live in scripts.py.
 """
 
@@ -207,6 +207,15 @@ class DistMagics(Magics):
         args = parse(self.dist_restart, line)
         seconds = call(lambda: api.current().restart(args.ranks))
         print(f"world rebuilt in {seconds:.1f} s; restarted ranks start with empty namespaces.")
+
+    @magic_arguments()
+    @argument("count", type=int, metavar="N", help="how many ranks to add")
+    @line_magic
+    def dist_grow(self, line: str = "") -> None:
+        """Add N ranks between cells: the setup cells run again on every rank, the new ranks take the training
+        state from a living rank's memory, and the loaders split the rest of the epoch over the larger world."""
+        args = parse(self.dist_grow, line)
+        call(lambda: api.current().grow(args.count))  # its line is printed as it is said
 
     @magic_arguments()
     @argument("--ranks", default=None, metavar="SPEC", help="ranks to draw one by one beside the spread: 3 or 3,14")

@@ -25,7 +25,6 @@ from __future__ import annotations
 
 import copy
 import datetime
-import hashlib
 import os
 import queue
 import threading
@@ -37,9 +36,8 @@ import torch
 import torch.distributed as dist
 
 from .. import wire
-from ..engine import control, schedulers
-from ..engine.state import STATE
-from . import ckpt_rank, peer_part
+from ..engine import control
+from . import peer_part
 
 AFTER_S = 0.2  # seconds a living rank waits, after a death, for a part already on its way
 WAIT_STEP_S = 0.5  # seconds between looks, while waiting for an exchange, at whether its world was replaced
@@ -85,16 +83,10 @@ def watch(loader: Any) -> None:
     """``loader.steps()`` begins: find the optimizer and its model in the namespace, hook the optimizer."""
     if not enabled():
         return
-    ns = _namespace()
-    optimizers = [v for k, v in ns.items() if isinstance(v, torch.optim.Optimizer) and not k.startswith("_")]
-    optimizers = list({id(o): o for o in optimizers}.values())
-    KEPT.update(loader=loader, optimizer=None, model=None)
-    if len(optimizers) != 1:
+    optimizer, model = find(namespace())
+    KEPT.update(loader=loader, optimizer=optimizer, model=model)
+    if optimizer is None:
         return  # none, or several: hold() says so and recovery falls back to the checkpoint
-    optimizer = optimizers[0]
-    params = {id(p) for group in optimizer.param_groups for p in group["params"]}
-    models = [v for v in ns.values() if isinstance(v, torch.nn.Module) and params <= {id(p) for p in v.parameters()}]
-    KEPT.update(optimizer=optimizer, model=min(models, key=lambda m: len(list(m.parameters())), default=None))
     if optimizer not in KEPT["hooked"]:
         KEPT["hooked"].add(optimizer)
         KEPT.update(begun=0, done=0, parts={}, mirrors={}, exchange=None, generation=KEPT["generation"] + 1)
@@ -102,12 +94,24 @@ def watch(loader: Any) -> None:
         optimizer.register_step_post_hook(_after_step)
 
 
+def find(ns: dict[str, Any]) -> tuple[Any, Any]:
+    """The one optimizer in the namespace and the module whose parameters it holds (the smallest: not a wrapper
+    around more); (None, None) when there is no optimizer, or several."""
+    optimizers = [v for k, v in ns.items() if isinstance(v, torch.optim.Optimizer) and not k.startswith("_")]
+    optimizers = list({id(o): o for o in optimizers}.values())
+    if len(optimizers) != 1:
+        return None, None
+    params = {id(p) for group in optimizers[0].param_groups for p in group["params"]}
+    models = [v for v in ns.values() if isinstance(v, torch.nn.Module) and params <= {id(p) for p in v.parameters()}]
+    return optimizers[0], min(models, key=lambda m: len(list(m.parameters())), default=None)
+
+
 def boundary() -> None:
     """A step boundary of ``loader.steps()`` (before the next batch is read): keep this rank's own part, exact,
     and send it to the buddy without waiting (it has the whole step to arrive)."""
     if KEPT["optimizer"] is None or not enabled():
         return
-    data = _own_part(with_extra=True)
+    data = own_part(with_extra=True)
     _keep(KEPT["parts"], KEPT["done"], (True, data))
     _send(KEPT["done"], True, data, wait=False)
 
@@ -125,7 +129,7 @@ def _before_step(optimizer: Any, args: Any, kwargs: Any) -> None:
     if optimizer is not KEPT["optimizer"] or not enabled():
         return
     after = KEPT["begun"] + 1
-    data = _own_part(with_extra=False)
+    data = own_part(with_extra=False)
     sent = _send(after, False, data, wait=True)
     if not sent.wait(SEND_WAIT_S) or KEPT.get("failed") is sent:
         raise RuntimeError(
@@ -181,9 +185,9 @@ def _keep(kept: dict[int, Any], index: int, value: Any) -> None:
         del kept[old]
 
 
-def _own_part(with_extra: bool) -> bytes:
+def own_part(with_extra: bool) -> bytes:
     """What this rank alone holds, as the next step will begin with it (peer_part.py)."""
-    extra = _namespace().get(KEPT["saved"].get("extra") or "") if with_extra else None
+    extra = namespace().get(KEPT["saved"].get("extra") or "") if with_extra else None
     return peer_part.take(KEPT["loader"], KEPT["model"], copy.deepcopy(extra) if isinstance(extra, dict) else None)
 
 
@@ -201,7 +205,7 @@ def _exchange(group: Any, generation: int, index: int, exact: bool, data: bytes,
     One buffer each way per world, agreed in size at the first exchange: a header (length, index, exact)
     and the part."""
     rank, size = dist.get_rank(), dist.get_world_size()
-    _finish(wait=True)
+    finish(wait=True)
     if generation != KEPT["generation"]:
         raise RuntimeError("an exchange of a world since rebuilt")
     if KEPT["capacity_of"] is not group:  # first exchange in this world: agree on a size
@@ -241,7 +245,7 @@ def _waited(work: Any, generation: int) -> bool:
                 raise
 
 
-def _finish(wait: bool) -> None:
+def finish(wait: bool) -> None:
     """Keep the part the receive in flight brought (``wait``: it must come; otherwise only if it came)."""
     pending, KEPT["exchange"] = KEPT["exchange"], None
     if pending is None:
@@ -263,7 +267,7 @@ def _finish(wait: bool) -> None:
         _keep(KEPT["mirrors"], index, (source, bool(exact), into.numpy()[HEADER : HEADER + length].tobytes()))
 
 
-def _namespace() -> dict[str, Any]:
+def namespace() -> dict[str, Any]:
     try:
         from IPython import get_ipython
 
@@ -272,123 +276,5 @@ def _namespace() -> dict[str, Any]:
         return {}
 
 
-def _name_of(obj: Any) -> str | None:
-    return next((k for k, v in _namespace().items() if v is obj and not k.startswith("_")), None)
-
-
-# --------------------------------------------------------------------------- recovery's side
-
-
-def hold() -> dict[str, Any]:
-    """Run on each living rank after a rank died, before anything else: keep this rank's state (the objects
-    will be replaced when the setup cells run again) and say what it can give: the optimizer steps it
-    completed, a checksum of what every rank holds alike, its own parts and the parts it keeps for others
-    (each by steps completed). ``why`` when it can give nothing."""
-    last = KEPT.get("last_sent")
-    if last is not None:
-        last.wait(AFTER_S)  # the sender thread is done with what it had
-    _finish(wait=False)
-    KEPT["generation"] += 1  # what the sender thread still waits for in the broken world: let it go
-    optimizer, model, loader = KEPT["optimizer"], KEPT["model"], KEPT["loader"]
-    rank = STATE.rank if STATE.rank is not None else int(os.environ.get("RANK", "0"))
-    out: dict[str, Any] = {"rank": rank, "why": ""}
-    if optimizer is None or model is None or loader is None:
-        out["why"] = "no loader.steps() loop with one optimizer and its model ran on this rank"
-        return out
-    if _sharded(model):
-        out["why"] = "the model is sharded (FSDP): each rank holds only its own shard, which died with it"
-        return out
-    done = KEPT["done"]
-    if KEPT["begun"] != done:
-        out["why"] = f"rank {rank} was stopped inside optimizer.step(): its parameters are half updated"
-        return out
-    ns, names = _namespace(), KEPT["saved"]
-    shared = {
-        "model": model.state_dict(),
-        "optimizer": optimizer.state_dict(),
-        "schedulers": [s.state_dict() for s in schedulers.bound(optimizer)],
-        "state": {key: ns[name].state_dict() for key, name in names.get("state", {}).items() if name in ns},
-    }
-    parts = dict(KEPT["parts"])
-    if done in parts and not parts[done][0]:  # past its step, not at the next boundary: extra= as it is now
-        extra = ns.get(names.get("extra") or "")
-        parts[done] = (
-            True,
-            peer_part.with_extra(parts[done][1], copy.deepcopy(extra) if isinstance(extra, dict) else None),
-        )
-    KEPT["held"] = {"shared": shared, "parts": parts, "mirrors": dict(KEPT["mirrors"])}
-    out.update(
-        done=done,
-        steps={index: peer_part.step_of(data) for index, (_, data) in parts.items()},
-        checksum=checksum({"parameters": list(model.parameters()), "optimizer": shared["optimizer"]}),  # not buffers
-        keeps={index: [source, exact] for index, (source, exact, _) in KEPT["mirrors"].items()},
-        names={
-            "model": _name_of(model),
-            "optimizer": _name_of(optimizer),
-            "loader": _name_of(loader),
-            "extra": names.get("extra") or "",
-            "state": names.get("state", {}),
-        },
-    )
-    return out
-
-
-def _sharded(model: Any) -> bool:
-    """FSDP (either API): a parameter is a DTensor shard, or the module is FSDP's wrapper."""
-    if type(model).__name__ in ("FullyShardedDataParallel", "FSDPModule") or hasattr(model, "_fsdp_wrapped_module"):
-        return True
-    return any(
-        type(p).__name__ == "DTensor" or type(getattr(p, "data", None)).__name__ == "DTensor"
-        for p in model.parameters()
-    )
-
-
-def checksum(shared: dict[str, Any]) -> str:
-    """Of what every rank holds alike (the parameters and the optimizer's tensors; buffers are each rank's
-    own), bit for bit."""
-    digest = hashlib.sha1()
-    for value in _tensors(shared):
-        digest.update(value.detach().to("cpu").contiguous().view(torch.uint8).numpy().tobytes())
-    return digest.hexdigest()
-
-
-def _tensors(value: Any) -> list[torch.Tensor]:
-    if isinstance(value, torch.Tensor):
-        return [value.reshape(-1)]
-    if isinstance(value, dict):
-        return [t for k in sorted(value, key=str) for t in _tensors(value[k])]
-    if isinstance(value, (list, tuple)):
-        return [t for v in value for t in _tensors(v)]
-    return []
-
-
-def restore(done: int, source: int, names: dict[str, Any], parts_from: dict[int, int]) -> int:
-    """Run on every rank of the rebuilt world, after the setup cells ran again: the world goes on after
-    ``done`` optimizer steps. ``source`` (which completed exactly those) sends what every rank holds alike;
-    each rank takes its own part for that point (a restarted rank, from the rank in ``parts_from`` that kept
-    it); the objects named in ``names`` get it all. Returns the step the loop goes on from."""
-    rank = dist.get_rank()
-    held = KEPT["held"] or {"parts": {}, "mirrors": {}}
-    box = [held["shared"] if rank == source else None]
-    dist.broadcast_object_list(box, src=source)
-    given = {r: data for index, (r, _, data) in held["mirrors"].items() if index == done and parts_from.get(r) == rank}
-    everyone: list[Any] = [None] * dist.get_world_size()
-    dist.all_gather_object(everyone, given)
-    mine = peer_part.decode(held["parts"][done][1] if rank not in parts_from else everyone[parts_from[rank]][rank])
-    ns = _namespace()
-    model, optimizer, loader = ns[names["model"]], ns[names["optimizer"]], ns[names["loader"]]
-    shared = box[0]
-    assert shared is not None
-    model.load_state_dict(shared["model"])
-    optimizer.load_state_dict(shared["optimizer"])
-    for sched, state in zip(schedulers.bound(optimizer), shared["schedulers"], strict=False):
-        sched.load_state_dict(state)
-    for key, name in names.get("state", {}).items():
-        if key in shared["state"] and name in ns:
-            ns[name].load_state_dict(shared["state"][key])
-    if names.get("extra") and isinstance(ns.get(names["extra"]), dict) and mine.get("extra") is not None:
-        ns[names["extra"]].clear()
-        ns[names["extra"]].update(mine["extra"])  # into the dict the setup cells made, as load_checkpoint(extra=)
-    ckpt_rank.restore(mine, model, loader)
-    KEPT.update(held=None, parts={}, mirrors={}, exchange=None, begun=0, done=0, generation=KEPT["generation"] + 1)
-    return int(mine["loader"]["step"])
+def name_of(obj: Any) -> str | None:
+    return next((k for k, v in namespace().items() if v is obj and not k.startswith("_")), None)

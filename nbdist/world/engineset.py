@@ -7,7 +7,6 @@ here is addressed by rank. Processes are ended by pid, only those this set start
 
 from __future__ import annotations
 
-import json
 import logging
 import os
 import signal
@@ -15,7 +14,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from .. import compat, wire
+from .. import compat
 from ..config import StartConfig
 from ..launch import procs
 from ..launch.launchers import Launcher
@@ -72,6 +71,20 @@ class EngineSet:
         They are ``restarting`` on the board until their caller has them in the world again."""
         self.board.set(ranks, RankState.RESTARTING)
         self.kill(ranks)
+        for rank, eid in zip(ranks, self._more(ranks), strict=True):
+            self.ranks[rank] = RankInfo(rank=rank, engine_id=eid)
+        return [self.ranks[r] for r in ranks]
+
+    def add(self, count: int) -> list[RankInfo]:
+        """Start ``count`` more engines as the next ranks (a world that grows); their RankInfos."""
+        ranks = list(range(len(self.ranks), len(self.ranks) + count))
+        self.ranks += [RankInfo(rank=r, engine_id=eid) for r, eid in zip(ranks, self._more(ranks), strict=True)]
+        self.board.set(ranks, RankState.RESTARTING)
+        return self.ranks[-count:]
+
+    def _more(self, ranks: list[int]) -> list[int]:
+        """Start one engine for each of these ranks; their engine ids, in launch order. Nothing of engines that did
+        not come is left running or queued."""
         known = set(self.client.ids) | {r.engine_id for r in self.ranks}
         old_launchers = {id(el) for el in self.launchers()}
         before = set(self._ipp.engines)
@@ -79,13 +92,10 @@ class EngineSet:
         self._record_jobs()
         try:
             waited = registration.wait_for_engines(self, len(ranks), known, old_launchers, ranks)
-        except BaseException:  # nothing of a replacement that did not come is left running or queued
+        except BaseException:
             self._give_up(set(self._ipp.engines) - before)
             raise
-        new_ids = registration.in_launch_order(self, waited)
-        for rank, eid in zip(ranks, new_ids, strict=True):
-            self.ranks[rank] = RankInfo(rank=rank, engine_id=eid)
-        return [self.ranks[r] for r in ranks]
+        return registration.in_launch_order(self, waited)
 
     def _give_up(self, engine_sets: set[str]) -> None:
         """Stop these engine sets (a replacement that did not start: its processes, its queued batch job)."""
@@ -234,29 +244,6 @@ class EngineSet:
             if board.get(rank) is None or board[rank].state not in (RankState.DEAD, RankState.RESTARTING):
                 self.board.set([rank], RankState.DEAD)
         return self.board.get()
-
-    def where(self, ranks: list[int], wait: float = 0.5) -> dict[int, dict[str, Any]]:
-        """Where these ranks are now: SIGUSR1 makes each one's watcher write its stack summary."""
-        paths = {r: os.path.join(self.workdir, wire.REPORT.format(rank=r)) for r in ranks}
-        for path in paths.values():
-            try:
-                os.unlink(path)
-            except FileNotFoundError:
-                pass
-        self.signal(ranks, signal.SIGUSR1)
-        reports: dict[int, dict[str, Any]] = {}
-        end = time.monotonic() + wait
-        while time.monotonic() < end and len(reports) < len(paths):
-            for rank, path in paths.items():
-                if rank not in reports and os.path.exists(path):
-                    try:
-                        with open(path) as fh:
-                            reports[rank] = json.load(fh)
-                    except (OSError, ValueError):
-                        pass
-            time.sleep(0.01)
-        self.board.reported({r: (bool(rep.get("debugging")), rep.get("cell_line")) for r, rep in reports.items() if rep.get("busy")})
-        return reports
 
     # ------------------------------------------------------------------ reaching the engines
 

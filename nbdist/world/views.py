@@ -14,6 +14,7 @@ from ..engine import gpu
 from ..errors import ClusterError
 from ..launch.defaults import Choice
 from ..results import RankState
+from . import reports
 from .board import Listener, RankNow
 from .engineset import EngineSet, RankInfo
 from .rendezvous import World
@@ -39,7 +40,7 @@ def states(engines: EngineSet, lines: bool = False) -> dict[int, RankNow]:
     now = engines.states()
     busy = [r for r, n in now.items() if n.in_cell]
     if lines and busy:
-        engines.where(busy)  # their reports put their lines on the board
+        reports.where(engines, busy)  # their reports put their lines on the board
         now = engines.board.get()
     return now
 
@@ -89,9 +90,9 @@ def where(engines: EngineSet, wait: float = 1.0, group: bool = False) -> list[st
     now = engines.states()
     gone = {r: n.state for r, n in now.items() if n.state in (RankState.DEAD, RankState.RESTARTING)}
     live = [r.rank for r in engines.ranks if r.rank not in gone]
-    reports = engines.where(live, wait=wait)
+    said = reports.where(engines, live, wait=wait)
     hosts = {r.rank: r.host for r in engines.ranks} if group else None
-    lines = render(reports, {r.rank: r.where() for r in engines.ranks if r.rank not in gone}, hosts=hosts)
+    lines = render(said, {r.rank: r.where() for r in engines.ranks if r.rank not in gone}, hosts=hosts)
     for state in (RankState.DEAD, RankState.RESTARTING):
         ranks = sorted(r for r, s in gone.items() if s == state)
         if ranks:

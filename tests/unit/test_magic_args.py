@@ -91,6 +91,7 @@ FROZEN = {
     "distributed": "--ranks --timeout --noblock --quiet --each --setup",
     "rank": "spec --timeout --noblock --quiet --each --setup",
     "dist_restart": "--ranks",
+    "dist_grow": "count",
     "dist_status": "--all",
     "dist_dashboard": "--ranks",
     "dist_where": "--all",

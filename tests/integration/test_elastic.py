@@ -30,7 +30,7 @@ import torch
 
 import nbdist
 from nbdist.config import LAUNCHERS, LauncherSpec
-from nbdist.errors import RankError
+from nbdist.errors import ClusterError, ConfigError, RankError
 from nbdist.launch import registry
 from tests.helpers import poll
 
@@ -82,7 +82,7 @@ def train(plan):
         opt.zero_grad(); loss.backward(); opt.step()
 """
 FIRST = """
-train(batches(order(0), dist.get_rank(), 4)[:STOP])
+train(batches(order(0), dist.get_rank(), BEFORE)[:STOP])
 if dist.get_rank() == 0:
     torch.save({"model": net.state_dict(), "opt": opt.state_dict()}, SAVED)
 """
@@ -90,10 +90,10 @@ THEN = f"""
 saved = torch.load(SAVED)
 net.load_state_dict(saved["model"]); opt.load_state_dict(saved["opt"])
 left = STEPS - STOP
-plan = batches(order(0)[STOP * 4 * {B}:], dist.get_rank(), 3)[:left]
+plan = batches(order(0)[STOP * BEFORE * {B}:], dist.get_rank(), AFTER)[:left]
 epoch = 1
 while len(plan) < left:
-    plan += batches(order(epoch), dist.get_rank(), 3)[: left - len(plan)]
+    plan += batches(order(epoch), dist.get_rank(), AFTER)[: left - len(plan)]
     epoch += 1
 train(plan)
 final = [p.detach().clone() for p in model.parameters()]
@@ -199,16 +199,59 @@ def test_a_lost_node_shrinks_the_world_and_training_goes_on_as_by_hand(tmp_path,
     for rank in (1, 2):
         assert all(torch.equal(a, b) for a, b in zip(elastic[0], elastic[rank], strict=True))
 
-    saved = str(tmp_path / "by-hand.pt")
-    common = f"STEPS, STOP, SAVED = {STEPS}, {stop}, {saved!r}\n{MODEL}\n{BY_HAND}"
-    with nbdist.start(4, oversubscribe=True) as c:
-        c.run(common + FIRST).raise_for_error()
-    with nbdist.start(3, oversubscribe=True) as c:
-        c.run(common + THEN).raise_for_error()
-        reference = c.pull("final")
-    assert all(torch.equal(a, b) for a, b in zip(elastic[0], reference[0], strict=True)), (
+    reference = _by_hand(tmp_path, stop, 4, 3)
+    assert all(torch.equal(a, b) for a, b in zip(elastic[0], reference, strict=True)), (
         "the world that went on with 3 ranks differs from the same training done by hand"
     )
+
+
+def _by_hand(tmp_path, stop: int, before: int, after: int) -> list[torch.Tensor]:
+    """The same training by hand: ``before`` ranks to step ``stop``, saved; ``after`` ranks load it and go on."""
+    saved = str(tmp_path / "by-hand.pt")
+    common = f"STEPS, STOP, SAVED, BEFORE, AFTER = {STEPS}, {stop}, {saved!r}, {before}, {after}\n{MODEL}\n{BY_HAND}"
+    with nbdist.start(before, oversubscribe=True) as c:
+        c.run(common + FIRST).raise_for_error()
+    with nbdist.start(after, oversubscribe=True) as c:
+        c.run(common + THEN).raise_for_error()
+        return c.pull("final", ranks=[0])[0]
+
+
+def test_a_world_grown_between_cells_goes_on_as_by_hand(tmp_path):
+    """3 ranks train to step 7; %dist_grow 1 (Cluster.grow); the 4 go on to the end: as by hand."""
+    with nbdist.start(3, oversubscribe=True) as c:
+        c.run(f"PROGRESS = {str(tmp_path / 'progress')!r}\n{SETUP}", setup=True).raise_for_error()
+        c.run(TRAIN.replace(f"loader.steps({STEPS})", "loader.steps(7)")).raise_for_error()
+        line = c.grow(1)
+        assert line.startswith("grew the world from 3 to 4 ranks: started rank(s) 3, rebuilt the process group"), line
+        assert "gave every rank step 7 from rank 0's memory (nothing recomputed)" in line, line
+        assert "then 4 from step 7 (1 rank(s) added at " in c.recovery.sizes_line()
+        sizes = c.run("print(dist.get_rank(), dist.get_world_size())", quiet=True).raise_for_error()
+        assert [r.stdout for r in sizes.ranks] == [f"{r} 4\n" for r in range(4)]
+        c.run(TRAIN).raise_for_error()
+        grown = c.pull("final")
+    for rank in (1, 2, 3):
+        assert all(torch.equal(a, b) for a, b in zip(grown[0], grown[rank], strict=True))
+    reference = _by_hand(tmp_path, 7, 3, 4)
+    assert all(torch.equal(a, b) for a, b in zip(grown[0], reference, strict=True)), (
+        "the world grown to 4 ranks differs from the same training done by hand"
+    )
+
+
+def test_a_grow_the_launcher_cannot_give_says_so_and_the_world_goes_on(tmp_path, gone_launcher):
+    with nbdist.start(2, launcher="gone-node", timeout=90) as c:
+        cores = os.cpu_count() or 2
+        with pytest.raises(ConfigError, match=f"from 2 to {cores + 1} ranks: n \\({cores + 1}\\) is more than this"):
+            c.grow(cores - 1)  # beyond the host's slots: its cores
+        c.config.oversubscribe = True
+        with pytest.raises(ConfigError, match="no cell is marked %%distributed --setup"):
+            c.grow(1)
+        c.run(f"PROGRESS = {str(tmp_path / 'progress')!r}\n{SETUP}", setup=True).raise_for_error()
+        with pytest.raises(ConfigError, match=r"\(0\) must be a whole number, 1 or more"):
+            c.grow(0)
+        gone_launcher.write_text("")
+        with pytest.raises(ClusterError, match="could not grow the world: .*it goes on with its 2 ranks"):
+            c.grow(1)
+        assert c.world_size == 2 and c.run("x = 1").ok  # nothing changed
 
 
 def test_a_world_below_min_ranks_fails_the_cell_naming_what_was_lost(tmp_path, gone_launcher):
