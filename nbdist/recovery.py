@@ -110,6 +110,7 @@ class Recovery:
         except Exception as exc:
             renumbered = self.renumbered = _shrink(dead, replay, exc)
             what = [f"could not replace them ({_first_line(exc)})", _continuing(renumbered, before)]
+            what += replay.engines.given_back
         chosen = None
         if said is not None:
             chosen, not_peer = peer_recovery.decide(said, [] if renumbered else dead, renumbered)

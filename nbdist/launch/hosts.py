@@ -132,6 +132,12 @@ class SlurmLauncher(ManyHostsLauncher):
     def cancel(self, job_ids: list[str]) -> None:
         slurm.cancel(job_ids)
 
+    def release(self, job_ids: list[str], hosts: set[str]) -> list[str]:
+        return slurm.release(job_ids, hosts)
+
+    def later(self, cluster: Any) -> None:
+        cluster.config[self.engine_set().__name__].nodes = 0  # not --nodes: wherever Slurm has room
+
     def queue(self, engine_launchers: list[Any]) -> tuple[str, list[Any]]:
         states = slurm.job_states(self.job_ids(engine_launchers))
         pending = [f"Slurm job {job} {state}" for job, state in states.items() if state.startswith("PENDING")]

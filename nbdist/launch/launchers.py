@@ -79,6 +79,15 @@ class Launcher:
     def stopped(self) -> None:
         """The cluster stopped: end what this launcher started for it beyond its engines."""
 
+    def later(self, cluster: Any) -> None:
+        """Engines started after the world's first (replacements, a grow) go where there is room: set ``cluster``'s
+        engine launcher for them (the first start's spread over nodes need not hold)."""
+
+    def release(self, job_ids: list[str], hosts: set[str]) -> list[str]:
+        """The world went on with its ranks on ``hosts`` only: give back what these batch jobs hold elsewhere;
+        what was done, in words."""
+        return []
+
 
 class LocalLauncher(Launcher):
     """Controller and engines on this machine, all on 127.0.0.1; engines served warm when they can be."""

@@ -173,3 +173,30 @@ def cancel(job_ids: list[str]) -> None:
             _run("scancel", *ids)
         except (OSError, RuntimeError, subprocess.TimeoutExpired):
             pass
+
+
+def release(job_ids: list[str], hosts: set[str]) -> list[str]:
+    """Give back the nodes of these jobs where no rank of the world runs any more (it went on without them), so
+    that a job of a world that grows again can have them: ``scontrol update JobId= NodeList=`` keeps a job on the
+    others, and a job left with none is cancelled. What was done, in words ('Slurm job 1 gave back node2')."""
+    short = {h.split(".")[0] for h in hosts}
+    said = []
+    for job in job_ids:
+        try:
+            nodes = hostnames(_run("squeue", "-h", "-j", job, "-o", "%N").strip() or "")
+        except (OSError, RuntimeError, subprocess.TimeoutExpired):
+            continue
+        kept = [n for n in nodes if n.split(".")[0] in short]
+        gone = ", ".join(n for n in nodes if n not in kept)
+        if not nodes or not gone:
+            continue
+        if not kept:
+            cancel([job])
+            said.append(f"cancelled Slurm job {job} (on {gone})")
+            continue
+        try:
+            _run("scontrol", "update", f"JobId={job}", f"NodeList={','.join(kept)}")
+            said.append(f"Slurm job {job} gave back {gone}")
+        except (OSError, RuntimeError, subprocess.TimeoutExpired) as exc:
+            said.append(f"Slurm job {job} still holds {gone} ({str(exc)[:120]})")
+    return said

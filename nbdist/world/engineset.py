@@ -44,6 +44,7 @@ class EngineSet:
         self._views: dict[tuple[int, ...], Any] = {}
         self.kept_pids: list[int] = []  # reattached to a kept world (kept.py): its controller and what it started
         self.kept_jobs: list[str] = []  # and the batch jobs it runs in
+        self.given_back: list[str] = []  # what the last drop gave back to the batch system, in words
         self.board = Board()  # each rank's state (board.py): written where a change is seen, read by the views
         self.published = Published(workdir, self.board, lambda: list(self.ranks))  # and as a file, for the panel
         self.board.subscribe(self.published)
@@ -88,6 +89,7 @@ class EngineSet:
         known = set(self.client.ids) | {r.engine_id for r in self.ranks}
         old_launchers = {id(el) for el in self.launchers()}
         before = set(self._ipp.engines)
+        self.launcher.later(self._ipp)
         self._ipp.start_engines_sync(len(ranks))
         self._record_jobs()
         try:
@@ -119,6 +121,7 @@ class EngineSet:
         self.ranks = remaining
         self._views.clear()
         self.board.reset([r.rank for r in self.ranks])
+        self.given_back = self.launcher.release(self.job_ids(), {r.host for r in remaining})  # nodes left behind
         return new
 
     def adopt(self, client: Any, ranks: list[RankInfo], cluster_id: str, pids: list[int], jobs: list[str]) -> None:

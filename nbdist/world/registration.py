@@ -66,6 +66,7 @@ def wait_for_engines(
     started = time.monotonic()
     deadline = started + engines.config.timeout
     said, said_at, asked_at, listed_at = "", 0.0, 0.0, started
+    queued = ""  # the batch queue's last word on the jobs waited for ('' when none waits)
     finished: list[Any] = []
     while True:
         new = sorted(set(engines.client.ids) - known)
@@ -84,9 +85,10 @@ def wait_for_engines(
             # without (--min-ranks): its node may be gone for good, so the wait is bounded.
             if waiting and not (known and engines.config.min_ranks):
                 deadline = max(deadline, now + engines.config.timeout)
-                if now - started >= 2 and (waiting != said or now - said_at >= 15):
-                    engines.progress(f"{waiting}; waited {now - started:.0f} s (Ctrl-C cancels it)")
-                    said, said_at = waiting, now
+            if waiting and now - started >= 2 and (waiting != said or now - said_at >= 15):
+                engines.progress(f"{waiting}; waited {now - started:.0f} s (Ctrl-C cancels it)")
+                said, said_at = waiting, now
+            queued = waiting
         exited = [el for el in launchers if procs.exited(el) or el in finished]
         # An engine that exited will never register; report once the others have. One launcher
         # of several hosts (mpiexec, srun, a job) carries every engine: its exit ends the wait.
@@ -99,6 +101,8 @@ def wait_for_engines(
             why = (
                 f"{len(exited)} engine process(es) exited while starting"
                 if exited
+                else f"{queued} for {engines.config.timeout:.0f} s"
+                if queued
                 else f"they did not register within {engines.config.timeout:.0f} s"
             )
             logs = exited or (launchers if engines.launcher.multi_host else [])

@@ -2,9 +2,10 @@
 real gloo groups, 2 cores.
 
 The node a rank runs on goes away: the rank is killed from outside (SIGKILL of its pid, at a seeded random
-step, rank 0 included) and no engine can start in its place. The launcher here starts every engine as a
-fresh process of ``gone_engine.py``, which exits at once, as an engine on a lost node never comes, once the
-test has marked the node gone: the rest (engines, controller, gloo, recovery) is nbdist's own. The world
+step, rank 0 included) and no engine can start in its place. The launcher here (tests/gone_node.py) starts
+every engine as a fresh process that exits at once, as an engine on a lost node never comes, once the test
+has marked the node gone: the rest (engines, controller, gloo, recovery) is nbdist's own. The same on a real
+two-node Slurm: tests/multinode/test_multinode.py. The world
 goes on with the 3 ranks left from the step the kill interrupted, the rest of the epoch's samples split over
 them.
 
@@ -21,17 +22,14 @@ import os
 import random
 import re
 import signal
-import sys
-import textwrap
 import threading
 
 import pytest
 import torch
 
 import nbdist
-from nbdist.config import LAUNCHERS, LauncherSpec
 from nbdist.errors import ClusterError, ConfigError, RankError
-from nbdist.launch import registry
+from tests.gone_node import gone_node
 from tests.helpers import poll
 
 HANG_S = 120.0
@@ -99,48 +97,11 @@ train(plan)
 final = [p.detach().clone() for p in model.parameters()]
 """
 
-GONE_ENGINE = """
-import os, sys
-if os.path.exists({flag!r}):
-    sys.exit("nbdist test: this engine's node is gone")
-os.execv(sys.executable, [sys.executable, "-m", "nbdist.engine", *sys.argv[1:]])
-"""
-
-
 @pytest.fixture
 def gone_launcher(tmp_path):
-    """A launcher whose engines are fresh processes of gone_engine.py; ``flag`` marks the node gone."""
-    from ipyparallel.cluster.launcher import LocalEngineSetLauncher
-
-    from nbdist.launch.launchers import Launcher, build_cluster
-    from nbdist.launch.net import LOOPBACK
-
-    flag = tmp_path / "node-gone"
-    script = tmp_path / "gone_engine.py"
-    script.write_text(textwrap.dedent(GONE_ENGINE.format(flag=str(flag))))
-
-    class GoneNodeLauncher(Launcher):
-        spec = LauncherSpec("gone-node", "engines that cannot start once their node is gone", multi_host=False)
-
-        def cluster(self, config, profile_dir, fresh=True):
-            cluster, engines = build_cluster(
-                config,
-                profile_dir,
-                fresh=fresh,
-                ip=LOOPBACK,
-                engines=LocalEngineSetLauncher,
-                engine_args=["--IPEngine.enable_nanny=False"],
-            )
-            engines.engine_cmd = [sys.executable, str(script)]
-            engines.delay = 0.0
-            return cluster
-
-    registry.register(GoneNodeLauncher)
-    try:
+    """The "gone-node" launcher (tests/gone_node.py); the flag it yields marks the node gone."""
+    with gone_node(tmp_path) as flag:
         yield flag
-    finally:
-        registry.LAUNCHER_CLASSES.pop("gone-node", None)
-        LAUNCHERS.pop("gone-node", None)
 
 
 def _progress(path: str, rank: int) -> int:

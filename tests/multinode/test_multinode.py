@@ -16,10 +16,11 @@ import threading
 import time
 
 import pytest
+import torch
 
 import nbdist
 from nbdist.errors import ClusterError, RankError
-from tests.helpers import check_ddp_against_one_process, run_cell, touch_code, wait_for, wait_gone
+from tests.helpers import check_ddp_against_one_process, poll, run_cell, touch_code, wait_for, wait_gone
 from tests.slurmnodes import HOST_ADDR, NODES, UNROUTED
 from tests.sockets import listening, outside, tree
 
@@ -340,4 +341,81 @@ def test_64_ranks_over_two_slurm_nodes_are_ready_and_reduce(slurm):
     finally:
         cluster.stop()
     assert cluster.cancelled == jobs
+    assert slurm.wait_empty(60) == []
+
+
+ELASTIC_SETUP = """
+import torch
+from torch.nn.parallel import DistributedDataParallel as DDP
+from nbdist.parallel import shard
+torch.manual_seed(0)
+model = DDP(torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.Tanh(), torch.nn.Linear(16, 1)))
+opt = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
+X = torch.randn(512, 8, generator=torch.Generator().manual_seed(1))
+loader = shard(torch.utils.data.TensorDataset(X, X.sum(1, keepdim=True)), batch_size=8, seed=2)
+"""
+ELASTIC_TRAIN = """
+import time
+for step, (x, y) in loader.steps(STEPS):
+    loss = torch.nn.functional.mse_loss(model(x), y)
+    opt.zero_grad(); loss.backward(); opt.step()
+    open(PROGRESS + f"-{dist.get_rank()}", "w").write(str(step))
+    time.sleep(0.05)
+final = [p.detach().clone() for p in model.parameters()]
+"""
+
+
+def _step(path: str) -> int:
+    try:
+        return int(open(path).read() or -1)
+    except (OSError, ValueError):
+        return -1
+
+
+def test_a_lost_node_shrinks_the_world_to_node1_and_it_grows_back_when_node2_returns(slurm, tmp_path):
+    """node2's ranks killed mid-training and node2 drained (its replacement job cannot start): the world goes on
+    with node1's 2 ranks; node2 back (resumed), %dist_grow 2 puts 2 ranks there again, and training goes on."""
+    progress = str(tmp_path / "progress")
+    cluster = nbdist.start(n=4, launcher="slurm", nodes=2, max_restarts=1, min_ranks=2, timeout=40)
+    try:
+        assert sorted(r.host for r in cluster.ranks) == ["node1", "node1", "node2", "node2"]
+        cluster.run(f"PROGRESS, STEPS = {progress!r}, 40\n{ELASTIC_SETUP}", setup=True).raise_for_error()
+        lost = [r for r in cluster.ranks if r.host == "node2"]
+
+        def lose_node2() -> None:
+            poll(lambda: _step(f"{progress}-{lost[0].rank}") >= 5, within=HANG_S, every=0.01)
+            slurm.drain("node2", "lost for the test")
+            for r in lost:
+                os.kill(r.pid, signal.SIGKILL)  # the namespaces share one pid space
+
+        threading.Thread(target=lose_node2, daemon=True).start()
+        result = cluster.run(ELASTIC_TRAIN)
+        result.raise_for_error()
+        [line] = result.recovered
+        print(line)
+        listed = ", ".join(str(r.rank) for r in lost)
+        assert line.startswith(f"rank(s) {listed} died during the cell; could not replace them ("), line
+        assert "PENDING" in line, line  # why: the replacement's job waited in the queue (node1 full, node2 drained)
+        assert "continuing with 2 of 4 ranks" in line and "memory (nothing recomputed)" in line, line
+        job = cluster.engines.job_ids()[0]
+        assert f"Slurm job {job} gave back node2" in line, line  # so that a grow can have node2 again
+        assert [r.host for r in cluster.ranks] == ["node1", "node1"] and cluster.world_size == 2
+        finals = cluster.pull("final")
+        assert all(torch.equal(a, b) for a, b in zip(*finals, strict=True))
+
+        slurm.resume("node2")
+        line = cluster.grow(2)
+        print(line)
+        assert line.startswith("grew the world from 2 to 4 ranks: started rank(s) 2, 3"), line
+        assert sorted(r.host for r in cluster.ranks) == ["node1", "node1", "node2", "node2"]
+        cluster.run("STEPS = 60", quiet=True).raise_for_error()
+        cluster.run(ELASTIC_TRAIN).raise_for_error()
+        finals = cluster.pull("final")
+        assert all(torch.equal(finals[0][i], f[i]) for f in finals[1:] for i in range(len(finals[0])))
+        assert "then 2 from step" in cluster.recovery.sizes_line() and ", then 4 from step 40 (2 rank(s) added" in (
+            cluster.recovery.sizes_line()
+        )
+    finally:
+        cluster.stop()
+        slurm.run("scontrol", "update", "nodename=node2", "state=resume", check=False)
     assert slurm.wait_empty(60) == []

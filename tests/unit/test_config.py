@@ -72,6 +72,22 @@ def test_start_config_errors_name_value_and_fix(kwargs, fragment):
     assert fragment in str(info.value)
 
 
+@pytest.mark.parametrize(
+    "kwargs, fragment",
+    [
+        ({"min_ranks": 5, "max_restarts": 1}, "min_ranks (5) must be a whole number from 1 to n (4)"),
+        ({"min_ranks": 0, "max_restarts": 1}, "min_ranks (0) must be a whole number from 1 to n (4)"),
+        ({"min_ranks": True, "max_restarts": 1}, "min_ranks (True) must be a whole number"),
+        ({"min_ranks": 2}, "min_ranks (2) needs max_restarts: going on with fewer ranks is an automatic recovery"),
+    ],
+)
+def test_min_ranks_is_checked_in_one_line(kwargs, fragment):
+    with pytest.raises(ConfigError) as info:
+        StartConfig(n=4, oversubscribe=True, **kwargs)
+    assert fragment in str(info.value) and "\n" not in str(info.value)
+    assert StartConfig(n=4, oversubscribe=True, max_restarts=3, min_ranks=2).min_ranks == 2
+
+
 def test_oversubscribe_allows_more_ranks_than_cores():
     assert StartConfig(n=4, cores=2, oversubscribe=True).threads == 1
 
