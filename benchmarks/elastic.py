@@ -28,7 +28,7 @@ import nbdist
 from nbdist.cells.output import Sink
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent.parent))
-from recovery import _kill_at, _lines, _progress_after  # noqa: E402
+from recovery import _kill_at, _lines, _progress_after, _seconds  # noqa: E402
 
 from tests.gone_node import gone_node  # noqa: E402
 
@@ -70,6 +70,8 @@ def shrink_once(workdir: str, i: int, mode: str) -> dict:
         with nbdist.start(4, timeout=60, **kw) as cluster:
             cluster.run(f"CKPT, PROGRESS, STEPS = {ckpt!r}, {progress!r}, {STEPS}\n{SETUP}", setup=True)
             flag.write_text("")  # the node is gone: no engine starts any more
+            said: dict = {}
+            cluster.progress = lambda line: said.setdefault("began", time.time() - _seconds(line))
             out: dict = {}
             watcher = _kill_at(progress, lambda: cluster.ranks[1].pid, out)
             result = cluster.run(TRAIN, sink=Sink())
@@ -78,8 +80,12 @@ def shrink_once(workdir: str, i: int, mode: str) -> dict:
             line = result.recovered[0]
             assert "continuing with 3 of 4 ranks" in line, line
         flag.unlink()
+    total = _progress_after(progress, out["kill"])
     return {
-        "kill_to_progress_s": _progress_after(progress, out["kill"]),
+        "kill_to_progress_s": total,
+        "detect_s": said["began"] - out["kill"],  # kill -> the recovery begins (the others released, the death seen)
+        "shrink_s": _seconds(line),  # the replacement tried, the world rebuilt smaller, setup replayed, state given
+        "rerun_to_first_step_s": total - (said["began"] - out["kill"]) - _seconds(line),
         "steps_computed_twice": _twice(progress),
         "line": line,
     }
@@ -146,18 +152,24 @@ def main() -> None:
             grows.append(grow_once(workdir, i))
             grows_by_hand.append(grow_by_hand_once(workdir, i))
             print(f"grow: {grows[-1]['seconds']:.2f} s; by hand {grows_by_hand[-1]:.2f} s")
+    parts = ("kill_to_progress_s", "detect_s", "shrink_s", "rerun_to_first_step_s", "steps_computed_twice")
     data = {
         "shrink": {
-            name: {k: stats([r[k] for r in got]) for k in ("kill_to_progress_s", "steps_computed_twice")}
-            for name, got in rows.items()
+            name: {k: stats([r[k] for r in got]) for k in parts if k in got[0]} for name, got in rows.items()
         },
         "grow_s": stats([g["seconds"] for g in grows]),
         "grow_by_hand_s": stats(grows_by_hand),
         "lines": {name: got[-1].get("line", "") for name, got in rows.items()} | {"grow": grows[-1]["line"]},
     }
     for name, row in data["shrink"].items():
+        split = (
+            f" (detection {row['detect_s']['median']:.2f} s, shrink {row['shrink_s']['median']:.2f} s, cell again -> "
+            f"first step {row['rerun_to_first_step_s']['median']:.2f} s)"
+            if "detect_s" in row
+            else ""
+        )
         print(
-            f"  {name}: kill -> progress {row['kill_to_progress_s']['median']:.2f} s, steps computed twice "
+            f"  {name}: kill -> progress {row['kill_to_progress_s']['median']:.2f} s{split}, steps computed twice "
             f"{row['steps_computed_twice']['samples']}"
         )
     print(f"  grow 3 -> 4: {data['grow_s']['median']:.2f} s; by hand {data['grow_by_hand_s']['median']:.2f} s")

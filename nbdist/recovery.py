@@ -294,6 +294,7 @@ class CellPath:
             on_done=self.repair,
             sink=sink,
             then=then,
+            death_grace=0.0 if self.recovery.left > 0 else None,  # the cell runs again: nothing to wait for
         )
 
     def after(

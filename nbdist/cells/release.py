@@ -6,7 +6,10 @@ watch loop tells it, and answers with an ``Action``. It never touches a process.
 The rules (docs/faults.md, rows 2, 3 and 10):
 
 * a rank failed while others still run: they get ``grace`` seconds to finish, then
-  they are released (``Release.FAILURE``);
+  they are released (``Release.FAILURE``); a rank that died (its process is gone) gives them
+  ``death_grace`` seconds where one is set (0 when automatic recovery will run the cell again:
+  what they would finish is thrown away, and with more than 2 ranks gloo tells only the dead
+  rank's neighbours, so the others would wait the whole grace);
 * the cell ran past its ``timeout``: every running rank is released (``TIMEOUT``);
 * some ranks finished and others have run on for ``watchdog`` seconds: the loop is
   asked to ``PROBE`` where they are; waiting in a collective means a hang
@@ -50,8 +53,10 @@ class ReleasePolicy:
         escalate: float = ESCALATE_S,
         clock: Callable[[], float] = time.perf_counter,
         started: float | None = None,
+        death_grace: float | None = None,
     ) -> None:
         self.grace = grace
+        self.death_grace = death_grace
         self.watchdog = watchdog
         self.escalate = escalate
         self.clock = clock
@@ -60,6 +65,7 @@ class ReleasePolicy:
         self.first_failure: float | None = None  # when a rank was first seen failed
         self.first_finish: float | None = None  # when a rank was first seen done (reset by a harmless probe)
         self.first_exit: float | None = None  # when a rank's code was first seen to have exited (reset likewise)
+        self.first_death: float | None = None  # when a rank's process was first seen gone
         self.probing: Release = Release.WATCHDOG  # what a collective found by the pending PROBE means
         self.released: Release | None = None
         self.released_at: float | None = None
@@ -81,10 +87,14 @@ class ReleasePolicy:
         self.first_failure = None if self.first_failure is None else self.first_failure + spent
         self.first_finish = None if self.first_finish is None else self.first_finish + spent
         self.first_exit = None if self.first_exit is None else self.first_exit + spent
+        self.first_death = None if self.first_death is None else self.first_death + spent
 
-    def observe(self, *, failed: bool, finished: bool, paused: bool = False, exited: bool = False) -> Action:
+    def observe(
+        self, *, failed: bool, finished: bool, paused: bool = False, exited: bool = False, died: bool = False
+    ) -> Action:
         """What to do now, given whether any rank has failed, whether any has finished, whether a
-        rank is in its debugger (``paused``), and whether a rank's code exited (``exited``)."""
+        rank is in its debugger (``paused``), whether a rank's code exited (``exited``), and whether a
+        rank's process is gone (``died``)."""
         now = self.clock()
         if paused and self.released is None:
             self.hold()
@@ -96,7 +106,15 @@ class ReleasePolicy:
             self.first_finish = now
         if exited and self.first_exit is None:
             self.first_exit = now
+        if died and self.first_death is None:
+            self.first_death = now
         if self.released is None:
+            if (
+                self.death_grace is not None
+                and self.first_death is not None
+                and now - self.first_death >= self.death_grace
+            ):
+                return self._release(Release.FAILURE, now)
             if self.first_failure is not None and now - self.first_failure > self.grace:
                 return self._release(Release.FAILURE, now)
             if self.deadline is not None and now > self.deadline:

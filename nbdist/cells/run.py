@@ -67,10 +67,11 @@ def execute(
     on_done: OnDone,
     sink: Sink | None = None,
     then: Then | None = None,
+    death_grace: float | None = None,
 ) -> RunResult | PendingRun:
     """Run ``code`` on ``cfg.ranks``. Blocking: follow it and return the RunResult; else a PendingRun.
 
-    ``grace`` and ``watchdog`` are the release policy's (see release.py); ``on_done`` is
+    ``grace``, ``watchdog`` and ``death_grace`` are the release policy's (see release.py); ``on_done`` is
     called with every finished result, before it is returned; ``then`` last, with the ranks
     ``on_done`` returned, and what it returns is the result.
     """
@@ -89,7 +90,17 @@ def execute(
     if kept is not None:
         then = _ending(kept, then)
     ar = engines.view(cfg.ranks).execute(code, silent=False, block=False)
-    watch = Watch(engines, cfg.ranks, ar, sink, grace=grace, watchdog=watchdog, on_done=on_done, cell=title(code))
+    watch = Watch(
+        engines,
+        cfg.ranks,
+        ar,
+        sink,
+        grace=grace,
+        watchdog=watchdog,
+        on_done=on_done,
+        cell=title(code),
+        death_grace=death_grace,
+    )
     if not cfg.block:
         return PendingRun(watch, then)
     result, recover = watch.follow(timeout=cfg.timeout, stream=True)

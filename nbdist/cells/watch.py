@@ -45,12 +45,13 @@ class Watch:
         on_done: OnDone,
         ask: Callable[[str], str] | None = None,
         cell: str = "",
+        death_grace: float | None = None,
     ) -> None:
         self.engines, self.ranks, self.ar, self.sink = engines, ranks, ar, sink
         self.board = engines.board  # each rank's state: busy now, then what its reply says (world/board.py)
         self.board.set(ranks, RankState.BUSY, cell=cell)
         self.ask = ask or _typed  # a person's answer to a rank's debugger prompt (the notebook's input box)
-        self.grace, self.watchdog, self.on_done = grace, watchdog, on_done
+        self.grace, self.watchdog, self.on_done, self.death_grace = grace, watchdog, on_done, death_grace
         self.tic = time.perf_counter()
         self.wake: queue.SimpleQueue[int] = queue.SimpleQueue()
         self.children = compat.async_result_children(ar)  # one per rank, in the order of ``ranks``
@@ -93,7 +94,9 @@ class Watch:
         is raised again once they stopped and the world was repaired. Returns the result
         after ``on_done`` has seen it, and the ranks ``on_done`` left to recover.
         """
-        policy = ReleasePolicy(grace=self.grace, watchdog=self.watchdog, timeout=timeout, started=self.tic)
+        policy = ReleasePolicy(
+            grace=self.grace, watchdog=self.watchdog, timeout=timeout, started=self.tic, death_grace=self.death_grace
+        )
         ctrl_c = CtrlC(self.wake)
         self.relay.ask = ctrl_c.around(self.ask)
         try:
@@ -155,6 +158,7 @@ class Watch:
                     finished=len(running) < len(self.children),
                     paused=self.relay.active,
                     exited=self.exited,
+                    died=bool(self.gone),
                 )
                 if action is Action.PROBE:
                     self.reports = reports.where(self.engines, running)

@@ -1,5 +1,5 @@
-"""A world that goes on with fewer ranks (``--min-ranks``, docs/faults.md rows 60-61), on real clusters with
-real gloo groups, 2 cores.
+"""A world that goes on with fewer ranks (``--min-ranks``) and one that grows (``%dist_grow``), docs/faults.md
+rows 60-63, on real clusters with real gloo groups, 2 cores.
 
 The node a rank runs on goes away: the rank is killed from outside (SIGKILL of its pid, at a seeded random
 step, rank 0 included) and no engine can start in its place. The launcher here (tests/gone_node.py) starts
@@ -13,7 +13,8 @@ The reference is the same training done by hand, as a user would without nbdist'
 that step, rank 0 saves the model and optimizer, a new world of 3 ranks loads them and goes on, each rank
 reading the samples the stated rule gives it (the rest of the epoch's order from the place the 4 ranks
 reached, cut to a multiple of 3 and strided, then whole epochs of 3), all index arithmetic written here.
-Every parameter must be ``torch.equal`` to it. HANG_S only catches hangs.
+Every parameter must be ``torch.equal`` to it. A grow is compared the same way (3 ranks to the step, 4 after).
+HANG_S only catches hangs.
 """
 
 from __future__ import annotations
@@ -30,7 +31,7 @@ import torch
 import nbdist
 from nbdist.errors import ClusterError, ConfigError, RankError
 from tests.gone_node import gone_node
-from tests.helpers import poll
+from tests.helpers import poll, run_cell
 
 HANG_S = 120.0
 N, B, STEPS, SEED = 384, 8, 40, 3  # 12 steps an epoch with 4 ranks, 16 with 3: the run crosses two epochs
@@ -177,15 +178,18 @@ def _by_hand(tmp_path, stop: int, before: int, after: int) -> list[torch.Tensor]
         return c.pull("final", ranks=[0])[0]
 
 
-def test_a_world_grown_between_cells_goes_on_as_by_hand(tmp_path):
-    """3 ranks train to step 7; %dist_grow 1 (Cluster.grow); the 4 go on to the end: as by hand."""
+def test_a_world_grown_between_cells_goes_on_as_by_hand(tmp_path, ip, capsys):
+    """3 ranks train to step 7; %dist_grow 1; the 4 go on to the end: as by hand. %dist_status shows the sizes."""
     with nbdist.start(3, oversubscribe=True) as c:
         c.run(f"PROGRESS = {str(tmp_path / 'progress')!r}\n{SETUP}", setup=True).raise_for_error()
         c.run(TRAIN.replace(f"loader.steps({STEPS})", "loader.steps(7)")).raise_for_error()
-        line = c.grow(1)
+        capsys.readouterr()
+        run_cell(ip, "%dist_grow 1\n%dist_status")
+        said = capsys.readouterr().out
+        line = said.splitlines()[0]
         assert line.startswith("grew the world from 3 to 4 ranks: started rank(s) 3, rebuilt the process group"), line
         assert "gave every rank step 7 from rank 0's memory (nothing recomputed)" in line, line
-        assert "then 4 from step 7 (1 rank(s) added at " in c.recovery.sizes_line()
+        assert said.splitlines()[1].startswith("world size: 3 ranks, then 4 from step 7 (1 rank(s) added at "), said
         sizes = c.run("print(dist.get_rank(), dist.get_world_size())", quiet=True).raise_for_error()
         assert [r.stdout for r in sizes.ranks] == [f"{r} 4\n" for r in range(4)]
         c.run(TRAIN).raise_for_error()

@@ -93,6 +93,18 @@ def test_legitimate_work_is_looked_at_again_a_watchdog_later(clock):
     assert p.released is None
 
 
+def test_a_death_releases_the_others_at_once_when_the_cell_will_run_again(clock):
+    """death_grace=0 (automatic recovery will run the cell again): a rank's process gone releases the others as
+    soon as it is seen; a rank that raised still gives them the grace; without death_grace a death does too."""
+    p = ReleasePolicy(grace=1.0, watchdog=None, timeout=None, clock=clock, death_grace=0.0)
+    assert p.observe(failed=True, finished=True) is Action.WAIT  # raised: the grace
+    assert p.observe(failed=True, finished=True, died=True) is Action.RELEASE and p.released is Release.FAILURE
+    p = policy(clock, grace=1.0)
+    assert p.observe(failed=True, finished=True, died=True) is Action.WAIT
+    clock.advance(1.01)
+    assert p.observe(failed=True, finished=True, died=True) is Action.RELEASE
+
+
 def test_a_rank_that_exited_gets_the_others_probed_after_the_grace_and_released_if_they_wait(clock):
     p = policy(clock, grace=1.0, watchdog=60.0)  # rank 1's code called exit(); rank 0 still runs
     assert p.observe(failed=False, finished=True, exited=True) is Action.WAIT
