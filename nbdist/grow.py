@@ -12,8 +12,8 @@ that is training, and it goes on where it was.
    would repeat that rank's random numbers). Every loader then splits the rest of the epoch over the larger
    world (parallel/data.py), so no sample is read twice.
 
-Nothing is recomputed and nothing is read from a file. Without a ``loader.steps()`` loop to take the state
-from, the setup cells' state is what every rank has, and the line says so.
+Nothing is recomputed and nothing is read from a file. Where the namespace holds no single optimizer with its
+model and a loader of ``shard``, the setup cells' state is what every rank has, and the line says so.
 """
 
 from __future__ import annotations

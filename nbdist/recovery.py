@@ -4,11 +4,14 @@ What it does, in order, each step on every rank together:
 
 1. restart the dead ranks (same rank numbers, fresh engines) and rebuild the process
    group on every rank (``Cluster.restart``): a group that lost a member cannot be mended;
+   with ``--min-ranks``, when their engines cannot start, go on without them instead: the
+   others numbered again, a smaller process group (``Cluster.resize``, ``_shrink``);
 2. replay the cells marked ``%%distributed --setup`` (imports, model, optimizer, data), in
    the order they last ran, on the ranks they ran on: the survivors too, since their
    model and optimizer belong to the old process group; setup cells may hold collectives;
-3. load the latest checkpoint of the last ``save_checkpoint`` into the rebuilt objects
-   (model, optimizer, the loader's position, each rank's RNG states);
+3. give the rebuilt objects the state from a living rank's memory (peer_recovery.py), or
+   load the latest checkpoint of the last ``save_checkpoint`` (model, optimizer, the loader's
+   position, each rank's RNG states);
 4. run the interrupted cell again, and say in one line what happened and how long it took.
 
 The budget counts down over the session; when it is spent, a death fails the cell as
@@ -44,7 +47,7 @@ class Replay:
     grace: float
     watchdog: float | None
     timeout: float
-    shrink: Callable[[list[int]], dict[int, int]] | None = None  # go on without dead ranks (``Cluster.shrink``)
+    shrink: Callable[[list[int]], dict[int, int]] | None = None  # go on without dead ranks (``Cluster.resize``)
     min_ranks: int | None = None  # --min-ranks: the fewest the world goes on with (None: it never shrinks)
 
 

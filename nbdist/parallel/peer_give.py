@@ -44,7 +44,7 @@ def hold(now: bool = False) -> dict[str, Any]:
     out: dict[str, Any] = {"rank": rank, "why": ""}
     if optimizer is None or model is None or loader is None:
         out["why"] = (
-            "no optimizer, its model and a loader of nbdist.parallel.shard are in the namespace" if now
+            "the namespace holds no single optimizer with its model and loader of nbdist.parallel.shard" if now
             else "no loader.steps() loop with one optimizer and its model ran on this rank"
         )
         return out

@@ -98,6 +98,36 @@ train(plan)
 final = [p.detach().clone() for p in model.parameters()]
 """
 
+# FSDP2 (fully_shard, no replicas): no peer holds a dead rank's shard, so the world that goes on loads the last
+# checkpoint, resharded by DCP from 4 ranks' shards to 3; the reference saves and loads with DCP by hand.
+FSDP_MODEL = MODEL.replace(
+    "from torch.nn.parallel import DistributedDataParallel as DDP\n", "from torch.distributed.fsdp import fully_shard\n"
+).replace("model = DDP(net)", "for block in (net[0], net[2]):\n    fully_shard(block)\nmodel = fully_shard(net)")
+FULL = "final = [p.full_tensor().detach().clone() for p in model.parameters()]"
+DCP = """
+import torch.distributed.checkpoint as dcp
+from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
+"""
+FIRST_FSDP = (
+    DCP
+    + """
+train(batches(order(0), dist.get_rank(), BEFORE)[:STOP])
+msd, osd = get_state_dict(model, opt)
+dcp.save({"model": msd, "opt": osd}, checkpoint_id=SAVED)
+"""
+)
+THEN_FSDP = (
+    DCP
+    + """
+msd, osd = get_state_dict(model, opt)
+state = {"model": msd, "opt": osd}
+dcp.load(state, checkpoint_id=SAVED)
+set_state_dict(model, opt, model_state_dict=state["model"], optim_state_dict=state["opt"])
+"""
+    + THEN.split("\n", 3)[3].replace("final = [p.detach().clone() for p in model.parameters()]", FULL)
+)
+
+
 @pytest.fixture
 def gone_launcher(tmp_path):
     """The "gone-node" launcher (tests/gone_node.py); the flag it yields marks the node gone."""
@@ -118,19 +148,28 @@ SAVING = TRAIN.replace(
 )
 
 
-@pytest.mark.parametrize("source", ["peer", "checkpoint"])
+@pytest.mark.parametrize("source", ["peer", "checkpoint", "fsdp"])
 def test_a_lost_node_shrinks_the_world_and_training_goes_on_as_by_hand(tmp_path, gone_launcher, source):
     """From the living ranks' memory (the default), or from the last checkpoint: each rank then loads the part it
-    saved under its old number, and the loader splits the rest of the epoch over the 3 ranks left."""
+    saved under its old number, and the loader splits the rest of the epoch over the 3 ranks left. A sharded
+    (FSDP) model has no copy on a peer: the checkpoint, resharded by DCP to 3 ranks."""
     rng = random.Random(PICK)
     victim, after = rng.choice([0, 1, 2, 3]), rng.randrange(5, 10)
     print(f"seed {PICK}: rank {victim} and its node lost after step {after}")
     progress, ckpt = str(tmp_path / "progress"), str(tmp_path / "ckpt")
     with nbdist.start(
-        4, launcher="gone-node", max_restarts=2, min_ranks=2, recover_from=source, oversubscribe=True, timeout=90
+        4,
+        launcher="gone-node",
+        max_restarts=2,
+        min_ranks=2,
+        recover_from="checkpoint" if source == "checkpoint" else "peer",
+        oversubscribe=True,
+        timeout=90,
     ) as c:
         c.run(
-            f"from nbdist.parallel import save_checkpoint\nPROGRESS, CKPT = {progress!r}, {ckpt!r}\n{SETUP}", setup=True
+            f"from nbdist.parallel import save_checkpoint\nPROGRESS, CKPT = {progress!r}, {ckpt!r}\n"
+            + (SETUP if source != "fsdp" else SETUP.replace(MODEL, FSDP_MODEL)),
+            setup=True,
         ).raise_for_error()
         gone_launcher.write_text("")  # from now on no engine starts: a replacement never comes
         pid = c.engines.ranks[victim].pid
@@ -141,7 +180,10 @@ def test_a_lost_node_shrinks_the_world_and_training_goes_on_as_by_hand(tmp_path,
 
         thread = threading.Thread(target=killer, daemon=True)
         thread.start()
-        result = c.run(TRAIN if source == "peer" else SAVING).raise_for_error()  # the cell succeeds with 3 ranks
+        train = TRAIN if source == "peer" else SAVING
+        if source == "fsdp":
+            train = train.replace("final = [p.detach().clone() for p in model.parameters()]", FULL)
+        result = c.run(train).raise_for_error()  # the cell succeeds with 3 ranks
         thread.join(timeout=HANG_S)
         [line] = result.recovered
         print(line)
@@ -152,6 +194,8 @@ def test_a_lost_node_shrinks_the_world_and_training_goes_on_as_by_hand(tmp_path,
             stop = int(re.search(r"rebuilt step (\d+) from rank (\d+)'s (\(was rank (\d+)\) )?memory", line)[1])
             assert after <= stop <= after + 2, (after, stop)  # the step the kill interrupted, not an earlier one
         else:
+            if source == "fsdp":
+                assert "not from a living rank: the model is sharded (FSDP)" in line, line
             stop = int(re.search(rf"restored step (\d+) from {re.escape(ckpt)}", line)[1])
             assert stop % 4 == 0 and after - 4 < stop <= after + 1, (after, stop)  # the last one saved
         assert f"world size: 4 ranks, then 3 from step {stop} (rank(s) {victim} lost at " in c.recovery.sizes_line()
@@ -161,20 +205,22 @@ def test_a_lost_node_shrinks_the_world_and_training_goes_on_as_by_hand(tmp_path,
     for rank in (1, 2):
         assert all(torch.equal(a, b) for a, b in zip(elastic[0], elastic[rank], strict=True))
 
-    reference = _by_hand(tmp_path, stop, 4, 3)
+    reference = _by_hand(tmp_path, stop, 4, 3, fsdp=source == "fsdp")
     assert all(torch.equal(a, b) for a, b in zip(elastic[0], reference, strict=True)), (
         "the world that went on with 3 ranks differs from the same training done by hand"
     )
 
 
-def _by_hand(tmp_path, stop: int, before: int, after: int) -> list[torch.Tensor]:
-    """The same training by hand: ``before`` ranks to step ``stop``, saved; ``after`` ranks load it and go on."""
+def _by_hand(tmp_path, stop: int, before: int, after: int, fsdp: bool = False) -> list[torch.Tensor]:
+    """The same training by hand: ``before`` ranks to step ``stop``, saved; ``after`` ranks load it and go on
+    (``fsdp``: sharded, saved and loaded with DCP, which reshards)."""
     saved = str(tmp_path / "by-hand.pt")
-    common = f"STEPS, STOP, SAVED, BEFORE, AFTER = {STEPS}, {stop}, {saved!r}, {before}, {after}\n{MODEL}\n{BY_HAND}"
+    model = FSDP_MODEL if fsdp else MODEL
+    common = f"STEPS, STOP, SAVED, BEFORE, AFTER = {STEPS}, {stop}, {saved!r}, {before}, {after}\n{model}\n{BY_HAND}"
     with nbdist.start(before, oversubscribe=True) as c:
-        c.run(common + FIRST).raise_for_error()
+        c.run(common + (FIRST_FSDP if fsdp else FIRST)).raise_for_error()
     with nbdist.start(after, oversubscribe=True) as c:
-        c.run(common + THEN).raise_for_error()
+        c.run(common + (THEN_FSDP if fsdp else THEN)).raise_for_error()
         return c.pull("final", ranks=[0])[0]
 
 
