@@ -170,6 +170,7 @@ class MetricStore:
         self.spreads: dict[str, Spread] = {}
         self.loggers: dict[str, set[int]] = {}  # the ranks that log each metric
         self.resizes: list[tuple[float | None, int]] = []  # (step, ranks from then on): the world went on with fewer
+        self.lost: dict[str, list[Series]] = {}  # the series of ranks the world went on without, by metric
 
     def add(self, rank: int, rows: Iterable[dict[str, Any]]) -> None:
         for row in rows:
@@ -211,6 +212,9 @@ class MetricStore:
         """The world went on with fewer ranks from ``step`` (``new``: each remaining rank's old number -> new):
         their series go on under the new numbers, a lost rank's end, and each step waits for the ranks left.
         ``resizes`` keeps where the size changed, which the figure marks."""
+        for (k, r), s in self.series.items():
+            if r not in new:  # its line ends; the totals before the step still count it
+                self.lost.setdefault(k, []).append(s)
         self.series = {(k, new[r]): s for (k, r), s in self.series.items() if r in new}
         self.last = {(k, new[r]): v for (k, r), v in self.last.items() if r in new}
         self.counts = {new[r]: n for r, n in self.counts.items() if r in new}
@@ -245,8 +249,9 @@ class MetricStore:
             return [], []
         common = set(per[0][0]).intersection(*(set(xs) for xs, _ in per[1:]))
         maps = [dict(zip(xs, ys, strict=True)) for xs, ys in per]
+        gone = [dict(zip(*s.points(), strict=True)) for s in self.lost.get(key, [])]  # ranks lost since, where they were
         xs = sorted(common)
-        return xs, [sum(m[x] for m in maps) for x in xs]
+        return xs, [sum(m[x] for m in maps) + sum(g.get(x, 0.0) for g in gone) for x in xs]
 
     def loss_key(self) -> str | None:
         """The metric that is the loss: 'loss' itself, else the first whose name holds 'loss'."""
