@@ -73,7 +73,7 @@ def load(
     unreadable, or from a world of another size. ``saved_as``: the part this process saved under another
     rank number, in a world of another size (one that went on with fewer ranks): read as it is."""
     if saved_as is not None and per_rank:
-        rank, world_size = saved_as, _read(os.path.join(directory, f"rank-{saved_as}.pt")).get("world_size", 0)
+        rank = saved_as
     name = f"rank-{rank}.pt" if per_rank else "rank-0.pt"
     file = os.path.join(directory, name)
     if not os.path.exists(file):
@@ -92,7 +92,7 @@ def load(
         )
     own = _read(file)
     saved = own.get("world_size")
-    if per_rank and saved is not None and saved != world_size:
+    if per_rank and saved_as is None and saved is not None and saved != world_size:
         raise ConfigError(
             f"{directory} was saved by a world of {saved} rank(s), and this one has {world_size}: its RNG states, "
             f"loader positions and buffers are per rank. Start %dist_start -n {saved}, or pass per_rank=False to "
