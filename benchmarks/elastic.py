@@ -9,6 +9,10 @@
   checkpoint of 4 ranks has no part for a world of 3) and the cell again.
 - **Grow** (``%dist_grow 1``, 3 -> 4 ranks between cells): ``Cluster.grow`` beside by hand (``save_checkpoint``
   now, ``%dist_stop``, ``%dist_start -n 4``, the setup cell, ``load_checkpoint``).
+- **Grow while a ``--noblock`` cell trains**: asked at step ~10, the loop stops at the next step boundary the ranks
+  agree on, the world grows, the cell goes on. Timed: asked -> the first step done by the 4 ranks, split into
+  asked -> stopped, the grow, and the cell again -> its first step; counted: steps computed twice. By hand
+  would add the interrupt to the between-cells figure above.
 
 Medians of --reps; JSON under results/elastic.json.
 """
@@ -121,6 +125,29 @@ def grow_once(workdir: str, i: int) -> dict:
     return {"seconds": seconds, "line": line}
 
 
+def grow_running_once(workdir: str, i: int) -> dict:
+    progress, ckpt = os.path.join(workdir, f"growr-{i}-progress"), os.path.join(workdir, f"growr-{i}-ckpt")
+    with nbdist.start(3, timeout=60, oversubscribe=True) as cluster:
+        cluster.run(f"CKPT, PROGRESS, STEPS = {ckpt!r}, {progress!r}, {STEPS}\n{SETUP}", setup=True).raise_for_error()
+        cluster.run(TRAIN, sink=Sink(), block=False)
+        while len(_lines(progress)) < 10:
+            time.sleep(0.01)
+        asked = time.time()
+        line = cluster.grow(1)
+        grown = time.time()
+        result = cluster.last.wait(show=False)  # type: ignore[union-attr]
+        assert result.ok and len(result.ranks) == 4 and "nothing recomputed" in line, (result, line)
+    took = float(line.rsplit(" in ", 1)[1].split(" s")[0])  # the grow's own seconds, as its line says
+    return {
+        "asked_to_progress_s": _progress_after(progress, asked),
+        "asked_to_stopped_s": grown - asked - took,
+        "grow_s": took,
+        "rerun_to_first_step_s": _progress_after(progress, grown),
+        "steps_computed_twice": _twice(progress),
+        "line": line,
+    }
+
+
 def grow_by_hand_once(workdir: str, i: int) -> float:
     progress, ckpt = os.path.join(workdir, f"growh-{i}-progress"), os.path.join(workdir, f"growh-{i}-ckpt")
     head = f"CKPT, PROGRESS, STEPS = {ckpt!r}, {progress!r}, 20\n{SETUP}"
@@ -142,6 +169,7 @@ def main() -> None:
     rows: dict[str, list] = {"shrink from peer": [], "shrink from checkpoint": [], "by hand": []}
     grows: list[dict] = []
     grows_by_hand: list[float] = []
+    running: list[dict] = []
     with tempfile.TemporaryDirectory() as workdir:
         for i in range(args.reps):
             for mode in ("peer", "checkpoint"):
@@ -152,6 +180,8 @@ def main() -> None:
             grows.append(grow_once(workdir, i))
             grows_by_hand.append(grow_by_hand_once(workdir, i))
             print(f"grow: {grows[-1]['seconds']:.2f} s; by hand {grows_by_hand[-1]:.2f} s")
+            running.append(grow_running_once(workdir, i))
+            print(f"grow while a cell trains: {running[-1]}")
     parts = ("kill_to_progress_s", "detect_s", "shrink_s", "rerun_to_first_step_s", "steps_computed_twice")
     data = {
         "shrink": {
@@ -159,7 +189,8 @@ def main() -> None:
         },
         "grow_s": stats([g["seconds"] for g in grows]),
         "grow_by_hand_s": stats(grows_by_hand),
-        "lines": {name: got[-1].get("line", "") for name, got in rows.items()} | {"grow": grows[-1]["line"]},
+        "grow_while_training": {k: stats([r[k] for r in running]) for k in running[0] if k != "line"},
+        "lines": {name: got[-1].get("line", "") for name, got in rows.items()} | {"grow": grows[-1]["line"], "grow while training": running[-1]["line"]},
     }
     for name, row in data["shrink"].items():
         split = (
@@ -173,6 +204,13 @@ def main() -> None:
             f"{row['steps_computed_twice']['samples']}"
         )
     print(f"  grow 3 -> 4: {data['grow_s']['median']:.2f} s; by hand {data['grow_by_hand_s']['median']:.2f} s")
+    r = data["grow_while_training"]
+    print(
+        f"  grow 3 -> 4 while a cell trains: asked -> 4 ranks training {r['asked_to_progress_s']['median']:.2f} s "
+        f"(to the step boundary {r['asked_to_stopped_s']['median']:.2f} s, grow {r['grow_s']['median']:.2f} s, cell "
+        f"again -> first step {r['rerun_to_first_step_s']['median']:.2f} s), steps computed twice "
+        f"{r['steps_computed_twice']['samples']}"
+    )
     save("elastic", data)
 
 

@@ -24,6 +24,7 @@ from collections.abc import Callable
 from typing import Any
 
 from . import grow as growing
+from .cellpath import CellPath
 from .cells import pointers
 from .cells.history import History
 from .cells.output import Sink
@@ -32,7 +33,7 @@ from .config import RankSpec, RunConfig, StartConfig, parse_ranks
 from .errors import ClusterError
 from .launch import defaults
 from .launch.registry import launcher_for
-from .recovery import CellPath, Recovery
+from .recovery import Recovery
 from .results import RankState, RunResult
 from .world import kept, variables, views
 from .world.engineset import EngineSet, RankInfo
@@ -110,6 +111,7 @@ class Cluster(views.WorldView):
             self.restart,
             self.rebuild_world,
             self.resize,
+            self._grow_between_cells,
         )
 
     # ------------------------------------------------------------------ lifecycle
@@ -167,11 +169,8 @@ class Cluster(views.WorldView):
         self._engines().published.write()  # hosts and pids are known now: the panel shows them from here
 
     def restart(self, ranks: RankSpec = None) -> float:
-        """Replace the engines of the given ranks (default: all) and rebuild the world.
-
-        Ranks keep their numbers; the new engines get new engine ids. Ranks that are
-        not restarted keep their Python state. Returns seconds taken.
-        """
+        """Replace the engines of the given ranks (default: all) and rebuild the world; seconds taken. Ranks keep
+        their numbers (new engine ids); ranks not restarted keep their Python state."""
         engines = self._engines()
         tic = time.perf_counter()
         targets = parse_ranks(ranks, self.world_size)
@@ -210,8 +209,14 @@ class Cluster(views.WorldView):
         return new
 
     def grow(self, count: int) -> str:
-        """Add ``count`` ranks between cells: the setup cells run again on every rank, the new ranks take the state
-        from a living rank's memory (grow.py); the line that says what was done."""
+        """Add ``count`` ranks: between cells, or where a --noblock cell's loop stops for them, and the cell goes on
+        with them (grow.py, cellpath.py); the line that says what was done."""
+        if isinstance(self.last, PendingRun) and not self.last.done():
+            self.last = growing.while_running(count, self.last, self._engines(), self.cells, self._say)
+            return self.cells.grown
+        return self._grow_between_cells(count)
+
+    def _grow_between_cells(self, count: int) -> str:
         return growing.grow(count, self._engines(), self.config, self.resize, self.cells.replay(), self.recovery, self._say)
 
     def rebuild_world(self) -> float:
@@ -261,15 +266,11 @@ class Cluster(views.WorldView):
         setup: bool = False,
         each: bool = False,
     ) -> RunResult | PendingRun:
-        """Run code on the given ranks; return a RunResult (or a PendingRun if block=False).
-
-        Output is streamed to ``sink`` (default: printed, each line tagged with its rank and folded
-        across ranks, ``[ranks 0-3] done``; ``each``: every rank's lines as they are).
-        A failure on any rank releases ranks left waiting in a collective and is
-        reported in the result; call ``result.raise_for_error()`` to turn it into a
-        RankError (the magics do). ``setup``: a cell that builds state (imports, model,
-        data); with ``max_restarts`` it is replayed after an automatic restart (recovery.py).
-        """
+        """Run code on the given ranks; return a RunResult (or a PendingRun if block=False). Output goes to ``sink``
+        (default: printed, tagged with its rank and folded across ranks; ``each``: every rank's lines as they are).
+        A failure on any rank releases ranks left waiting in a collective and is reported in the result
+        (``result.raise_for_error()`` raises RankError, as the magics do). ``setup``: a cell that builds state; with
+        ``max_restarts`` it is replayed after an automatic restart (recovery.py)."""
         engines = self._engines()
         parse_ranks(ranks, self.world_size)  # bad ranks are said before anything is done
         dead = engines.dead_ranks()

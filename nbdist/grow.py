@@ -14,18 +14,26 @@ that is training, and it goes on where it was.
 
 Nothing is recomputed and nothing is read from a file. Where the namespace holds no single optimizer with its
 model and a loader of ``shard``, the setup cells' state is what every rank has, and the line says so.
+
+While a ``--noblock`` cell trains (``while_running``), the ranks are asked (SIGUSR2) to stop at the next step
+boundary of ``loader.steps()`` they agree on (engine/preempt.py); the grow above is then made from the state of
+that boundary, and the cell runs again on the larger world from there (cellpath.py).
 """
 
 from __future__ import annotations
 
 import dataclasses
+import signal
 import time
 from collections.abc import Callable
+from typing import Any
 
 from . import peer_recovery
+from .cells.run import PendingRun
 from .config import StartConfig
 from .errors import ClusterError, ConfigError
 from .recovery import Recovery, Replay, Resize, replay_setup
+from .results import RunResult
 from .world.engineset import EngineSet
 
 
@@ -41,8 +49,7 @@ def grow(
     """Add ``count`` ranks (see the module's docstring); the line that says what was done (``say`` gets it too).
     ConfigError for a count or a size the launcher cannot give, ClusterError when a step failed."""
     before = len(engines.ranks)
-    if isinstance(count, bool) or not isinstance(count, int) or count < 1:
-        raise ConfigError(f"the number of ranks to add ({count!r}) must be a whole number, 1 or more: %dist_grow 2.")
+    check_count(count)
     try:
         dataclasses.replace(config, n=before + count, min_ranks=None)  # the launcher's own checks: cores, hosts
     except ConfigError as exc:
@@ -75,3 +82,45 @@ def grow(
     line = f"grew the world from {before} to {before + count} ranks: {', '.join(what)} in {time.perf_counter() - tic:.1f} s."
     say(line)
     return line
+
+
+def check_count(count: Any) -> None:
+    if isinstance(count, bool) or not isinstance(count, int) or count < 1:
+        raise ConfigError(f"the number of ranks to add ({count!r}) must be a whole number, 1 or more: %dist_grow 2.")
+
+
+def while_running(
+    count: int, run: PendingRun, engines: EngineSet, path: Any, say: Callable[[str], None]
+) -> RunResult | PendingRun:
+    """Grow beside a running ``--noblock`` cell: ask its loop to stop at the next step boundary every rank agrees
+    on, follow it there (its output shown here), and let the cell's path (``path``, a CellPath) grow the world and
+    start the cell again. Returns what goes on: the cell, started again on the larger world, or its result."""
+    check_count(count)
+    path.growing = count
+    engines.signal(run.ranks, signal.SIGUSR2)  # engine/preempt.py: asking_to_resize
+    say(
+        f"asked the running cell to stop at its next step boundary (loader.steps()) to add {count} rank(s); "
+        "a cell without one grows the world when it ends."
+    )
+    try:
+        return run.advance()
+    except BaseException:
+        path.growing = 0
+        forget(engines)
+        raise
+
+
+def stopped_for_it(result: RunResult) -> bool:
+    """Did every rank end the cell at a step boundary for a change of size (engine/preempt.py's ``Resizing``)?"""
+    return bool(result.ranks) and all((r.error or {}).get("ename") == "Resizing" for r in result.ranks)
+
+
+def _forget_on_rank() -> None:
+    from .engine import preempt
+
+    preempt.PREEMPT["resize"] = False
+
+
+def forget(engines: EngineSet) -> None:
+    """No grow is coming: the ranks that never reached a step boundary forget that one was asked."""
+    engines.call_each({r: (_forget_on_rank, (), {}) for r in range(len(engines.ranks))}, timeout=10.0)

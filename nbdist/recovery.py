@@ -27,10 +27,10 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from . import peer_recovery
-from .cells.history import Cell, History
+from .cells.history import Cell
 from .cells.output import Sink
-from .cells.run import PendingRun, execute
-from .config import RunConfig, StartConfig
+from .cells.run import execute
+from .config import RunConfig
 from .errors import ClusterError
 from .results import RankStatus, RunResult
 from .world.engineset import EngineSet
@@ -267,76 +267,3 @@ def repair(
         except Exception as exc:
             result.notes.append(f"rebuilding the process group failed ({exc}); run %dist_restart.")
     return []
-
-
-@dataclass(slots=True)
-class CellPath:
-    """A cell's way through a cluster's ranks with its repair policy: run it (cells/run.py); when ranks died
-    and the budget lasts, restart them, replay the setup cells, restore, and run it again. The callables are
-    the Cluster's: its engines (raising when it is stopped), ``restart`` and ``rebuild_world``."""
-
-    engines: Callable[[], EngineSet]
-    config: StartConfig
-    recovery: Recovery
-    history: History
-    say: Callable[[str], None]
-    restart: Callable[[list[int]], float]
-    rebuild: Callable[[], float]
-    shrink: Callable[[list[int]], dict[int, int]] | None = None
-
-    def execute(self, code: str, cfg: RunConfig, sink: Sink | None, setup: bool) -> RunResult | PendingRun:
-        def then(result: RunResult, recover: list[int]) -> RunResult:
-            return self.after(result, recover, code, cfg, sink, setup)
-
-        return execute(
-            self.engines(),
-            code,
-            cfg,
-            grace=self.config.grace,
-            watchdog=self.config.watchdog,
-            on_done=self.repair,
-            sink=sink,
-            then=then,
-            death_grace=0.0 if self.recovery.left > 0 else None,  # the cell runs again: nothing to wait for
-        )
-
-    def after(
-        self, result: RunResult, dead: list[int], code: str, cfg: RunConfig, sink: Sink | None, setup: bool
-    ) -> RunResult:
-        """Remember the cell and the last checkpoint; recover ``dead`` (from ``repair``) while the budget lasts."""
-        self.recovery.checkpoint = result.checkpoint or self.recovery.checkpoint
-        if result.ok:  # setup cells among them are what recovery replays
-            self.history.add(code, cfg.ranks, setup)
-        line = ""
-        try:
-            line = self.recovery.recover(dead, self.replay(), self.say) if dead else ""
-        except ClusterError as exc:
-            result.notes.append(str(exc))
-        if not line:
-            return result
-        new = self.recovery.renumbered  # the world went on with fewer ranks: the cell runs on those left
-        ranks = cfg.ranks if new is None else [new[r] for r in cfg.ranks if r in new]
-        if new is not None and sink is not None:
-            sink.resized(new, self.recovery.sizes[-1].step)
-        again = self.execute(
-            code, RunConfig(ranks=ranks, timeout=cfg.timeout, quiet=cfg.quiet, each=cfg.each), sink, setup
-        )
-        assert isinstance(again, RunResult)
-        again.recovered[:0] = [*result.recovered, line]
-        return again
-
-    def replay(self) -> Replay:
-        return Replay(
-            restart=self.restart,
-            engines=self.engines(),
-            setup=self.history.setup_cells(),
-            grace=self.config.grace,
-            watchdog=self.config.watchdog,
-            timeout=self.config.timeout,
-            shrink=self.shrink,
-            min_ranks=self.config.min_ranks,
-        )
-
-    def repair(self, result: RunResult, killed: list[int]) -> list[int]:
-        """After a release or a broken collective, make the world usable again (``repair``)."""
-        return repair(result, killed, self.recovery, self.config.auto_restart, self.restart, self.rebuild)

@@ -46,9 +46,9 @@ class Sink:
     def tick(self) -> None:
         """Called every few tens of milliseconds while the cell runs: show what is due."""
 
-    def resized(self, new: dict[int, int], step: int | None) -> None:
-        """The world went on with fewer ranks (``new``: each remaining rank's old number -> its new one) from loop
-        step ``step``, and the cell runs again on them."""
+    def resized(self, new: dict[int, int], step: int | None, joined: list[int] | None = None) -> None:
+        """The world went on with other ranks (``new``: each remaining rank's old number -> its new one; ``joined``:
+        the ranks a grow added) from loop step ``step``, and the cell runs again on them."""
 
     def settle(self) -> None:
         """A rank's debugger is about to talk: show the complete lines held back for folding now."""
@@ -183,9 +183,9 @@ class TaggedPrinter(Sink):
             self.dashboard.show()
         self.dashboard.update(rank, rows)
 
-    def resized(self, new: dict[int, int], step: int | None) -> None:
+    def resized(self, new: dict[int, int], step: int | None, joined: list[int] | None = None) -> None:
         self._write_all(self.folder.ready(float("inf")))  # what the old world printed, before its ranks move
-        self.folder.ranks = [new[r] for r in self.folder.ranks if r in new]
+        self.folder.ranks = [new[r] for r in self.folder.ranks if r in new] + list(joined or [])
         self.quiet_ranks = {new[r] for r in self.quiet_ranks if r in new}
         self._states = {new[r]: st for r, st in self._states.items() if r in new}
         self._shown = {(new[r], name): n for (r, name), n in self._shown.items() if r in new}

@@ -43,7 +43,7 @@ def state_of(child: Any) -> RankState:
     if exit_of(child) is not None:
         return RankState.EXITED
     err = error_of(child)
-    if err is None:
+    if err is None or getattr(err, "ename", "") == "Resizing":  # stopped for a grow (engine/preempt.py): no failure
         return RankState.IDLE
     return RankState.DEAD if getattr(err, "ename", "") == "EngineError" else RankState.FAILED
 

@@ -28,7 +28,8 @@ from .history import title
 from .output import Sink, TaggedPrinter
 from .watch import OnDone, Watch
 
-Then = Callable[[RunResult, list[int]], RunResult]  # (result, ranks to recover) -> the result (Cluster's recovery)
+# (result, ranks to recover) -> the result (Cluster's recovery), or the run that goes on in the cell's place
+Then = Callable[[RunResult, list[int]], "RunResult | PendingRun"]
 
 
 class PendingRun:
@@ -38,16 +39,40 @@ class PendingRun:
         self._watch = watch
         self._then = then
         self._result: RunResult | None = None
+        self._next: PendingRun | None = None  # the cell started again in this one's place (a grown world)
+        self.carried: list[str] = []  # what was done before this run started, for its result's ``recovered``
+
+    @property
+    def ranks(self) -> list[int]:
+        return self._watch.ranks
 
     def done(self) -> bool:
+        if self._next is not None:
+            return self._next.done()
         return self._result is not None or self._watch.ar.ready()
+
+    def advance(self, timeout: float | None = None, show: bool = True) -> RunResult | PendingRun:
+        """Follow this run to its end and apply what follows it: its RunResult, or the run that goes on in its
+        place (the cell started again on a world that grew where its loop stopped for it)."""
+        if self._result is None and self._next is None:
+            result, recover = self._watch.follow(timeout=timeout, stream=show)
+            out = self._then(result, recover) if self._then else result
+            if isinstance(out, PendingRun):
+                out.carried[:0] = self.carried
+                self._next = out
+            else:
+                out.recovered[:0] = self.carried
+                self._result = out
+        return self._next if self._next is not None else self._result  # type: ignore[return-value]
+
+    def ends(self, kept: transcript.Transcript) -> None:
+        """The cell's transcript ends with this run's outcome."""
+        self._then = _ending(kept, self._then)
 
     def wait(self, timeout: float | None = None, show: bool = True) -> RunResult:
         """Follow the cell to its end (releasing ranks after ``timeout`` seconds from its start)."""
-        if self._result is None:
-            result, recover = self._watch.follow(timeout=timeout, stream=show)
-            self._result = self._then(result, recover) if self._then else result
-        return self._result
+        out = self.advance(timeout, show)
+        return out if isinstance(out, RunResult) else out.wait(timeout, show)
 
     def result(self, timeout: float | None = None) -> RunResult:
         return self.wait(timeout).raise_for_error()
@@ -104,18 +129,22 @@ def execute(
     if not cfg.block:
         return PendingRun(watch, then)
     result, recover = watch.follow(timeout=cfg.timeout, stream=True)
-    return then(result, recover) if then else result
+    final = then(result, recover) if then else result
+    return final.wait() if isinstance(final, PendingRun) else final
 
 
 def _ending(kept: transcript.Transcript, then: Then | None) -> Then:
     """``then``, after which the transcript ends with the cell's outcome (its error, as the magic raises it)."""
 
-    def ended(result: RunResult, recover: list[int]) -> RunResult:
-        final = result
+    def ended(result: RunResult, recover: list[int]) -> RunResult | PendingRun:
+        final: RunResult | PendingRun = result
         try:
             final = then(result, recover) if then else result
         finally:
-            kept.end(final)
+            if isinstance(final, PendingRun):  # the cell goes on in that run: the transcript ends with it
+                final.ends(kept)
+            else:
+                kept.end(final)
         return final
 
     return ended

@@ -19,6 +19,11 @@ point on every rank). Every rank therefore acts at the same step, at most about 
 after the signal, well inside the grace. ``settle`` (the end of a ``steps()`` loop) reads the
 exchange in flight without starting another.
 
+The same exchange carries a second flag: a world asked to change size while a loop runs
+(``%dist_grow`` beside a ``--noblock`` cell sends SIGUSR2 to the ranks, ``asking_to_resize``). Every rank then
+ends the cell at the same step with ``Resizing``, holding the state of that step boundary; the client grows
+the world and runs the cell again, which goes on from there (grow.py).
+
 A rank signalled while no cell runs runs its hooks at once (every rank of a preempted
 job is signalled). In every case the rank is gone ``grace`` seconds after the signal,
 hooks done or not: the time is bounded.
@@ -40,7 +45,9 @@ from .state import STATE
 Hook = Callable[[int | None], Any]  # hook(step): the step the ranks agreed on, None when idle
 HOOKS: list[Hook] = []
 DEFAULT: list[Hook] = []  # save_checkpoint registers "save again at this step" here
-PREEMPT: dict[str, Any] = {"asked": None, "installed": False, "previous": None, "grace": 25.0, "left": False}
+PREEMPT: dict[str, Any] = {
+    "asked": None, "installed": False, "previous": None, "grace": 25.0, "left": False, "resize": False
+}
 # The flag exchange in flight, and when the next starts: ``countdown`` points from now (``calls`` of
 # them since the last exchange began at ``since``, a perf_counter time).
 EXCHANGE: dict[str, Any] = {"work": None, "buf": None, "group": None, "countdown": 1, "since": None, "calls": 0}
@@ -50,6 +57,17 @@ MAX_EVERY = 100_000  # points between exchanges at most
 
 class Preempted(RuntimeError):
     """The world is going down: a rank received SIGTERM; the save hooks ran on every rank."""
+
+
+class Resizing(RuntimeError):
+    """The world changes size at this step boundary: every rank ends the cell here, and the client runs it
+    again once the world has its new size (grow.py)."""
+
+
+def asking_to_resize(signum: int = 0, frame: Any = None) -> None:
+    """SIGUSR2's handler (engine/runtime.py installs it): the client asks the world to change size; every
+    rank stops at the next step boundary they agree on."""
+    PREEMPT["resize"] = True
 
 
 def on_preempt(fn: Hook | None = None, *, grace: float | None = None) -> Any:
@@ -108,32 +126,35 @@ def point(step: int | None = None) -> None:
     EXCHANGE["countdown"] -= 1
     if EXCHANGE["countdown"] > 0:
         return
-    _act(_exchange(start_next=True), step)
+    _act(*_exchange(start_next=True), step)
 
 
 def reset() -> None:
     """Forget the exchange in flight and exchange at the next point (the world was rebuilt: every rank
     starts counting afresh, whatever point each had reached when the old world broke)."""
     EXCHANGE.update(work=None, buf=None, group=None, countdown=1, since=None, calls=0)
+    PREEMPT["resize"] = False  # asked of the world that was: the new one has its size
 
 
 def settle(step: int | None = None) -> None:
     """The last boundary of a loop: act on the exchange in flight, start no other."""
-    _act(_exchange(start_next=False), step)
+    _act(*_exchange(start_next=False), step)
 
 
-def _exchange(start_next: bool) -> list[int]:
-    """The ranks the previous exchange found signalled; then (``start_next``) start the next one."""
+def _exchange(start_next: bool) -> tuple[list[int], bool]:
+    """The ranks the previous exchange found signalled, and whether it found a resize asked; then
+    (``start_next``) start the next one."""
     import torch
     import torch.distributed as dist
 
     if not (dist.is_available() and dist.is_initialized()) or dist.get_world_size() == 1:
         EXCHANGE["countdown"] = 1
-        return [0] if asked() else []
+        return ([0] if asked() else []), bool(PREEMPT["resize"])
     from .control import control_group
 
     group, size, now = control_group("preempt"), dist.get_world_size(), time.perf_counter()
     signalled: list[int] = []
+    resize = False
     work, buf, of = EXCHANGE["work"], EXCHANGE["buf"], EXCHANGE["group"]
     EXCHANGE.update(work=None, buf=None, group=None)
     every = 1
@@ -142,20 +163,27 @@ def _exchange(start_next: bool) -> list[int]:
         values = buf.tolist()
         signalled = [r for r, f in enumerate(values[:size]) if f]
         per_step = values[size] / 1e6  # the slowest rank's seconds per step, as every rank reads it
+        resize = bool(values[size + 1])
         every = max(1, min(MAX_EVERY, int(PERIOD / per_step))) if per_step > 0 else 1
     if start_next:
         since, calls = EXCHANGE["since"], EXCHANGE["calls"]
-        buf = torch.zeros(size + 1, dtype=torch.int64)
+        buf = torch.zeros(size + 2, dtype=torch.int64)
         buf[dist.get_rank()] = int(asked())
         buf[size] = int(1e6 * (now - since) / calls) if since is not None and calls else 0
+        buf[size + 1] = int(PREEMPT["resize"])
         work = dist.all_reduce(buf, op=dist.ReduceOp.MAX, group=group, async_op=True)
         EXCHANGE.update(work=work, buf=buf, group=group, since=now, calls=every, countdown=every)
     else:
         EXCHANGE.update(since=None, calls=0, countdown=1)
-    return signalled
+    return signalled, resize
 
 
-def _act(signalled: list[int], step: int | None) -> None:
+def _act(signalled: list[int], resize: bool, step: int | None) -> None:
+    if resize and not signalled:
+        reset()  # the exchange in flight still carries the flag: never read
+        raise Resizing(
+            f"the world changes size at step {step}: every rank stopped here, and the cell runs again once it has."
+        )
     if not signalled:
         return
     saved = _run_hooks(step)

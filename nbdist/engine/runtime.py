@@ -256,6 +256,7 @@ def _install_watcher() -> None:
     rsock.setblocking(True)
     wsock.setblocking(False)
     signal.signal(signal.SIGUSR1, _noop_handler)
+    signal.signal(signal.SIGUSR2, preempt.asking_to_resize)  # %dist_grow while a loop runs
     previous = signal.set_wakeup_fd(wsock.fileno(), warn_on_full_buffer=False)
     thread = threading.Thread(target=_watch, args=(rsock, wsock, previous), name="nbdist-watcher", daemon=True)
     STATE.watcher = thread

@@ -212,8 +212,9 @@ class DistMagics(Magics):
     @argument("count", type=int, metavar="N", help="how many ranks to add")
     @line_magic
     def dist_grow(self, line: str = "") -> None:
-        """Add N ranks between cells: the setup cells run again on every rank, the new ranks take the training
-        state from a living rank's memory, and the loaders split the rest of the epoch over the larger world."""
+        """Add N ranks: the setup cells run again on every rank, the new ranks take the training state from a
+        living rank's memory, and the loaders split the rest of the epoch over the larger world. Beside a --noblock
+        cell that trains, at its loop's next step boundary, and the cell goes on with them."""
         args = parse(self.dist_grow, line)
         call(lambda: api.current().grow(args.count))  # its line is printed as it is said
 

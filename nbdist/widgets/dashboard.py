@@ -121,8 +121,8 @@ class Dashboard:
             self._head.value = self.headline_html()
 
     def resized(self, new: dict[int, int], step: float | None) -> None:
-        """The world went on with fewer ranks from ``step`` (old rank -> new): the ranks' lines go on under their
-        new numbers, the figure marks the step; drawn again at once."""
+        """The world went on with other ranks from ``step`` (old rank -> new; a grow's new ranks map to themselves):
+        the ranks' lines go on under their new numbers, the figure marks the step; drawn again at once."""
         self.store.renumber(new, step)
         self.states = {new[r]: st for r, st in self.states.items() if r in new}
         self.render()

@@ -169,7 +169,7 @@ class MetricStore:
         self.steps: dict[int, float] = {}  # the last step each rank logged
         self.spreads: dict[str, Spread] = {}
         self.loggers: dict[str, set[int]] = {}  # the ranks that log each metric
-        self.resizes: list[tuple[float | None, int]] = []  # (step, ranks from then on): the world went on with fewer
+        self.resizes: list[tuple[float | None, int]] = []  # (step, ranks from then on): the world went on with other
         self.lost: dict[str, list[Series]] = {}  # the series of ranks the world went on without, by metric
 
     def add(self, rank: int, rows: Iterable[dict[str, Any]]) -> None:
@@ -209,7 +209,7 @@ class MetricStore:
             self.add(rank, [row])
 
     def renumber(self, new: dict[int, int], step: float | None) -> None:
-        """The world went on with fewer ranks from ``step`` (``new``: each remaining rank's old number -> new):
+        """The world went on with other ranks from ``step`` (``new``: each remaining rank's old number -> new):
         their series go on under the new numbers, a lost rank's end, and each step waits for the ranks left.
         ``resizes`` keeps where the size changed, which the figure marks."""
         for (k, r), s in self.series.items():
@@ -243,15 +243,17 @@ class MetricStore:
         return out
 
     def total(self, key: str) -> tuple[list[float], list[float]]:
-        """The sum over ranks at every x that all ranks have drawn (samples/s in total)."""
+        """The sum over ranks at every x that all ranks there have drawn (samples/s in total): a rank that joined
+        later (a grow) counts from its first x, one lost since counts where it was."""
         per = [self.series[(key, r)].points() for r in self.ranks() if (key, r) in self.series]
         if len(per) < 2:
             return [], []
-        common = set(per[0][0]).intersection(*(set(xs) for xs, _ in per[1:]))
         maps = [dict(zip(xs, ys, strict=True)) for xs, ys in per]
+        firsts = [xs[0] for xs, _ in per]
+        xs = sorted(x for x in maps[0].keys() | set().union(*maps[1:]) if all(
+            x in m or x < first for m, first in zip(maps, firsts, strict=True)))
         gone = [dict(zip(*s.points(), strict=True)) for s in self.lost.get(key, [])]  # ranks lost since, where they were
-        xs = sorted(common)
-        return xs, [sum(m[x] for m in maps) + sum(g.get(x, 0.0) for g in gone) for x in xs]
+        return xs, [sum(m.get(x, 0.0) for m in maps) + sum(g.get(x, 0.0) for g in gone) for x in xs]
 
     def loss_key(self) -> str | None:
         """The metric that is the loss: 'loss' itself, else the first whose name holds 'loss'."""

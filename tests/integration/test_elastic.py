@@ -13,6 +13,7 @@ The reference is the same training done by hand, as a user would without nbdist'
 that step, rank 0 saves the model and optimizer, a new world of 3 ranks loads them and goes on, each rank
 reading the samples the stated rule gives it (the rest of the epoch's order from the place the 4 ranks
 reached, cut to a multiple of 3 and strided, then whole epochs of 3), all index arithmetic written here.
+A grow while a ``--noblock`` cell trains stops its loop where the ranks agree, in any epoch: ``plan`` covers both.
 Every parameter must be ``torch.equal`` to it. A grow is compared the same way (3 ranks to the step, 4 after).
 HANG_S only catches hangs.
 """
@@ -75,26 +76,28 @@ def batches(places, rank, size):
     mine = places[: len(places) // size * size][rank::size]
     return [mine[i : i + {B}] for i in range(0, len(mine) // {B} * {B}, {B})]
 
+def plan(size, epoch, places, count):  # count steps from places of epoch's order on, then whole epochs
+    steps = batches(order(epoch)[places:], dist.get_rank(), size)[:count]
+    while len(steps) < count:
+        epoch += 1
+        steps += batches(order(epoch), dist.get_rank(), size)[: count - len(steps)]
+    return steps
+
 def train(plan):
     for idx in plan:
         loss = torch.nn.functional.mse_loss(model(X[idx]), Y[idx])
         opt.zero_grad(); loss.backward(); opt.step()
 """
 FIRST = """
-train(batches(order(0), dist.get_rank(), BEFORE)[:STOP])
+train(plan(BEFORE, 0, 0, STOP))
 if dist.get_rank() == 0:
     torch.save({"model": net.state_dict(), "opt": opt.state_dict()}, SAVED)
 """
 THEN = f"""
 saved = torch.load(SAVED)
 net.load_state_dict(saved["model"]); opt.load_state_dict(saved["opt"])
-left = STEPS - STOP
-plan = batches(order(0)[STOP * BEFORE * {B}:], dist.get_rank(), AFTER)[:left]
-epoch = 1
-while len(plan) < left:
-    plan += batches(order(epoch), dist.get_rank(), AFTER)[: left - len(plan)]
-    epoch += 1
-train(plan)
+per_epoch = len(batches(order(0), 0, BEFORE))  # the steps of an epoch the first world read
+train(plan(AFTER, STOP // per_epoch, STOP % per_epoch * BEFORE * {B}, STEPS - STOP))
 final = [p.detach().clone() for p in model.parameters()]
 """
 
@@ -282,3 +285,36 @@ def test_a_world_below_min_ranks_fails_the_cell_naming_what_was_lost(tmp_path, g
         assert "rank(s) 1 died and could not be replaced (" in said and "fewer than --min-ranks 2" in said, said
         kept = c.run("print(step)", ranks=[0], quiet=True).raise_for_error()
         assert kept.ranks[0].stdout.strip().isdigit()  # rank 0 kept what it had
+
+
+def test_a_world_grown_while_a_noblock_cell_trains_goes_on_from_the_step_it_stopped_at(tmp_path, ip, capsys):
+    """3 ranks train in a --noblock cell; at a seeded random step %dist_grow 1: the loop stops at a step boundary
+    every rank agrees on, the world grows to 4 from that step's state and the cell goes on: as by hand (3 ranks to
+    that step, 4 after). The cell's result says the grow; the 4 ranks hold the same weights."""
+    progress = str(tmp_path / "progress")
+    after = 3 + PICK % 10
+    slow = TRAIN.replace("time.sleep(0.03)", "time.sleep(0.06)")  # the loop must still run when the grow comes
+    with nbdist.start(3, oversubscribe=True) as c:
+        c.run(f"PROGRESS = {progress!r}\n{SETUP}", setup=True).raise_for_error()
+        c.run(slow, block=False)
+        assert poll(lambda: _progress(progress, 0) >= after, HANG_S), "the loop did not start"
+        capsys.readouterr()
+        run_cell(ip, "%dist_grow 1")
+        said = capsys.readouterr().out
+        grew = re.search(r"gave every rank step (\d+) from rank 0's memory \(nothing recomputed\)", said)
+        assert "asked the running cell to stop at its next step boundary" in said, said
+        assert "grew the world from 3 to 4 ranks: started rank(s) 3" in said and grew, said
+        stop = int(grew.group(1))
+        assert after <= stop < STEPS, f"the loop stopped at step {stop}, not while it ran (picked {after}, PICK={PICK})"
+        assert not c.last.done() or c.last.wait().ok  # the cell goes on, in the background, on 4 ranks
+        result = c.last.wait(show=False)
+        assert result.ok, result
+        assert [r.rank for r in result.ranks] == [0, 1, 2, 3], result
+        assert any(line.startswith("grew the world from 3 to 4 ranks") for line in result.recovered), result.recovered
+        grown = c.pull("final")
+    for rank in (1, 2, 3):
+        assert all(torch.equal(a, b) for a, b in zip(grown[0], grown[rank], strict=True))
+    reference = _by_hand(tmp_path, stop, 3, 4)
+    assert all(torch.equal(a, b) for a, b in zip(grown[0], reference, strict=True)), (
+        f"the world grown to 4 ranks at step {stop} while its cell ran differs from the same training done by hand"
+    )

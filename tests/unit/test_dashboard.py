@@ -313,3 +313,27 @@ def test_a_world_that_goes_on_with_fewer_ranks_keeps_the_lines_by_new_rank_and_m
     marks = [s for s in fig.layout.shapes if s.x0 == 5 and s.line.dash == "dot"]
     assert len(marks) == len([p for p in panels(store) if p.key != "split"]) >= 2
     assert all(a.text == "3 ranks" for a in fig.layout.annotations if a.x == 5)
+
+
+def test_a_world_that_grows_waits_for_the_new_rank_each_step_and_marks_the_step():
+    """3 ranks, then a grow at step 4 (each rank keeps its number, rank 3 joins): each later step is counted once
+    the 4 ranks logged it, the new rank's line starts there, and every panel over steps says '4 ranks' at 4."""
+    board = Dashboard(ranks=3)
+    for step in range(4):
+        for rank in range(3):
+            board.update(rank, [{"step": step, "loss": 1.0 + rank, "throughput/samples_per_s": 100.0}])
+    board.resized({r: r for r in range(4)}, 4)
+    for step in range(4, 7):
+        for rank in range(3):
+            board.update(rank, [{"step": step, "loss": 1.0, "throughput/samples_per_s": 100.0}])
+    store = board.store
+    assert store.spreads["loss"].x[-1] == 3  # steps 4-6 wait for the fourth rank
+    board.update(3, [{"step": s, "loss": 1.0, "throughput/samples_per_s": 100.0} for s in range(4, 7)])
+    assert store.spreads["loss"].x[-1] == 6 and store.ranks() == [0, 1, 2, 3]
+    assert store.series[("loss", 3)].points()[0] == [4, 5, 6]
+    xs, total = store.total("throughput/samples_per_s")
+    assert (total[xs.index(3)], total[-1]) == (300.0, 400.0)
+    fig = board.figure()
+    assert [a.text for a in fig.layout.annotations if a.x == 4] and all(
+        a.text == "4 ranks" for a in fig.layout.annotations if a.x == 4
+    )
