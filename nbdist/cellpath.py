@@ -11,6 +11,7 @@ runs again on the larger world, going on from there. A cell whose loop has no su
 from __future__ import annotations
 
 import dataclasses
+import signal
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -23,6 +24,7 @@ from .errors import ClusterError, ConfigError
 from .recovery import Recovery, Replay, repair
 from .results import RunResult
 from .world.engineset import EngineSet
+from .world.standby import arrived
 
 
 @dataclass(slots=True)
@@ -44,6 +46,8 @@ class CellPath:
     grown: str = ""  # the line of the last grow made where a cell stopped for it
 
     def execute(self, code: str, cfg: RunConfig, sink: Sink | None, setup: bool) -> RunResult | PendingRun:
+        cfg = self._joined_between_cells(cfg)
+
         def then(result: RunResult, recover: list[int]) -> RunResult | PendingRun:
             return self.after(result, recover, code, cfg, sink, setup)
 
@@ -57,7 +61,33 @@ class CellPath:
             sink=sink,
             then=then,
             death_grace=0.0 if self.recovery.left > 0 else None,  # the cell runs again: nothing to wait for
+            tick=self.tick,
         )
+
+    def tick(self) -> None:
+        """While a cell runs: once a queued replacement's engines have come (world/standby.py), ask the loop to
+        stop for them at its next step boundary."""
+        engines = self.engines()
+        if self.growing or engines.standby is None or not arrived(engines):
+            return
+        self.growing = engines.standby.count
+        engines.signal(list(range(len(engines.ranks))), signal.SIGUSR2)  # engine/preempt.py: asking_to_resize
+
+    def _joined_between_cells(self, cfg: RunConfig) -> RunConfig:
+        """A queued replacement's engines came while no cell ran: grow the world with them before this cell (a
+        cell for every rank then runs on the grown world). A grow that cannot be made says why, once."""
+        engines = self.engines()
+        standby, before = engines.standby, len(engines.ranks)
+        if standby is None or self.grow is None or not arrived(engines):
+            return cfg
+        try:
+            self.grow(standby.count)
+        except (ClusterError, ConfigError) as exc:
+            engines.give_up(standby.sets)
+            engines.standby = None
+            self.say(f"{standby.named()} started, but the world could not grow: {exc}")
+            return cfg
+        return dataclasses.replace(cfg, ranks=list(range(len(engines.ranks)))) if cfg.ranks == list(range(before)) else cfg
 
     def after(
         self, result: RunResult, dead: list[int], code: str, cfg: RunConfig, sink: Sink | None, setup: bool

@@ -35,6 +35,7 @@ from .errors import ClusterError, ConfigError
 from .recovery import Recovery, Replay, Resize, replay_setup
 from .results import RunResult
 from .world.engineset import EngineSet
+from .world.standby import arrived
 
 
 def grow(
@@ -60,6 +61,7 @@ def grow(
             "data. Mark the cells that build them (%%distributed --setup) and run them, then %dist_grow."
         )
     tic = time.perf_counter()
+    joining = engines.standby if arrived(engines) and engines.standby and engines.standby.count == count else None
     said, why = peer_recovery.ask(engines, [], replay.timeout, now=True)
     try:
         resize([], count)
@@ -69,6 +71,8 @@ def grow(
         ) from exc
     added = ", ".join(map(str, range(before, before + count)))
     what = [f"started rank(s) {added}", "rebuilt the process group"]
+    if joining is not None:  # the replacement queued since the world went on without it (world/standby.py)
+        what[0] = f"rank(s) {added} joined from {joining.named()}, queued since the world shrank"
     replay_setup(replay, "growing the world")
     what.append(f"replayed {len(replay.setup)} setup cell(s) on every rank")
     chosen, why = peer_recovery.decide(said, []) if said is not None else (None, why)

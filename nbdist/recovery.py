@@ -114,6 +114,8 @@ class Recovery:
             renumbered = self.renumbered = _shrink(dead, replay, exc)
             what = [f"could not replace them ({_first_line(exc)})", _continuing(renumbered, before)]
             what += replay.engines.given_back
+            if replay.engines.standby is not None:
+                what.append(replay.engines.standby.said())
         chosen = None
         if said is not None:
             chosen, not_peer = peer_recovery.decide(said, [] if renumbered else dead, renumbered)

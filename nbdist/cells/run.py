@@ -93,12 +93,14 @@ def execute(
     sink: Sink | None = None,
     then: Then | None = None,
     death_grace: float | None = None,
+    tick: Callable[[], None] | None = None,
 ) -> RunResult | PendingRun:
     """Run ``code`` on ``cfg.ranks``. Blocking: follow it and return the RunResult; else a PendingRun.
 
     ``grace``, ``watchdog`` and ``death_grace`` are the release policy's (see release.py); ``on_done`` is
     called with every finished result, before it is returned; ``then`` last, with the ranks
-    ``on_done`` returned, and what it returns is the result.
+    ``on_done`` returned, and what it returns is the result. ``tick``: called about once a second while
+    the cell runs (watch.py).
     """
     dead = [r for r in engines.dead_ranks() if r in cfg.ranks]
     if dead:
@@ -125,6 +127,7 @@ def execute(
         on_done=on_done,
         cell=title(code),
         death_grace=death_grace,
+        tick=tick,
     )
     if not cfg.block:
         return PendingRun(watch, then)

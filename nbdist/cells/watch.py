@@ -28,6 +28,7 @@ from .release import Action, ReleasePolicy
 
 OnDone = Callable[[RunResult, list[int]], list[int]]  # (result, ranks killed) -> ranks to recover
 DEATH_CHECK_S = 0.1  # how often a running cell looks whether its ranks' processes are still there
+TICK_S = 1.0  # how often the cell's path is asked whether the world should change (a queued replacement came)
 
 
 class Watch:
@@ -46,12 +47,14 @@ class Watch:
         ask: Callable[[str], str] | None = None,
         cell: str = "",
         death_grace: float | None = None,
+        tick: Callable[[], None] | None = None,
     ) -> None:
         self.engines, self.ranks, self.ar, self.sink = engines, ranks, ar, sink
         self.board = engines.board  # each rank's state: busy now, then what its reply says (world/board.py)
         self.board.set(ranks, RankState.BUSY, cell=cell)
         self.ask = ask or _typed  # a person's answer to a rank's debugger prompt (the notebook's input box)
         self.grace, self.watchdog, self.on_done, self.death_grace = grace, watchdog, on_done, death_grace
+        self.tick, self.ticked = tick, time.perf_counter()  # called about every TICK_S while the cell runs
         self.tic = time.perf_counter()
         self.wake: queue.SimpleQueue[int] = queue.SimpleQueue()
         self.children = compat.async_result_children(ar)  # one per rank, in the order of ``ranks``
@@ -150,6 +153,9 @@ class Watch:
                             call_sink(self.sink, "finished", self.ranks[i])
                     call_sink(self.sink, "tick")
                 self._notice_deaths()
+                if self.tick is not None and time.perf_counter() - self.ticked >= TICK_S:
+                    self.ticked = time.perf_counter()
+                    self.tick()
                 running = self._running()
                 if not running:
                     return killed, interrupted

@@ -24,6 +24,7 @@ from .answers import Answers, Call
 from .board import Board, RankNow
 from .published import Published
 from .rankinfo import RankInfo
+from .standby import Standby, arrived
 
 log = logging.getLogger("nbdist")
 
@@ -45,6 +46,7 @@ class EngineSet:
         self.kept_pids: list[int] = []  # reattached to a kept world (kept.py): its controller and what it started
         self.kept_jobs: list[str] = []  # and the batch jobs it runs in
         self.given_back: list[str] = []  # what the last drop gave back to the batch system, in words
+        self.standby: Standby | None = None  # a replacement still queued when the world went on without it
         self.board = Board()  # each rank's state (board.py): written where a change is seen, read by the views
         self.published = Published(workdir, self.board, lambda: list(self.ranks))  # and as a file, for the panel
         self.board.subscribe(self.published)
@@ -79,7 +81,11 @@ class EngineSet:
     def add(self, count: int) -> list[RankInfo]:
         """Start ``count`` more engines as the next ranks (a world that grows); their RankInfos."""
         ranks = list(range(len(self.ranks), len(self.ranks) + count))
-        self.ranks += [RankInfo(rank=r, engine_id=eid) for r, eid in zip(ranks, self._more(ranks), strict=True)]
+        come, standby, self.standby = arrived(self), self.standby, None  # its engines, or it is cancelled (standby.py)
+        ids = registration.in_launch_order(self, come) if standby and standby.count == count and come else None
+        if ids is None and standby is not None:
+            self.give_up(standby.sets)
+        self.ranks += [RankInfo(rank=r, engine_id=eid) for r, eid in zip(ranks, ids or self._more(ranks), strict=True)]
         self.board.set(ranks, RankState.RESTARTING)
         return self.ranks[-count:]
 
@@ -94,12 +100,16 @@ class EngineSet:
         self._record_jobs()
         try:
             waited = registration.wait_for_engines(self, len(ranks), known, old_launchers, ranks)
+        except registration.StillQueued:  # the world goes on without them; the job is kept (standby.py)
+            sets = set(self._ipp.engines) - before
+            self.standby = Standby(sets, known, len(ranks), self.launcher.job_ids([self._ipp.engines[k] for k in sets]))
+            raise
         except BaseException:
-            self._give_up(set(self._ipp.engines) - before)
+            self.give_up(set(self._ipp.engines) - before)
             raise
         return registration.in_launch_order(self, waited)
 
-    def _give_up(self, engine_sets: set[str]) -> None:
+    def give_up(self, engine_sets: set[str]) -> None:
         """Stop these engine sets (a replacement that did not start: its processes, its queued batch job)."""
         for key in engine_sets:
             launcher = self._ipp.engines.get(key)
@@ -159,10 +169,8 @@ class EngineSet:
         return self.launcher.job_ids(self.launchers()) or list(self.kept_jobs)
 
     def kill(self, ranks: list[int]) -> None:
-        """End the engines of these ranks (only processes this set started); wait until they have ended.
-
-        Here by pid; on other hosts through ipyparallel's nanny, which kills the engine it started.
-        """
+        """End the engines of these ranks (only processes this set started: here by pid, on other hosts through
+        ipyparallel's nanny, which kills the engine it started); wait until they have ended."""
         ours = set(self.pids())
         local = [r for r in ranks if self.ranks[r].local and self.ranks[r].pid in ours]
         procs.kill([self.ranks[r].pid for r in local])  # waits until they have ended

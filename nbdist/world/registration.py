@@ -51,6 +51,10 @@ def check_preflight(engines: Registering) -> None:
         raise ClusterError(f"{line} {engines.launcher.unreachable_hint()}".strip())
 
 
+class StillQueued(ClusterError):
+    """A replacement's batch job still waits in the queue at the bound --min-ranks puts on it (it is kept)."""
+
+
 def wait_for_engines(
     engines: Registering, n: int, known: set[int], old_launchers: set[int], ranks: list[int] | None = None
 ) -> list[int]:
@@ -107,7 +111,7 @@ def wait_for_engines(
             )
             logs = exited or (launchers if engines.launcher.multi_host else [])
             tail = _log_tail(getattr(logs[0], "output_file", "")) if logs else ""
-            raise ClusterError(
+            raise (StillQueued if queued and not exited else ClusterError)(
                 f"{missing} of {n} engine(s) did not start, so rank(s) {names} have no engine: {why}."
                 + where_they_wait(engines, set(engines.client.ids))
                 + (f" Engine log: {tail}" if tail else "")

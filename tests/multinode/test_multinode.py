@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -373,10 +374,16 @@ def _step(path: str) -> int:
 
 
 def test_a_lost_node_shrinks_the_world_to_node1_and_it_grows_back_when_node2_returns(slurm, tmp_path):
-    """node2's ranks killed mid-training and node2 drained (its replacement job cannot start): the world goes on
-    with node1's 2 ranks; node2 back (resumed), %dist_grow 2 puts 2 ranks there again, and training goes on."""
+    """node2's ranks killed mid-training and node2 drained: their replacement job waits in the queue past
+    --timeout, so the world goes on with node1's 2 ranks and the job stays queued. node2 back (resumed) while the
+    next cell trains: the job starts there and its 2 ranks join at a step boundary of that cell's loop, which goes
+    on with 4 ranks."""
     progress = str(tmp_path / "progress")
-    cluster = nbdist.start(n=4, launcher="slurm", nodes=2, max_restarts=1, min_ranks=2, timeout=40)
+    said: list[tuple[float, str]] = []
+    cluster = nbdist.start(
+        n=4, launcher="slurm", nodes=2, max_restarts=1, min_ranks=2, timeout=40,
+        progress=lambda line: said.append((time.time(), line)),
+    )
     try:
         assert sorted(r.host for r in cluster.ranks) == ["node1", "node1", "node2", "node2"]
         cluster.run(f"PROGRESS, STEPS = {progress!r}, 40\n{ELASTIC_SETUP}", setup=True).raise_for_error()
@@ -398,21 +405,38 @@ def test_a_lost_node_shrinks_the_world_to_node1_and_it_grows_back_when_node2_ret
         assert "PENDING" in line, line  # why: the replacement's job waited in the queue (node1 full, node2 drained)
         assert "continuing with 2 of 4 ranks" in line and "memory (nothing recomputed)" in line, line
         job = cluster.engines.job_ids()[0]
-        assert f"Slurm job {job} gave back node2" in line, line  # so that a grow can have node2 again
+        assert f"Slurm job {job} gave back node2" in line, line  # so that the queued job can have node2 again
+        queued = re.search(r"Slurm job (\d+) stays queued: 2 rank\(s\) join at a step boundary once it starts", line)
+        assert queued, line
         assert [r.host for r in cluster.ranks] == ["node1", "node1"] and cluster.world_size == 2
         finals = cluster.pull("final")
         assert all(torch.equal(a, b) for a, b in zip(*finals, strict=True))
 
-        slurm.resume("node2")
-        line = cluster.grow(2)
-        print(line)
-        assert line.startswith("grew the world from 2 to 4 ranks: started rank(s) 2, 3"), line
+        # node2 comes back while the next cell trains: the queued job starts, its ranks join in the loop.
+        cluster.run("STEPS = 1000", quiet=True).raise_for_error()
+        back: list[float] = []
+
+        def node2_back() -> None:
+            poll(lambda: _step(f"{progress}-0") >= 45, within=HANG_S, every=0.01)
+            back.append(time.time())
+            slurm.resume("node2")
+
+        threading.Thread(target=node2_back, daemon=True).start()
+        result = cluster.run("start = loader.step\n" + ELASTIC_TRAIN.replace(
+            "    time.sleep(0.05)\n", "    time.sleep(0.05)\n    if dist.get_world_size() == 4 and step >= start + 10:\n        break\n"
+        ))
+        result.raise_for_error()
+        grew = [(t, s) for t, s in said if s.startswith("grew the world from 2 to 4 ranks")]
+        assert grew and result.recovered == [grew[0][1]], (said, result.recovered)
+        line = grew[0][1]
+        print(line, f"({grew[0][0] - back[0]:.1f} s after node2 was resumed)")
+        assert f"rank(s) 2, 3 joined from Slurm job {queued.group(1)}, queued since the world shrank" in line, line
+        assert "memory (nothing recomputed)" in line, line
         assert sorted(r.host for r in cluster.ranks) == ["node1", "node1", "node2", "node2"]
-        cluster.run("STEPS = 60", quiet=True).raise_for_error()
-        cluster.run(ELASTIC_TRAIN).raise_for_error()
+        assert [r.rank for r in result.ranks] == [0, 1, 2, 3]  # the cell went on with 4 ranks
         finals = cluster.pull("final")
         assert all(torch.equal(finals[0][i], f[i]) for f in finals[1:] for i in range(len(finals[0])))
-        assert "then 2 from step" in cluster.recovery.sizes_line() and ", then 4 from step 40 (2 rank(s) added" in (
+        assert "then 2 from step" in cluster.recovery.sizes_line() and "(2 rank(s) added" in (
             cluster.recovery.sizes_line()
         )
     finally:
