@@ -169,8 +169,10 @@ class DistMagics(Magics):
         rows = call(cluster.status)
         if cluster.keeper is not None:
             print(cluster.keeper.describe())
-        if cluster.recovery.sizes:  # the world went on with fewer ranks (--min-ranks)
+        if cluster.recovery.sizes:  # the world went on with fewer ranks (--min-ranks), or grew
             print(cluster.recovery.sizes_line())
+        if cluster.engines is not None and cluster.engines.standby is not None:  # world/standby.py
+            print(cluster.engines.standby.said() + ".")
         if len(rows) > GROUP_ABOVE and not args.all:
             for text in views.summary(rows):
                 print(text)

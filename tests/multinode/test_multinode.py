@@ -373,7 +373,7 @@ def _step(path: str) -> int:
         return -1
 
 
-def test_a_lost_node_shrinks_the_world_to_node1_and_it_grows_back_when_node2_returns(slurm, tmp_path):
+def test_a_lost_node_shrinks_the_world_to_node1_and_it_grows_back_when_node2_returns(slurm, tmp_path, ip, capsys):
     """node2's ranks killed mid-training and node2 drained: their replacement job waits in the queue past
     --timeout, so the world goes on with node1's 2 ranks and the job stays queued. node2 back (resumed) while the
     next cell trains: the job starts there and its 2 ranks join at a step boundary of that cell's loop, which goes
@@ -411,6 +411,11 @@ def test_a_lost_node_shrinks_the_world_to_node1_and_it_grows_back_when_node2_ret
         assert [r.host for r in cluster.ranks] == ["node1", "node1"] and cluster.world_size == 2
         finals = cluster.pull("final")
         assert all(torch.equal(a, b) for a, b in zip(*finals, strict=True))
+        capsys.readouterr()
+        run_cell(ip, "%dist_status")
+        status = capsys.readouterr().out
+        assert "world size: 4 ranks, then 2 from step" in status, status
+        assert f"Slurm job {queued.group(1)} stays queued: 2 rank(s) join at a step boundary once it starts." in status
 
         # node2 comes back while the next cell trains: the queued job starts, its ranks join in the loop.
         cluster.run("STEPS = 1000", quiet=True).raise_for_error()
