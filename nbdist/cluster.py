@@ -212,7 +212,7 @@ class Cluster(views.WorldView):
         """Add ``count`` ranks: between cells, or where a --noblock cell's loop stops for them, and the cell goes on
         with them (grow.py, cellpath.py); the line that says what was done."""
         if isinstance(self.last, PendingRun) and not self.last.done():
-            self.last = growing.while_running(count, self.last, self._engines(), self.cells, self._say)
+            growing.while_running(count, self.last, self._engines(), self.cells, self._say)  # last.wait() goes on
             return self.cells.grown
         return self._grow_between_cells(count)
 

@@ -98,7 +98,8 @@ def while_running(
 ) -> RunResult | PendingRun:
     """Grow beside a running ``--noblock`` cell: ask its loop to stop at the next step boundary every rank agrees
     on, follow it there (its output shown here), and let the cell's path (``path``, a CellPath) grow the world and
-    start the cell again. Returns what goes on: the cell, started again on the larger world, or its result."""
+    start the cell again. Returns what goes on: the cell, started again on the larger world, or its result
+    (``run.wait()`` follows either to the cell's end)."""
     check_count(count)
     path.growing = count
     engines.signal(run.ranks, signal.SIGUSR2)  # engine/preempt.py: asking_to_resize

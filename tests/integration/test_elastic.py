@@ -318,3 +318,18 @@ def test_a_world_grown_while_a_noblock_cell_trains_goes_on_from_the_step_it_stop
     assert all(torch.equal(a, b) for a, b in zip(grown[0], reference, strict=True)), (
         f"the world grown to 4 ranks at step {stop} while its cell ran differs from the same training done by hand"
     )
+
+
+def test_a_grow_beside_a_cell_without_a_step_boundary_comes_when_the_cell_ends(tmp_path):
+    """A --noblock cell with no loader.steps() never stops for the grow: it ends as it would, then the world grows
+    (its result says so), and cluster.last.wait() still returns that result."""
+    with nbdist.start(2, oversubscribe=True) as c:
+        c.run(f"PROGRESS = {str(tmp_path / 'progress')!r}\n{SETUP}", setup=True).raise_for_error()
+        c.run("import time\nfor _ in range(20):\n    time.sleep(0.1)\nsize = dist.get_world_size()", block=False)
+        line = c.grow(1)
+        assert line.startswith("grew the world from 2 to 3 ranks: started rank(s) 2"), line
+        result = c.last.wait(show=False)
+        assert result.ok and [r.rank for r in result.ranks] == [0, 1] and result.recovered == [line], result
+        assert c.pull("size", ranks=[0, 1]) == [2, 2] and c.world_size == 3  # it ran on 2; the world has 3 now
+        sizes = c.run("print(dist.get_world_size())", quiet=True).raise_for_error()
+        assert [r.stdout for r in sizes.ranks] == ["3\n"] * 3
