@@ -10,6 +10,9 @@
 - what keeping the parts for a peer costs a step (``peer_overhead``);
 - torchrun ``--max-restarts 1`` (torchelastic), the same model and checkpoints in plain torch,
   killed the same way: it restarts every worker process;
+- torchft (benchmarks/_torchft_run.py), where its wheel is installed (the dev extras): 2 replica groups of one
+  worker, each under ``torchrun --max-restarts 1``, a lighthouse; the replica left goes on, the killed one is
+  restarted by its torchrun and healed from the other's memory;
 - the plain ``%dist_restart`` (both ranks) and ``%dist_restart --ranks 1``.
 Medians of --reps; JSON under results/recovery.json. Target: kill -> progress <= 10 s.
 """
@@ -30,6 +33,14 @@ from _common import save, stats
 
 import nbdist
 from nbdist.cells.output import Sink
+
+try:
+    import torchft  # noqa: F401
+    from _torchft_run import torchft_once
+
+    TORCHFT = True
+except ImportError:
+    TORCHFT = False
 
 STEPS, KILL_AT, EVERY, SLEEP = 60, 22, 5, 0.02
 MODEL = """
@@ -234,6 +245,18 @@ def torchrun_once(workdir: str, i: int) -> dict:
         return {"ok": False, "exit": proc.returncode, "error": (errors or ["no progress after the kill"])[0][:300]}
 
 
+def _torchft_stats(rows: list[dict]) -> dict:
+    ok = [r for r in rows if r["ok"]]
+    back = [r["kill_to_rejoined_s"] for r in ok if r["kill_to_rejoined_s"] is not None]
+    return {
+        "recovered": f"{len(ok)} of {len(rows)}",
+        "kill_to_progress_s": stats([r["kill_to_progress_s"] for r in ok]) if ok else None,
+        "kill_to_rejoined_s": stats(back) if back else None,
+        "steps_computed_twice": stats([r["steps_computed_twice"] for r in ok]) if ok else None,
+        "failures": [r for r in rows if not r["ok"]],
+    }
+
+
 CASES = {"rank1": (1, False), "rank0": (0, False), "rank1-async-saves": (1, True)}
 MODES = ("peer", "checkpoint")  # --recover-from
 OVERHEAD_STEPS = 300
@@ -278,7 +301,7 @@ def main() -> None:
     args = parser.parse_args()
     cases = args.cases.split(",")
     matrix: dict[str, list[dict]] = {f"{c} from {m}": [] for m in MODES for c in cases}
-    tr, restart_all, restart_one = [], [], []
+    tr, restart_all, restart_one, ft = [], [], [], []
     with tempfile.TemporaryDirectory() as workdir:
         overhead = peer_overhead(args.reps)
         for mode in MODES:
@@ -297,6 +320,9 @@ def main() -> None:
         for i in range(args.reps):
             tr.append(torchrun_once(workdir, i))
             print(f"torchrun --max-restarts 1: {tr[-1]}")
+            if TORCHFT:
+                ft.append(torchft_once(workdir, i, STEPS, KILL_AT, SLEEP))
+                print(f"torchft: {ft[-1]}")
     nb = matrix[f"{cases[0]} from peer"]
     keys = ("kill_to_progress_s", "detect_s", "recovery_s", "rerun_to_first_step_s", "steps_computed_twice")
     data = {
@@ -314,6 +340,7 @@ def main() -> None:
             else None,
             "failures": [r for r in tr if not r["ok"]],
         },
+        "torchft": _torchft_stats(ft) if TORCHFT else "not installed (pip install torchft, or the dev extras)",
         "dist_restart_all_s": stats(restart_all),
         "dist_restart_rank1_s": stats(restart_one),
     }
@@ -330,6 +357,15 @@ def main() -> None:
             f"{row['detect_s']['median']:.2f} s, recovery {row['recovery_s']['median']:.2f} s, "
             f"cell again -> first step {row['rerun_to_first_step_s']['median']:.2f} s), steps computed twice "
             f"{row['steps_computed_twice']['samples']}, from a peer {row['from_peer']}"
+        )
+    f = data["torchft"]
+    if isinstance(f, dict) and f["kill_to_progress_s"]:
+        back = f["kill_to_rejoined_s"]
+        print(
+            f"  torchft (recovered {f['recovered']}): kill -> the replica left training again "
+            f"{f['kill_to_progress_s']['median']:.2f} s, steps it threw away {f['steps_computed_twice']['samples']}; "
+            f"kill -> the killed replica back and healed from the other "
+            + (f"{back['median']:.2f} s" if back else "never")
         )
     o = data["peer_overhead_ms_per_step"]
     print(
