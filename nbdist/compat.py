@@ -11,7 +11,9 @@ This module imports nothing heavy at import time (engines and light processes lo
 
 from __future__ import annotations
 
+import contextlib
 import logging
+from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -171,32 +173,47 @@ def route_run_command(cls: type) -> type:
     return cls
 
 
-def on_io_thread(client: Any, fn: Any, timeout: float = 10.0) -> Any:
-    """Run ``fn`` on the ipyparallel client's IO thread (where it handles every message) and return what it
-    returned; at once where there is no such thread running."""
+_PAUSED: set[int] = set()  # clients whose IO thread ``io_paused`` holds
+
+
+@contextlib.contextmanager
+def io_paused(client: Any, timeout: float = 10.0) -> Iterator[None]:
+    """Hold the client's IO thread (where it handles every message) while the block runs, ``timeout`` at most:
+    what the block sends goes out, and what comes back is handled, after it (``_send`` hands the send to that
+    thread), so callbacks the block registers on its messages hear every reply, in order."""
     import threading
 
     thread, loop = getattr(client, "_io_thread", None), getattr(client, "_io_loop", None)
     if thread is None or loop is None or not thread.is_alive() or thread is threading.current_thread():
+        loop = None
+    held, release = threading.Event(), threading.Event()
+
+    def hold() -> None:
+        held.set()
+        release.wait(timeout)
+
+    if loop is not None and id(client) not in _PAUSED:
+        loop.add_callback(hold)
+        if not held.wait(timeout):
+            raise RuntimeError(f"ipyparallel's IO thread did not run a callback within {timeout} s")
+        _PAUSED.add(id(client))
+    try:
+        yield
+    finally:
+        if held.is_set():
+            _PAUSED.discard(id(client))
+        release.set()
+
+
+def on_io_thread(client: Any, fn: Any, timeout: float = 10.0) -> Any:
+    """Run ``fn`` while the client's IO thread is held (``io_paused``), as if on that thread; what it returned."""
+    with io_paused(client, timeout):
         return fn()
-    done, box = threading.Event(), []
-
-    def call() -> None:
-        try:
-            box.append(fn())
-        finally:
-            done.set()
-
-    loop.add_callback(call)
-    if not done.wait(timeout):
-        raise RuntimeError(f"ipyparallel's IO thread did not run a callback within {timeout} s")
-    return box[0]
 
 
 def send_control(client: Any, engine_id: int, msg_type: str, content: dict[str, Any]) -> Any:
-    """Send one engine a message of ``msg_type`` on its control channel (signed with the session's key, as
-    every ipyparallel message; the engine's control thread takes it while the main thread runs a cell).
-    A future whose result is the list of replies (one)."""
+    """Send one engine a ``msg_type`` message on its control channel (signed; its control thread takes it while a
+    cell runs); a future whose result is the list of replies (one)."""
     return client._send_control_request([engine_id], msg_type, content, block=False)
 
 
@@ -214,10 +231,8 @@ def controller_engines(client: Any, timeout: float) -> dict[int, str]:
 
 
 def add_engines(client: Any, engines: dict[int, str]) -> None:
-    """Make these engines known to the client, as a registration notification does (on its IO thread, where it
-    handles those): a client learns of engines only from notifications published after it subscribed, so an
-    engine that registered between the controller's answer to its connection and its subscription is missed
-    (ipyparallel 9's Client._connect)."""
+    """Make these engines known to the client, as a registration notification does: a client learns of engines
+    only from notifications after it subscribed, and misses one between (ipyparallel 9's Client._connect)."""
     on_io_thread(client, lambda: client._update_engines({eid: uuid for eid, uuid in engines.items()}))
 
 
@@ -247,10 +262,8 @@ def on_engine_registration(registering: Any, registered: Any, beating: Any) -> N
 
 
 def skip_controller_settle_sleep() -> None:
-    """ipyparallel 9's controller sleeps 0.25 s in ``init_hub`` after opening its database and
-    before it builds the hub and writes the connection files every engine waits for: a
-    quarter of a warm ``%dist_start``. Nothing waits on that pause (ZMQ binds synchronously and
-    engines retry until the files exist), so the controller nbdist starts skips exactly it."""
+    """ipyparallel 9's controller sleeps 0.25 s in ``init_hub`` before it writes the connection files every engine
+    waits for (a quarter of a warm ``%dist_start``); nothing waits on that pause, so nbdist's controller skips it."""
     import time as _time
     import types
 

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
+from .. import compat
 from ..config import RunConfig
 from ..errors import ClusterError
 from ..results import RunResult
@@ -116,19 +117,21 @@ def execute(
         )
     if kept is not None:
         then = _ending(kept, then)
-    ar = engines.view(cfg.ranks).execute(code, silent=False, block=False)
-    watch = Watch(
-        engines,
-        cfg.ranks,
-        ar,
-        sink,
-        grace=grace,
-        watchdog=watchdog,
-        on_done=on_done,
-        cell=title(code),
-        death_grace=death_grace,
-        tick=tick,
-    )
+    view = engines.view(cfg.ranks)
+    with compat.io_paused(engines.client):  # the watch hears the ranks from their first word, in order
+        ar = view.execute(code, silent=False, block=False)
+        watch = Watch(
+            engines,
+            cfg.ranks,
+            ar,
+            sink,
+            grace=grace,
+            watchdog=watchdog,
+            on_done=on_done,
+            cell=title(code),
+            death_grace=death_grace,
+            tick=tick,
+        )
     if not cfg.block:
         return PendingRun(watch, then)
     result, recover = watch.follow(timeout=cfg.timeout, stream=True)

@@ -96,3 +96,20 @@ def test_tqdm_auto_draws_the_console_bar_on_a_rank(four):
     assert all(r.outputs == [] for r in result.ranks), "no widget displayed by a rank"
     bars = [ln for ln in out.getvalue().splitlines() if "train" in ln]
     assert len(bars) == 1 and "200/200" in bars[0] and bars[0].startswith("[ranks 0-3] train: 100%")
+
+
+def test_what_a_fast_cell_writes_to_stdout_and_stderr_is_shown_in_the_order_written(four):
+    """A cell over before the watch could look (a few flushed prints): the watch hears every rank from its first
+    message, so the lines come in the order the rank sent them, stdout and stderr interleaved, every time (not
+    stdout, then stderr, as ipyparallel's stored output would give them). Flushed, because a rank's kernel sends
+    each stream's buffer on its own clock otherwise (as any Jupyter kernel does). Run 15 times: a race would show."""
+    code = "import sys\n" + "\n".join(
+        f"print({word!r}, file=sys.{stream}, flush=True)"
+        for word, stream in (("one", "stdout"), ("two", "stderr"), ("three", "stdout"), ("four", "stderr"))
+    )
+    for _ in range(15):
+        with screen() as out:
+            four.run(code, each=True).raise_for_error()
+        for rank in range(4):
+            mine = [ln.split("] ", 1)[1] for ln in out.getvalue().splitlines() if ln.startswith(f"[rank {rank}] ")]
+            assert mine == ["one", "two", "three", "four"], out.getvalue()
