@@ -9,12 +9,14 @@ from __future__ import annotations
 
 import inspect
 import platform
+import time
 import types
 from importlib.metadata import version
 
 import pytest
 
 from nbdist import compat
+from tests.helpers import poll
 
 
 def _tuple(v: str) -> tuple[int, ...]:
@@ -244,8 +246,14 @@ def test_probe_on_io_thread():
     ready.wait(5)
     try:
         client = types.SimpleNamespace(_io_loop=box["loop"], _io_thread=thread)
-        assert compat.on_io_thread(client, threading.current_thread) is thread
+        ran: list[str] = []
+        with compat.io_paused(client):  # what the loop would run (a reply handled) waits for the block's end
+            box["loop"].add_callback(lambda: ran.append("io"))
+            time.sleep(0.2)
+            assert ran == [] and compat.on_io_thread(client, lambda: 7) == 7  # held: nothing runs; nested: at once
+        assert poll(lambda: ran == ["io"], 5)
         assert compat.on_io_thread(types.SimpleNamespace(), lambda: 7) == 7  # no IO thread: here
+        assert "add_callback" in inspect.getsource(Client._send), "sends go through the IO thread io_paused holds"
     finally:
         box["loop"].add_callback(box["loop"].stop)
         thread.join(5)
