@@ -83,8 +83,7 @@ class CellPath:
         try:
             self.grow(standby.count)
         except (ClusterError, ConfigError) as exc:
-            engines.give_up(standby.sets)
-            engines.standby = None
+            _no_standby(engines)
             self.say(f"{standby.named()} started, but the world could not grow: {exc}")
             return cfg
         return dataclasses.replace(cfg, ranks=list(range(len(engines.ranks)))) if cfg.ranks == list(range(before)) else cfg
@@ -132,6 +131,7 @@ class CellPath:
             self.grown = self.grow(count) if self.grow is not None else ""
         except (ClusterError, ConfigError) as exc:
             growing.forget(engines)
+            _no_standby(engines)  # a queued replacement that came would only be asked for again, and fail again
             self.grown = str(exc)
             if not stopped:
                 result.notes.append(self.grown)
@@ -167,3 +167,10 @@ class CellPath:
     def repair(self, result: RunResult, killed: list[int]) -> list[int]:
         """After a release or a broken collective, make the world usable again (``repair``)."""
         return repair(result, killed, self.recovery, self.config.auto_restart, self.restart, self.rebuild)
+
+
+def _no_standby(engines: EngineSet) -> None:
+    """Cancel the queued replacement (world/standby.py), if there is one: the world did not grow with it."""
+    if engines.standby is not None:
+        engines.give_up(engines.standby.sets)
+        engines.standby = None
