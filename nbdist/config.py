@@ -173,6 +173,8 @@ class StartConfig:
     gpus_per_node: int | None = None  # sbatch --gpus-per-node
     sbatch_args: list[str] = field(default_factory=list)  # more sbatch options, e.g. ["--mem=8G"]
     mpi_args: list[str] = field(default_factory=list)  # more mpiexec options, e.g. ["--hostfile", "hosts"]
+    address: str | None = None  # the Ray cluster (launcher ray): "ray://HEAD:10001"; None: RAY_ADDRESS or this node
+    gpus_per_rank: float | None = None  # GPUs Ray gives each rank (launcher ray)
     # The world outlives the kernel for at most this long idle (no cell, no client): seconds, or "30m", "2h".
     # None: it ends with the kernel. %dist_attach in a new kernel reconnects (world/kept.py).
     keep: float | str | None = None
@@ -286,6 +288,8 @@ class StartConfig:
                 )
         if self.gpus_per_node is not None and self.gpus_per_node < 0:
             raise ConfigError(f"--gpus-per-node ({self.gpus_per_node}) must be 0 or more.")
+        if self.gpus_per_rank is not None and not 0 <= self.gpus_per_rank <= 8:
+            raise ConfigError(f"--gpus-per-rank ({self.gpus_per_rank}) must be from 0 to 8, e.g. 1 (or 0.5 to share).")
 
 
 @dataclass(kw_only=True, slots=True)

@@ -91,3 +91,21 @@ def slurm(two_nodes, monkeypatch):
     left = two_nodes.wait_empty(timeout=20)
     two_nodes.cancel_all_jobs()
     assert not left, f"Slurm jobs outlived the test: {left}"
+
+
+# ---------------------------------------------------------------- a real two-node Ray cluster (root only)
+
+
+@pytest.fixture(scope="session")
+def ray_nodes():
+    from tests.raynodes import TwoNodeRay
+    from tests.raynodes import unavailable as ray_unavailable
+
+    why = ray_unavailable()
+    if why:
+        pytest.skip(why)
+    nodes = TwoNodeRay().up()
+    try:
+        yield nodes
+    finally:
+        nodes.down()

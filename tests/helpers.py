@@ -103,23 +103,25 @@ def on_ranks(cluster, fn, *args, ranks=None, check: bool = True, quiet: bool = F
 
 
 def check_ddp_against_one_process(cluster) -> None:
-    """DDP over 2 ranks for 5 steps equals one process on the combined batch (also across hosts)."""
+    """DDP over the cluster's ranks (2 or 4) for 5 steps equals one process on the combined batch (also across
+    hosts)."""
     from tests.dist import programs
 
-    b, steps = 4, 5
+    b, steps, w = 4, 5, cluster.world_size
     _, replicas = on_ranks(cluster, programs.ddp_steps, b, steps)
-    for p0, p1 in zip(*replicas, strict=True):
-        assert torch.equal(p0, p1), "DDP replicas must stay bit-identical"
+    for other in replicas[1:]:
+        for p0, p1 in zip(replicas[0], other, strict=True):
+            assert torch.equal(p0, p1), "DDP replicas must stay bit-identical"
     model, data = programs.make_model(), programs.make_data()
     opt = torch.optim.SGD(model.parameters(), lr=0.1)
-    shards = [list(range(r, 64, 2)) for r in range(2)]  # rank r reads samples r, r+2, ...
+    shards = [list(range(r, 64, w)) for r in range(w)]  # rank r reads samples r, r+w, ...
     for step in range(steps):
-        idx = [i for r in range(2) for i in shards[r][step * b : (step + 1) * b]]
+        idx = [i for r in range(w) for i in shards[r][step * b : (step + 1) * b]]
         x, y = data[idx]
         opt.zero_grad()
         torch.nn.functional.mse_loss(model(x), y).backward()
         opt.step()
-    # Same maths: DDP averages the two ranks' mean gradients, which is the mean over 2b.
+    # Same maths: DDP averages the w ranks' mean gradients, which is the mean over w * b.
     # Only float32 summation order differs, so a few ulps: 1e-6 absolute.
     for p_ddp, p_ref in zip(replicas[0], model.parameters(), strict=True):
         torch.testing.assert_close(p_ddp, p_ref.detach(), rtol=0, atol=1e-6)

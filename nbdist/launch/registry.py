@@ -21,6 +21,7 @@ from ..config import LAUNCHERS, StartConfig
 from ..errors import ConfigError
 from .hosts import MpiLauncher, SlurmLauncher, SrunLauncher
 from .launchers import Launcher, LocalLauncher
+from .ray import RayLauncher
 
 GROUP = "nbdist.launchers"
 LAUNCHER_CLASSES: dict[str, type[Launcher]] = {}
@@ -45,7 +46,7 @@ def register(cls: type[Launcher]) -> type[Launcher]:
 
 def load() -> None:
     """Register nbdist's launchers, then those of the installed packages' entry points."""
-    for cls in (LocalLauncher, SlurmLauncher, SrunLauncher, MpiLauncher):
+    for cls in (LocalLauncher, SlurmLauncher, SrunLauncher, MpiLauncher, RayLauncher):
         register(cls)
     for entry in importlib.metadata.entry_points(group=GROUP):
         try:

@@ -77,6 +77,10 @@ class DistMagics(Magics):
         "--mpi-arg", dest="mpi_args", action="append", default=[], metavar="ARG", help="one more mpiexec option (mpi)"
     )
     @argument(
+        "--address", default=None, metavar="ADDR", help="the Ray cluster, e.g. ray://HEAD:10001 (ray; default: RAY_ADDRESS)"
+    )
+    @argument("--gpus-per-rank", type=float, default=None, metavar="G", help="GPUs Ray gives each rank (ray)")
+    @argument(
         "--ip",
         default=None,
         metavar="ADDR",

@@ -87,7 +87,7 @@ def test_dist_where_without_a_cluster_says_how_to_start(ip, monkeypatch):
 # removing one is a deliberate change here, in the docs, and in the notebooks that teach it.
 FROZEN = {
     "dist_start": "-n --backend --launcher --timeout --oversubscribe --no-pin --nodes --ranks-per-node --partition "
-    "--time --account --gpus-per-node --sbatch-arg --mpi-arg --ip --max-restarts --recover-from --min-ranks --debug-collectives --keep",
+    "--time --account --gpus-per-node --sbatch-arg --mpi-arg --address --gpus-per-rank --ip --max-restarts --recover-from --min-ranks --debug-collectives --keep",
     "distributed": "--ranks --timeout --noblock --quiet --each --setup",
     "rank": "spec --timeout --noblock --quiet --each --setup",
     "dist_restart": "--ranks",

@@ -1,0 +1,113 @@
+"""``--launcher ray`` on a real two-node Ray cluster (tests/raynodes.py: the head on rnode1, a worker on rnode2,
+each in its own network namespace, 2 CPUs each); the notebook side reaches it through Ray Client, as a Zero to
+JupyterHub pod reaches a KubeRay cluster. Nothing here is mocked: Ray places the ranks, gloo runs between the
+namespaces, and what Ray still holds afterwards is asked of Ray's own GCS. HANG_S only catches hangs."""
+
+from __future__ import annotations
+
+import os
+import signal
+import time
+
+import pytest
+
+import nbdist
+from nbdist.errors import ClusterError, RankError
+from tests.helpers import check_ddp_against_one_process, run_cell
+
+HANG_S = 120.0
+
+# What Ray's GCS holds: actors not dead, and placement groups not removed (asked on the head node).
+LEFT = """
+from ray._private import state
+actors = [a for a in state.actors().values() if a["State"] != "DEAD"]
+groups = [g for g in ray.util.placement_group_table().values() if g["state"] != "REMOVED"]
+print(len(actors), len(groups))
+"""
+
+
+def _left(ray_nodes) -> tuple[int, int]:
+    """Actors alive and placement groups not removed, once Ray has had a moment to end what was let go."""
+    deadline, said = time.monotonic() + 30, (0, 0)
+    while time.monotonic() < deadline:
+        a, g = (int(x) for x in ray_nodes.query(LEFT).split())
+        said = (a, g)
+        if said == (0, 0):
+            break
+        time.sleep(1)
+    return said
+
+
+def test_four_ranks_over_both_ray_nodes_train_as_one_process_and_stop_leaves_nothing(ray_nodes, ip, capsys):
+    """%dist_start -n 4 --launcher ray --address ray://...: 2 ranks on each node (the placement group packs a
+    node's ranks together, in rank order); DDP equals one process on the shards' union; %dist_stop leaves no
+    actor, placement group or engine."""
+    run_cell(ip, f"%dist_start -n 4 --launcher ray --address {ray_nodes.address} --timeout 90")
+    said = capsys.readouterr().out
+    assert "4 ranks ready on 2 hosts (rnode1, rnode2)" in said, said
+    cluster = nbdist.current()
+    try:
+        assert [r.host for r in cluster.ranks] == ["rnode1", "rnode1", "rnode2", "rnode2"]
+        check_ddp_against_one_process(cluster)
+        assert _left(ray_nodes)[0] == 4  # one actor per rank, while the world lives
+    finally:
+        run_cell(ip, "%dist_stop")
+    assert _left(ray_nodes) == (0, 0), "actors or placement groups outlived %dist_stop"
+
+
+def test_a_rank_killed_on_the_worker_node_is_named_and_restarted_there(ray_nodes):
+    """SIGKILL of rank 3's engine (on rnode2): the cell fails naming rank 3 and its host; %dist_restart places its
+    replacement on rnode2 again (the only node with a free CPU), and the world trains again."""
+    cluster = nbdist.start(4, launcher="ray", address=ray_nodes.address, timeout=90)
+    try:
+        victim = cluster.ranks[3]
+        assert victim.host == "rnode2"
+        os.kill(victim.pid, signal.SIGKILL)  # the namespaces share one pid space
+        result = cluster.run("import time\nt = torch.ones(1)\ntime.sleep(1)\ndist.all_reduce(t)", timeout=HANG_S)
+        with pytest.raises(RankError) as err:
+            result.raise_for_error()
+        assert "rank 3" in str(err.value) and "rnode2" in str(err.value), str(err.value)
+        cluster.restart([3])
+        assert [r.host for r in cluster.ranks] == ["rnode1", "rnode1", "rnode2", "rnode2"]
+        check_ddp_against_one_process(cluster)
+    finally:
+        cluster.stop()
+    assert _left(ray_nodes) == (0, 0)
+
+
+def test_ctrl_c_in_a_collective_across_ray_nodes_releases_every_rank(ray_nodes):
+    """Rank 3 (rnode2) sleeps while the others wait in all_reduce; an interrupt (the notebook's stop button:
+    SIGINT through ipyparallel's nanny) releases all four within seconds and the world works again."""
+    cluster = nbdist.start(4, launcher="ray", address=ray_nodes.address, timeout=90)
+    try:
+        run = cluster.run(
+            "import time\nt = torch.ones(1)\nif dist.get_rank() == 3:\n    time.sleep(60)\ndist.all_reduce(t)",
+            block=False,
+        )
+        time.sleep(2)
+        tic = time.monotonic()
+        cluster.engines.signal(list(range(4)))  # what the stop button sends, rank by rank
+        result = run.wait(show=False)
+        assert time.monotonic() - tic < 30 and not result.ok
+        again = cluster.run("t = torch.ones(1)\ndist.all_reduce(t)\nprint(t.item())", quiet=True).raise_for_error()
+        assert again.ranks[0].stdout == "4.0\n"
+    finally:
+        cluster.stop()
+
+
+def test_more_ranks_than_the_ray_cluster_holds_fail_at_once_naming_what_is_missing(ray_nodes):
+    """-n 6 on 4 CPUs: one line, within seconds (not the --timeout), that says what is missing; nothing left."""
+    tic = time.monotonic()
+    with pytest.raises(ClusterError) as err:
+        nbdist.start(6, launcher="ray", address=ray_nodes.address, timeout=90)
+    took = time.monotonic() - tic
+    message = str(err.value)
+    assert "the Ray cluster cannot hold 6 rank(s) of 1 CPU each: it lacks 6 CPU (it has 4)" in message, message
+    assert took < 45, f"{took:.0f} s: it waited instead of failing at once"
+    assert _left(ray_nodes) == (0, 0)
+
+
+def test_an_unreachable_ray_address_fails_in_one_line(ray_nodes):
+    with pytest.raises(ClusterError) as err:
+        nbdist.start(2, launcher="ray", address="ray://10.79.0.9:10001", timeout=60)
+    assert "cannot reach the Ray cluster at ray://10.79.0.9:10001" in str(err.value), str(err.value)

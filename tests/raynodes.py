@@ -1,0 +1,249 @@
+"""A real two-node Ray cluster on this machine, for the Ray launcher's tests and benchmarks/multinode.py.
+
+The head (GCS, raylet, the Ray Client server) runs in one network namespace and a worker node in another, each
+with its own address on a bridge and its own hostname (UTS namespace): rnode1 at 10.79.0.2 and rnode2 at
+10.79.0.3, ``CPUS`` CPUs each. The notebook side stays in this namespace at 10.79.0.1 and reaches the cluster
+with Ray Client (``ray://10.79.0.2:10001``), as a Zero to JupyterHub notebook pod reaches a KubeRay cluster.
+Both nodes share this machine's filesystem (the cluster's private directory is visible from them, as a home
+directory is on a cluster); each node gets its own Ray temporary directory so their sockets do not collide.
+
+Each node is a ``ray start --block`` started here in a session of its own and ended by pid (its process group:
+``--block`` ends the node's processes with it); the namespaces and bridge this module made are removed, also
+when a test fails. Needs root; ``unavailable()`` says why not.
+
+    python -m tests.raynodes up|down     # by hand
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import textwrap
+import time
+from dataclasses import dataclass, field
+
+BRIDGE, SUBNET = "nbrbr0", "10.79.0"
+HOST_ADDR = f"{SUBNET}.1"
+NODES = {"rnode1": f"{SUBNET}.2", "rnode2": f"{SUBNET}.3"}
+HEAD = "rnode1"
+GCS_PORT, CLIENT_PORT = 6379, 10001
+CPUS = 2  # per node
+STATE_FILE = "/tmp/nbdist-raynodes.dir"  # where `up` left its directory, for `down`
+
+
+def unavailable() -> str:
+    """Why a two-node Ray cluster cannot run here ('' when it can)."""
+    if sys.platform != "linux":
+        return "the two-node Ray cluster needs Linux network namespaces"
+    if os.geteuid() != 0:
+        return "the two-node Ray cluster needs root (network namespaces); run the suite as root"
+    missing = [cmd for cmd in ("nsenter", "unshare", "ip") if not shutil.which(cmd)]
+    if missing:
+        return f"{', '.join(missing)} not found (util-linux, iproute2)"
+    try:
+        import grpc  # noqa: F401  (Ray Client)
+        import ray  # noqa: F401
+    except ImportError as exc:
+        return f"Ray is not installed here ({exc}): pip install 'ray[client]' (the dev extras have it)"
+    return ""
+
+
+def _sh(*cmd: str, check: bool = True) -> subprocess.CompletedProcess:
+    done = subprocess.run(cmd, capture_output=True, text=True)
+    if check and done.returncode != 0:
+        raise RuntimeError(f"{' '.join(cmd)} failed: {done.stderr.strip() or done.stdout.strip()}")
+    return done
+
+
+@dataclass
+class TwoNodeRay:
+    """Start with ``up()``, stop with ``down()`` (or use as a context manager)."""
+
+    workdir: str = ""
+    nodes: dict[str, subprocess.Popen] = field(default_factory=dict)  # each node's `ray start --block`
+    links: list[str] = field(default_factory=list)  # interfaces and namespaces it made
+
+    @property
+    def address(self) -> str:
+        """What ``--address`` names for a notebook outside the cluster (Ray Client)."""
+        return f"ray://{NODES[HEAD]}:{CLIENT_PORT}"
+
+    def __enter__(self) -> TwoNodeRay:
+        return self.up()
+
+    def __exit__(self, *exc: object) -> None:
+        self.down()
+
+    def up(self, timeout: float = 120.0) -> TwoNodeRay:
+        why = unavailable()
+        if why:
+            raise RuntimeError(why)
+        _remove_stale()
+        self.workdir = tempfile.mkdtemp(prefix="nbdist-ray-")
+        os.chmod(self.workdir, 0o755)
+        with open(STATE_FILE, "w") as fh:
+            fh.write(self.workdir)
+        try:
+            self._network()
+            ray = os.path.join(os.path.dirname(sys.executable), "ray")
+            common = f"--block --num-cpus {CPUS} --object-store-memory {200 * 2**20} --disable-usage-stats"
+            for name, addr in NODES.items():
+                if name == HEAD:
+                    args = f"--head --port {GCS_PORT} --ray-client-server-port {CLIENT_PORT} --include-dashboard false"
+                else:
+                    args = f"--address {NODES[HEAD]}:{GCS_PORT}"
+                temp = f"--temp-dir {self.workdir}/{name}"  # its own sockets and logs (the nodes share a filesystem)
+                script = f"hostname {name}; exec {ray} start {args} --node-ip-address {addr} {temp} {common}"
+                log = open(os.path.join(self.workdir, f"{name}.log"), "w")  # noqa: SIM115 (the child holds it)
+                self.nodes[name] = subprocess.Popen(
+                    ["nsenter", f"--net=/var/run/netns/nb{name}", "unshare", "--uts", "sh", "-c", script],
+                    stdout=log,
+                    stderr=subprocess.STDOUT,
+                    start_new_session=True,
+                )
+                log.close()
+                with open(os.path.join(self.workdir, f"{name}.pgid"), "w") as fh:
+                    fh.write(str(self.nodes[name].pid))
+                if name == HEAD:
+                    self._wait_nodes(1, timeout)
+            self._wait_nodes(len(NODES), timeout)
+        except BaseException:
+            self.down()
+            raise
+        return self
+
+    def down(self) -> None:
+        """End what this object started, by process group, and remove its interfaces; safe to call twice."""
+        for proc in reversed(list(self.nodes.values())):
+            _end_group(proc.pid)
+            proc.wait()
+        self.nodes.clear()
+        for link in reversed(self.links):
+            if link.startswith("netns:"):
+                _sh("ip", "netns", "del", link[6:], check=False)
+            else:
+                _sh("ip", "link", "del", link, check=False)
+        self.links.clear()
+        if self.workdir:
+            shutil.rmtree(self.workdir, ignore_errors=True)
+            self.workdir = ""
+        try:
+            os.unlink(STATE_FILE)
+        except FileNotFoundError:
+            pass
+
+    def query(self, code: str, timeout: float = 60) -> str:
+        """Run ``code`` in a fresh driver on the head node (``ray`` imported and connected); what it printed. For
+        the tests' looks at Ray's own state: its actors and placement groups, as its GCS keeps them."""
+        script = f"import ray\nray.init(address={NODES[HEAD] + ':' + str(GCS_PORT)!r}, log_to_driver=False)\n"
+        script += textwrap.dedent(code)
+        head = ["nsenter", f"--net=/var/run/netns/nb{HEAD}", sys.executable, "-c", script]
+        done = subprocess.run(head, capture_output=True, text=True, timeout=timeout)
+        if done.returncode != 0:
+            raise RuntimeError(f"a Ray query failed: {done.stderr.strip()[-800:]}")
+        return done.stdout
+
+    def _network(self) -> None:
+        _sh("ip", "link", "add", BRIDGE, "type", "bridge")
+        self.links.append(BRIDGE)
+        _sh("ip", "addr", "add", f"{HOST_ADDR}/24", "dev", BRIDGE)
+        _sh("ip", "link", "set", BRIDGE, "up")
+        for i, (name, addr) in enumerate(NODES.items(), start=1):
+            ns, veth = f"nb{name}", f"nbrv{i}"
+            _sh("ip", "netns", "add", ns)
+            self.links.append(f"netns:{ns}")
+            _sh("ip", "link", "add", veth, "type", "veth", "peer", "name", "eth0", "netns", ns)
+            self.links.append(veth)
+            _sh("ip", "link", "set", veth, "master", BRIDGE, "up")
+            _sh("ip", "-n", ns, "addr", "add", f"{addr}/24", "dev", "eth0")
+            _sh("ip", "-n", ns, "link", "set", "eth0", "up")
+            _sh("ip", "-n", ns, "link", "set", "lo", "up")
+
+    def _wait_nodes(self, count: int, timeout: float) -> None:
+        """Until ``count`` nodes are alive, as the head's GCS says (asked inside the head's namespace)."""
+        ray = os.path.join(os.path.dirname(sys.executable), "ray")
+        deadline, said = time.monotonic() + timeout, ""
+        while time.monotonic() < deadline:
+            dead = [name for name, proc in self.nodes.items() if proc.poll() is not None]
+            if dead:
+                raise RuntimeError(f"ray start on {', '.join(dead)} ended: {self._log_tail()}")
+            done = subprocess.run(
+                ["nsenter", f"--net=/var/run/netns/nb{HEAD}", ray, "status", "--address", f"{NODES[HEAD]}:{GCS_PORT}"],
+                capture_output=True,
+                text=True,
+            )
+            said = done.stdout
+            active = said.split("Active:", 1)[1].split("Pending:", 1)[0] if "Active:" in said else ""
+            if active.count("node_") >= count:
+                return
+            time.sleep(0.5)
+        raise RuntimeError(f"{count} Ray node(s) did not come up within {timeout:.0f} s: {said[-400:]} {self._log_tail()}")
+
+    def _log_tail(self) -> str:
+        tails = []
+        for name in NODES:
+            try:
+                with open(os.path.join(self.workdir, f"{name}.log")) as fh:
+                    tails.append(f"{name}: " + " | ".join(fh.read().splitlines()[-4:]))
+            except OSError:
+                pass
+        return "; ".join(tails)
+
+
+def _end_group(pgid: int, wait: float = 5.0) -> None:
+    """SIGTERM the process group this module started (``ray start --block`` ends its node's processes), then
+    SIGKILL what is left of it."""
+    try:
+        os.killpg(pgid, signal.SIGTERM)
+    except ProcessLookupError:
+        return
+    deadline = time.monotonic() + wait
+    while time.monotonic() < deadline:
+        try:
+            os.killpg(pgid, 0)
+        except ProcessLookupError:
+            return
+        time.sleep(0.1)
+    try:
+        os.killpg(pgid, signal.SIGKILL)
+    except ProcessLookupError:
+        pass
+
+
+def _remove_stale() -> None:
+    """A cluster left by a run that was killed: end its nodes by their process groups, remove its links."""
+    try:
+        with open(STATE_FILE) as fh:
+            old = fh.read().strip()
+    except FileNotFoundError:
+        old = ""
+    if old and os.path.isdir(old):
+        for name in NODES:
+            try:
+                with open(os.path.join(old, f"{name}.pgid")) as fh:
+                    _end_group(int(fh.read().strip()), wait=5.0)
+            except (OSError, ValueError):
+                pass
+        shutil.rmtree(old, ignore_errors=True)
+    names = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout.split()
+    for node in NODES:
+        if f"nb{node}" in names:
+            _sh("ip", "netns", "del", f"nb{node}", check=False)
+    for link in (BRIDGE, "nbrv1", "nbrv2"):
+        _sh("ip", "link", "del", link, check=False)
+
+
+if __name__ == "__main__":
+    if sys.argv[1:] == ["up"]:
+        cluster = TwoNodeRay().up()
+        print(f"up: {cluster.address} ({cluster.workdir}); `python -m tests.raynodes down` ends it")
+        cluster.nodes.clear()  # leave it running: down() finds it through STATE_FILE
+        cluster.links.clear()
+    elif sys.argv[1:] == ["down"]:
+        _remove_stale()
+    else:
+        sys.exit("usage: python -m tests.raynodes up|down")
