@@ -158,9 +158,15 @@ class _Engine:
 
 
 def _die_with_parent() -> None:
-    """In the engine, before it runs: end with the actor that started it (prctl PR_SET_PDEATHSIG)."""
+    """In the engine, before it runs: end with the actor that started it (prctl PR_SET_PDEATHSIG), and take
+    signals as a process of its own would: a Ray worker ignores SIGINT, and an ignored signal stays ignored
+    across exec, so the engine would never see an interrupt (Python installs its SIGINT handler only where the
+    signal is at its default)."""
     import ctypes
 
+    for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGUSR1, signal.SIGUSR2):
+        signal.signal(sig, signal.SIG_DFL)
+    signal.pthread_sigmask(signal.SIG_SETMASK, [])
     ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGKILL)
 
 
@@ -208,7 +214,7 @@ def main(argv: list[str]) -> int:
         _say_preflight(why)
         return 2
     try:
-        ray.init(address=args.address or "auto", log_to_driver=True, logging_level=logging.WARNING)
+        _connect(ray, args.address or "auto")
     except Exception as exc:
         where = args.address or "the Ray node of this host (RAY_ADDRESS unset)"
         _say_preflight(
@@ -255,9 +261,7 @@ def main(argv: list[str]) -> int:
         os._exit(0)
 
     signal.signal(signal.SIGTERM, on_sigterm)
-    from ..engine.parentwatch import watch_parent
-
-    watch_parent(on_exit=clean_up)  # the kernel is gone: end what this process holds
+    _watch_kernel(on_sigterm)  # the kernel is gone: end what this process holds
     while _not_ready(ray, group):  # the kernel's wait says this, and Ctrl-C there ends it (and so this process)
         free = {k: v for k, v in ray.available_resources().items() if k in ("CPU", "GPU")}
         _waiting(f"Ray has not placed the {args.n} rank(s) yet ({bundle} each; free now: {free})")
@@ -292,6 +296,34 @@ def main(argv: list[str]) -> int:
         return worst
     finally:
         clean_up()
+
+
+def _watch_kernel(gone: Any) -> None:
+    """Call ``gone()`` from a thread once the process that started this one (the kernel) has ended: we are
+    re-parented (engine/parentwatch.py does the same for the controller and the engines)."""
+    import threading
+
+    parent = os.getppid()
+
+    def watch() -> None:
+        while os.getppid() == parent:
+            time.sleep(0.5)
+        gone()
+
+    threading.Thread(target=watch, name="nbdist-ray-kernel", daemon=True).start()
+
+
+def _connect(ray: Any, address: str, tries: int = 3) -> None:
+    """ray.init, tried again a moment later: Ray Client's server may refuse a new client while it still ends the
+    session of the one before ('Initialization failure from server')."""
+    for attempt in range(tries):
+        try:
+            ray.init(address=address, log_to_driver=True, logging_level=logging.WARNING)
+            return
+        except ConnectionError as exc:
+            if attempt == tries - 1 or "Initialization failure" not in str(exc):
+                raise  # not there at all (Ray Client tried for about 35 s): no use trying again
+            time.sleep(2.0)
 
 
 def _not_ready(ray: Any, group: Any) -> bool:

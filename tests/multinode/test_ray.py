@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import os
 import signal
+import threading
 import time
 
 import pytest
@@ -76,19 +77,16 @@ def test_a_rank_killed_on_the_worker_node_is_named_and_restarted_there(ray_nodes
 
 
 def test_ctrl_c_in_a_collective_across_ray_nodes_releases_every_rank(ray_nodes):
-    """Rank 3 (rnode2) sleeps while the others wait in all_reduce; an interrupt (the notebook's stop button:
-    SIGINT through ipyparallel's nanny) releases all four within seconds and the world works again."""
+    """Rank 3 (rnode2) sleeps while the others wait in all_reduce: Ctrl-C in the notebook (SIGINT to the kernel,
+    carried to each rank by ipyparallel's nanny) releases all four, none dies, and the world works again."""
     cluster = nbdist.start(4, launcher="ray", address=ray_nodes.address, timeout=90)
     try:
-        run = cluster.run(
-            "import time\nt = torch.ones(1)\nif dist.get_rank() == 3:\n    time.sleep(60)\ndist.all_reduce(t)",
-            block=False,
-        )
-        time.sleep(2)
+        threading.Timer(2.0, os.kill, (os.getpid(), signal.SIGINT)).start()
         tic = time.monotonic()
-        cluster.engines.signal(list(range(4)))  # what the stop button sends, rank by rank
-        result = run.wait(show=False)
-        assert time.monotonic() - tic < 30 and not result.ok
+        with pytest.raises(KeyboardInterrupt):
+            cluster.run("import time\nt = torch.ones(1)\nif dist.get_rank() == 3:\n    time.sleep(60)\ndist.all_reduce(t)")
+        assert time.monotonic() - tic < 30, "the interrupt did not release the ranks (the sleep ran out instead)"
+        assert cluster.dead_ranks() == []
         again = cluster.run("t = torch.ones(1)\ndist.all_reduce(t)\nprint(t.item())", quiet=True).raise_for_error()
         assert again.ranks[0].stdout == "4.0\n"
     finally:
@@ -111,3 +109,32 @@ def test_an_unreachable_ray_address_fails_in_one_line(ray_nodes):
     with pytest.raises(ClusterError) as err:
         nbdist.start(2, launcher="ray", address="ray://10.79.0.9:10001", timeout=60)
     assert "cannot reach the Ray cluster at ray://10.79.0.9:10001" in str(err.value), str(err.value)
+
+
+def test_a_killed_kernel_leaves_no_actor_placement_group_or_engine(ray_nodes):
+    """The kernel SIGKILLed with 2 ranks up: the Ray driver it started sees it gone and ends its engines and
+    actors; Ray holds nothing of the world afterwards, and no engine process is left on either node."""
+    import subprocess
+    import sys
+
+    import psutil
+
+    kernel = subprocess.Popen(
+        [sys.executable, "-c", "import nbdist, time\n"
+         f"c = nbdist.start(2, launcher='ray', address={ray_nodes.address!r}, timeout=90)\n"
+         "print(' '.join(str(r.pid) for r in c.ranks), flush=True)\ntime.sleep(600)"],
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        pids = [int(p) for p in kernel.stdout.readline().split()]  # type: ignore[union-attr]
+        assert len(pids) == 2, "the world did not start"
+        assert _left(ray_nodes)[0] == 2
+    finally:
+        kernel.kill()
+        kernel.wait()
+    assert _left(ray_nodes) == (0, 0), "actors or placement groups outlived the kernel"
+    deadline = time.monotonic() + 30
+    while any(psutil.pid_exists(p) for p in pids) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert not any(psutil.pid_exists(p) for p in pids), "an engine outlived the kernel"
