@@ -94,14 +94,15 @@ def test_ctrl_c_in_a_collective_across_ray_nodes_releases_every_rank(ray_nodes):
 
 
 def test_more_ranks_than_the_ray_cluster_holds_fail_at_once_naming_what_is_missing(ray_nodes):
-    """-n 6 on 4 CPUs: one line, within seconds (not the --timeout), that says what is missing; nothing left."""
+    """-n 6 on 4 CPUs: one line that says what is missing, long before the --timeout (300 s) would end a wait
+    (the start itself, Ray Client's connection included, took 47 s once on the loaded CI machine); nothing left."""
     tic = time.monotonic()
     with pytest.raises(ClusterError) as err:
-        nbdist.start(6, launcher="ray", address=ray_nodes.address, timeout=90)
+        nbdist.start(6, launcher="ray", address=ray_nodes.address, timeout=300)
     took = time.monotonic() - tic
     message = str(err.value)
     assert "the Ray cluster cannot hold 6 rank(s) of 1 CPU each: it lacks 6 CPU (it has 4)" in message, message
-    assert took < 45, f"{took:.0f} s: it waited instead of failing at once"
+    assert took < 150, f"{took:.0f} s: it waited instead of failing at once"
     assert _left(ray_nodes) == (0, 0)
 
 
