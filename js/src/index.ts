@@ -90,11 +90,13 @@ class Follower {
         continue;
       }
       const code = cell as any;
-      // A cell this page runs shows its own output; so does one it ran and saw to its end.
+      // A cell this page runs shows its own output; so does one it ran and saw to its end. The
+      // transcript may still say "running" for a run this page has just seen end (it was fetched
+      // before the end): the page's own count for a run it never filled tells that apart.
       if (code.executionState === 'running') {
         continue;
       }
-      if (!this.seen.has(run) && !shown.running && code.executionCount === shown.count) {
+      if (!this.seen.has(run) && code.executionCount === shown.count) {
         continue;
       }
       code.outputs.clear();

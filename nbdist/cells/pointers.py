@@ -36,10 +36,19 @@ def this_kernel() -> tuple[str, dict[str, Any]]:
         return "", {}
     cell = {
         "id": (parent.get("metadata") or {}).get("cellId", ""),
-        "count": shell.execution_count,
+        "count": _count(shell),
         "code": (parent.get("content") or {}).get("code", ""),  # the cell's whole source, as the page sent it
     }
     return kernel_id, cell
+
+
+def _count(shell: Any) -> int | None:
+    """The execution count the page shows for the cell running now (its execute_reply's). IPython 9
+    advances ``shell.execution_count`` before the cell runs, older IPython after; the running cell's
+    result holds its own count in both."""
+    result = getattr(getattr(shell, "displayhook", None), "exec_result", None)
+    count = getattr(result, "execution_count", None)
+    return count if isinstance(count, int) else shell.execution_count
 
 
 def point(workdir: str, kernel_id: str = "") -> None:

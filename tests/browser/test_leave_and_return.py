@@ -58,17 +58,62 @@ def _steps_shown(page) -> list[str]:
     return re.findall(r"STEP \d+", text)
 
 
+def _prompt(page) -> str:
+    """The second cell's prompt, ``[N]:``."""
+    return page.evaluate("() => document.querySelectorAll('.jp-Notebook .jp-Cell')[1].querySelector('.jp-InputPrompt').textContent")
+
+
 def _kernel_cells(base: str, token: str) -> list[dict]:
     sessions = json.load(urllib.request.urlopen(f"{base}/api/sessions?token={token}"))
     kernel = next(s["kernel"]["id"] for s in sessions if s["path"].endswith("live.ipynb"))
     return json.load(urllib.request.urlopen(f"{base}/nbdist/api/kernels/{kernel}/cells?token={token}"))["cells"]
 
 
-def _open(browser, base: str, token: str, app: str):
+# A slow server, for the page that runs the cell: every transcript that says a cell still runs is
+# handed to the page only once the page has seen its own run end (the last one fetched before the end
+# then always arrives after it), and the page counts, every 50 ms, any fall in the STEP lines its
+# running cell shows (a page refilled from an older transcript shows fewer).
+HOLD_RUNNING_TRANSCRIPTS = """
+(() => {
+  const fetch0 = window.fetch.bind(window);
+  const ended = () => {
+    const cells = document.querySelectorAll('.jp-Notebook .jp-Cell');
+    const prompt = cells.length > 1 && cells[1].querySelector('.jp-InputPrompt');
+    return prompt && window.__nbdistRan && !prompt.textContent.includes('*');
+  };
+  window.fetch = async (...args) => {
+    const response = await fetch0(...args);
+    const url = String(args[0] && args[0].url ? args[0].url : args[0]);
+    if (url.includes('/nbdist/api/kernels/')) {
+      const body = await response.clone().json().catch(() => ({}));
+      if ((body.cells || []).some(c => c.running)) {
+        while (!ended()) await new Promise(r => setTimeout(r, 50));
+        await new Promise(r => setTimeout(r, 200));
+      }
+    }
+    return response;
+  };
+  window.__nbdistDrops = [];
+  let most = 0;
+  setInterval(() => {
+    const cells = document.querySelectorAll('.jp-Notebook .jp-Cell');
+    const out = cells.length > 1 && cells[1].querySelector('.jp-OutputArea');
+    const steps = out ? (out.innerText.match(/STEP \\d+/g) || []).length : 0;
+    if (steps > 0) window.__nbdistRan = true;
+    if (steps < most) window.__nbdistDrops.push([most, steps]);
+    most = Math.max(most, steps);
+  }, 50);
+})();
+"""
+
+
+def _open(browser, base: str, token: str, app: str, init_script: str = ""):
     """A page on the notebook (``browser``: a browser, or a context of one: another browser's storage)."""
     page = browser.new_page(
         **({"viewport": {"width": 1400, "height": 1000}} if hasattr(browser, "new_context") else {})
     )
+    if init_script:
+        page.add_init_script(init_script)
     page.goto(f"{base}/{'lab/tree' if app == 'jupyterlab' else 'notebooks'}/live.ipynb?token={token}")
     page.wait_for_selector(".jp-Notebook .jp-Cell", timeout=90_000)
     return page
@@ -156,7 +201,7 @@ def test_two_pages_at_once_the_running_one_keeps_its_own_output(tmp_path):
     _write_notebook(tmp_path / "live.ipynb", CELLS)
     with _server(tmp_path, "jupyterlab") as (base, token), _browser() as browser:
         try:
-            a = _open(browser, base, token, "jupyterlab")
+            a = _open(browser, base, token, "jupyterlab", init_script=HOLD_RUNNING_TRANSCRIPTS)
             try:
                 a.click(".jp-Dialog button:has-text('Select')", timeout=10_000)
             except Exception:
@@ -178,7 +223,11 @@ def test_two_pages_at_once_the_running_one_keeps_its_own_output(tmp_path):
                 a.wait_for_function(f"() => document.body.innerText.includes('STEP {STEPS - 5}')", timeout=120_000)
                 b.wait_for_function(f"() => document.body.innerText.includes('STEP {STEPS - 5}')", timeout=30_000)
                 a.wait_for_selector(".js-plotly-plot .gtitle", timeout=30_000)  # A's own final figure
-                assert _steps_shown(a) == EXPECTED and _steps_shown(b) == EXPECTED
+                time.sleep(2)  # the transcripts held back (a slow server) reach A now: A must keep its own output
+                assert a.evaluate("() => window.__nbdistDrops") == []  # never cleared or refilled from a transcript
+                assert _steps_shown(a) == EXPECTED
+                assert _steps_shown(b) == EXPECTED
+                assert _prompt(b) == _prompt(a) != "[ ]:", (_prompt(a), _prompt(b))  # the count A's kernel replied
                 b.screenshot(path=str(ARTIFACTS / "second-page.png"), full_page=True)
             finally:
                 other.close()
