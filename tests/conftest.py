@@ -96,7 +96,7 @@ def slurm(two_nodes, monkeypatch):
 # ---------------------------------------------------------------- a real two-node Ray cluster (root only)
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="module")
 def ray_nodes():
     from tests.raynodes import TwoNodeRay
     from tests.raynodes import unavailable as ray_unavailable

@@ -18,13 +18,13 @@ from __future__ import annotations
 
 import os
 import shutil
-import signal
 import subprocess
 import sys
-import tempfile
 import textwrap
 import time
 from dataclasses import dataclass, field
+
+from tests.nsnodes import begin, end, finish, network, remove_stale
 
 BRIDGE, SUBNET = "nbrbr0", "10.79.0"
 HOST_ADDR = f"{SUBNET}.1"
@@ -52,13 +52,6 @@ def unavailable() -> str:
     return ""
 
 
-def _sh(*cmd: str, check: bool = True) -> subprocess.CompletedProcess:
-    done = subprocess.run(cmd, capture_output=True, text=True)
-    if check and done.returncode != 0:
-        raise RuntimeError(f"{' '.join(cmd)} failed: {done.stderr.strip() or done.stdout.strip()}")
-    return done
-
-
 @dataclass
 class TwoNodeRay:
     """Start with ``up()``, stop with ``down()`` (or use as a context manager)."""
@@ -83,10 +76,7 @@ class TwoNodeRay:
         if why:
             raise RuntimeError(why)
         _remove_stale()
-        self.workdir = tempfile.mkdtemp(prefix="nbdist-ray-")
-        os.chmod(self.workdir, 0o755)
-        with open(STATE_FILE, "w") as fh:
-            fh.write(self.workdir)
+        self.workdir = begin(STATE_FILE, "nbdist-ray-")
         try:
             self._network()
             ray = os.path.join(os.path.dirname(sys.executable), "ray")
@@ -119,22 +109,11 @@ class TwoNodeRay:
     def down(self) -> None:
         """End what this object started, by process group, and remove its interfaces; safe to call twice."""
         for proc in reversed(list(self.nodes.values())):
-            _end_group(proc.pid)
+            end(proc.pid, wait=5.0, group=True)  # `ray start --block` ends its node's processes
             proc.wait()
         self.nodes.clear()
-        for link in reversed(self.links):
-            if link.startswith("netns:"):
-                _sh("ip", "netns", "del", link[6:], check=False)
-            else:
-                _sh("ip", "link", "del", link, check=False)
-        self.links.clear()
-        if self.workdir:
-            shutil.rmtree(self.workdir, ignore_errors=True)
-            self.workdir = ""
-        try:
-            os.unlink(STATE_FILE)
-        except FileNotFoundError:
-            pass
+        finish(self.workdir, STATE_FILE, self.links)
+        self.workdir = ""
 
     def query(self, code: str, timeout: float = 60) -> str:
         """Run ``code`` in a fresh driver on the head node (``ray`` imported and connected); what it printed. For
@@ -148,20 +127,7 @@ class TwoNodeRay:
         return done.stdout
 
     def _network(self) -> None:
-        _sh("ip", "link", "add", BRIDGE, "type", "bridge")
-        self.links.append(BRIDGE)
-        _sh("ip", "addr", "add", f"{HOST_ADDR}/24", "dev", BRIDGE)
-        _sh("ip", "link", "set", BRIDGE, "up")
-        for i, (name, addr) in enumerate(NODES.items(), start=1):
-            ns, veth = f"nb{name}", f"nbrv{i}"
-            _sh("ip", "netns", "add", ns)
-            self.links.append(f"netns:{ns}")
-            _sh("ip", "link", "add", veth, "type", "veth", "peer", "name", "eth0", "netns", ns)
-            self.links.append(veth)
-            _sh("ip", "link", "set", veth, "master", BRIDGE, "up")
-            _sh("ip", "-n", ns, "addr", "add", f"{addr}/24", "dev", "eth0")
-            _sh("ip", "-n", ns, "link", "set", "eth0", "up")
-            _sh("ip", "-n", ns, "link", "set", "lo", "up")
+        network(BRIDGE, HOST_ADDR, NODES, "nbrv", self.links)
 
     def _wait_nodes(self, count: int, timeout: float) -> None:
         """Until ``count`` nodes are alive, as the head's GCS says (asked inside the head's namespace)."""
@@ -181,7 +147,9 @@ class TwoNodeRay:
             if active.count("node_") >= count:
                 return
             time.sleep(0.5)
-        raise RuntimeError(f"{count} Ray node(s) did not come up within {timeout:.0f} s: {said[-400:]} {self._log_tail()}")
+        raise RuntimeError(
+            f"{count} Ray node(s) did not come up within {timeout:.0f} s: {said[-400:]} {self._log_tail()}"
+        )
 
     def _log_tail(self) -> str:
         tails = []
@@ -194,47 +162,9 @@ class TwoNodeRay:
         return "; ".join(tails)
 
 
-def _end_group(pgid: int, wait: float = 5.0) -> None:
-    """SIGTERM the process group this module started (``ray start --block`` ends its node's processes), then
-    SIGKILL what is left of it."""
-    try:
-        os.killpg(pgid, signal.SIGTERM)
-    except ProcessLookupError:
-        return
-    deadline = time.monotonic() + wait
-    while time.monotonic() < deadline:
-        try:
-            os.killpg(pgid, 0)
-        except ProcessLookupError:
-            return
-        time.sleep(0.1)
-    try:
-        os.killpg(pgid, signal.SIGKILL)
-    except ProcessLookupError:
-        pass
-
-
 def _remove_stale() -> None:
     """A cluster left by a run that was killed: end its nodes by their process groups, remove its links."""
-    try:
-        with open(STATE_FILE) as fh:
-            old = fh.read().strip()
-    except FileNotFoundError:
-        old = ""
-    if old and os.path.isdir(old):
-        for name in NODES:
-            try:
-                with open(os.path.join(old, f"{name}.pgid")) as fh:
-                    _end_group(int(fh.read().strip()), wait=5.0)
-            except (OSError, ValueError):
-                pass
-        shutil.rmtree(old, ignore_errors=True)
-    names = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout.split()
-    for node in NODES:
-        if f"nb{node}" in names:
-            _sh("ip", "netns", "del", f"nb{node}", check=False)
-    for link in (BRIDGE, "nbrv1", "nbrv2"):
-        _sh("ip", "link", "del", link, check=False)
+    remove_stale(STATE_FILE, [f"{name}.pgid" for name in NODES], NODES, [BRIDGE, "nbrv1", "nbrv2"], group=True)
 
 
 if __name__ == "__main__":

@@ -18,14 +18,14 @@ from __future__ import annotations
 
 import os
 import shutil
-import signal
 import socket
 import stat
 import subprocess
 import sys
-import tempfile
 import time
 from dataclasses import dataclass, field
+
+from tests.nsnodes import begin, end, finish, network, remove_stale, sh
 
 BRIDGE, SUBNET = "nbbr0", "10.77.0"
 HOST_ADDR = f"{SUBNET}.1"
@@ -54,13 +54,6 @@ def unavailable() -> str:
 
 def _which(cmd: str) -> str | None:
     return shutil.which(cmd) or shutil.which(cmd, path="/usr/sbin:/sbin:/usr/bin")
-
-
-def _sh(*cmd: str, check: bool = True) -> subprocess.CompletedProcess:
-    done = subprocess.run(cmd, capture_output=True, text=True)
-    if check and done.returncode != 0:
-        raise RuntimeError(f"{' '.join(cmd)} failed: {done.stderr.strip() or done.stdout.strip()}")
-    return done
 
 
 @dataclass
@@ -92,10 +85,7 @@ class TwoNodeSlurm:
         if why:
             raise RuntimeError(why)
         _remove_stale()
-        self.workdir = tempfile.mkdtemp(prefix="nbdist-slurm-")
-        os.chmod(self.workdir, 0o755)
-        with open(STATE_FILE, "w") as fh:
-            fh.write(self.workdir)
+        self.workdir = begin(STATE_FILE, "nbdist-slurm-")
         try:
             self._munge()
             self._network()
@@ -117,21 +107,10 @@ class TwoNodeSlurm:
         """End what this object started, by pid, and remove its interfaces; safe to call twice."""
         self.cancel_all_jobs()
         for pid in reversed(self.pids):
-            _kill(pid, wait=1.0)  # the cluster's state is thrown away: no need to wait for a clean save
+            end(pid, wait=1.0)  # the cluster's state is thrown away: no need to wait for a clean save
         self.pids.clear()
-        for link in reversed(self.links):
-            if link.startswith("netns:"):
-                _sh("ip", "netns", "del", link[6:], check=False)
-            else:
-                _sh("ip", "link", "del", link, check=False)
-        self.links.clear()
-        if self.workdir:
-            shutil.rmtree(self.workdir, ignore_errors=True)
-            self.workdir = ""
-        try:
-            os.unlink(STATE_FILE)
-        except FileNotFoundError:
-            pass
+        finish(self.workdir, STATE_FILE, self.links)
+        self.workdir = ""
 
     # ------------------------------------------------------------------ queries
 
@@ -183,9 +162,9 @@ class TwoNodeSlurm:
         if not os.path.exists(key):
             with open(key, "wb") as fh:
                 fh.write(os.urandom(1024))
-        _sh("chown", "-R", "munge:munge", "/etc/munge", "/run/munge", "/var/lib/munge", "/var/log/munge")
+        sh("chown", "-R", "munge:munge", "/etc/munge", "/run/munge", "/var/lib/munge", "/var/log/munge")
         os.chmod(key, 0o400)
-        _sh("runuser", "-u", "munge", "--", "munged", "--force")
+        sh("runuser", "-u", "munge", "--", "munged", "--force")
         pidfile = "/run/munge/munged.pid"
         deadline = time.monotonic() + 10
         while not os.path.exists(pidfile) and time.monotonic() < deadline:
@@ -194,27 +173,13 @@ class TwoNodeSlurm:
             self.pids.append(int(fh.read().strip()))
 
     def _network(self) -> None:
-        _sh("ip", "link", "add", BRIDGE, "type", "bridge")
-        self.links.append(BRIDGE)
-        _sh("ip", "addr", "add", f"{HOST_ADDR}/24", "dev", BRIDGE)
-        _sh("ip", "link", "set", BRIDGE, "up")
-        _sh("ip", "link", "add", DUMMY, "type", "bridge")
+        # every node's link runs at ordinary Ethernet's 1 Gb/s (what reaches the node; tc's token bucket), so
+        # a collective between nodes is slower than within one, as on a real cluster (notebook 07 measures it)
+        network(BRIDGE, HOST_ADDR, NODES, "nbv", self.links, rate=LINK)
+        sh("ip", "link", "add", DUMMY, "type", "bridge")
         self.links.append(DUMMY)
-        _sh("ip", "addr", "add", f"{UNROUTED}/24", "dev", DUMMY)
-        _sh("ip", "link", "set", DUMMY, "up")
-        for i, (name, addr) in enumerate(NODES.items(), start=1):
-            ns, veth = f"nb{name}", f"nbv{i}"
-            _sh("ip", "netns", "add", ns)
-            self.links.append(f"netns:{ns}")
-            _sh("ip", "link", "add", veth, "type", "veth", "peer", "name", "eth0", "netns", ns)
-            self.links.append(veth)
-            _sh("ip", "link", "set", veth, "master", BRIDGE, "up")
-            # every node's link runs at ordinary Ethernet's 1 Gb/s (what reaches the node; tc's token bucket), so
-            # a collective between nodes is slower than within one, as on a real cluster (notebook 07 measures it)
-            _sh("tc", "qdisc", "add", "dev", veth, "root", "tbf", "rate", LINK, "burst", "256kb", "latency", "50ms")
-            _sh("ip", "-n", ns, "addr", "add", f"{addr}/24", "dev", "eth0")
-            _sh("ip", "-n", ns, "link", "set", "eth0", "up")
-            _sh("ip", "-n", ns, "link", "set", "lo", "up")
+        sh("ip", "addr", "add", f"{UNROUTED}/24", "dev", DUMMY)
+        sh("ip", "link", "set", DUMMY, "up")
 
     def _write_conf(self) -> None:
         d = self.workdir
@@ -301,45 +266,10 @@ PartitionName=debug Nodes={",".join(NODES)} Default=YES MaxTime=INFINITE State=U
         return ("; " + "; ".join(tails)) if tails else ""
 
 
-def _kill(pid: int, wait: float = 10.0) -> None:
-    try:
-        os.kill(pid, signal.SIGTERM)
-    except ProcessLookupError:
-        return
-    deadline = time.monotonic() + wait
-    while time.monotonic() < deadline:
-        try:
-            os.kill(pid, 0)
-        except ProcessLookupError:
-            return
-        time.sleep(0.05)
-    try:
-        os.kill(pid, signal.SIGKILL)
-    except ProcessLookupError:
-        pass
-
-
 def _remove_stale() -> None:
     """A cluster left by a run that was killed: end its daemons by their pid files, remove its links."""
-    try:
-        with open(STATE_FILE) as fh:
-            old = fh.read().strip()
-    except FileNotFoundError:
-        old = ""
-    if old and os.path.isdir(old):
-        for name in ("slurmctld.pid", "slurmd-node1.pid", "slurmd-node2.pid"):
-            try:
-                with open(os.path.join(old, name)) as fh:
-                    _kill(int(fh.read().strip()))
-            except (OSError, ValueError):
-                pass
-        shutil.rmtree(old, ignore_errors=True)
-    names = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout
-    for node in NODES:
-        if f"nb{node}" in names.split():
-            _sh("ip", "netns", "del", f"nb{node}", check=False)
-    for link in (BRIDGE, DUMMY, "nbv1", "nbv2"):
-        _sh("ip", "link", "del", link, check=False)
+    pids = ["slurmctld.pid", *(f"slurmd-{name}.pid" for name in NODES)]
+    remove_stale(STATE_FILE, pids, NODES, [BRIDGE, DUMMY, "nbv1", "nbv2"], group=False)
 
 
 if __name__ == "__main__":
