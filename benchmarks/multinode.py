@@ -6,8 +6,13 @@
    one run. Targets: nbdist <= 0.5x raw and <= 6 s.
 2. all_reduce bus bandwidth across the two nodes vs within one node, same run, several sizes. Each node's
    link runs at 1 Gb/s (tests/slurmnodes.LINK, since 2026-11-24; before, unshaped veths ran at loopback speed).
+3. Start until a collective runs, 4 ranks on two nodes (2 a node), then the Slurm cluster is down and a
+   two-node Ray cluster up (tests/raynodes.py, reached through Ray Client as a KubeRay cluster is):
+   ``--launcher slurm -n 4 --nodes 2`` and ``--launcher ray -n 4`` against raw Ray, what a Ray user writes
+   (``ray.init``, a placement group, one actor per rank, ``init_process_group`` with rank 0's address and
+   the interface set by hand, one all_reduce), alternating in one run.
 
-    python benchmarks/multinode.py [--rounds 5]
+    python benchmarks/multinode.py [--rounds 5] [--ray-rounds 3] [--part all|slurm|ray]
 """
 
 from __future__ import annotations
@@ -76,18 +81,102 @@ def raw_once(port: int) -> float:
     return seconds
 
 
-def nbdist_once() -> tuple[float, dict]:
+def nbdist_once(n: int = 2, hosts: tuple[str, ...] = tuple(NODES), **how) -> tuple[float, dict]:
     import nbdist
 
+    how = how or {"launcher": "slurm", "nodes": 2}
     tic = time.perf_counter()
-    cluster = nbdist.start(n=2, launcher="slurm", nodes=2, timeout=120, progress=lambda line: None)
+    cluster = nbdist.start(n=n, timeout=120, progress=lambda line: None, **how)
     try:
         cluster.run("x = torch.ones(1); dist.all_reduce(x)", quiet=True).raise_for_error()
         seconds = time.perf_counter() - tic
-        assert {r.host for r in cluster.ranks} == set(NODES)
+        assert {r.host for r in cluster.ranks} == set(hosts), [r.host for r in cluster.ranks]
         return seconds, dict(cluster.startup)
     finally:
         cluster.stop()
+
+
+class _RawRank:
+    """Raw Ray: one rank of a world a Ray user builds by hand."""
+
+    def where(self) -> str:
+        import ray
+
+        return ray.util.get_node_ip_address()
+
+    def join(self, master: str, port: int, rank: int, world: int) -> float:
+        import os
+
+        import torch
+        import torch.distributed as dist
+
+        os.environ["GLOO_SOCKET_IFNAME"] = "eth0"  # the node's hostname does not resolve to its address
+        dist.init_process_group("gloo", init_method=f"tcp://{master}:{port}", rank=rank, world_size=world)
+        x = torch.ones(1)
+        dist.all_reduce(x)
+        dist.destroy_process_group()
+        return x.item()
+
+
+def raw_ray_once(address: str, n: int, port: int) -> float:
+    import ray
+    from ray.util.placement_group import placement_group
+    from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
+
+    tic = time.perf_counter()
+    for attempt in range(5):  # Ray Client's server may still be ending the last session
+        try:
+            ray.init(address, log_to_driver=False)
+            break
+        except ConnectionError:
+            time.sleep(1 + attempt)
+    try:
+        group = placement_group([{"CPU": 1}] * n, strategy="PACK")
+        ray.get(group.ready(), timeout=120)
+        rank_cls = ray.remote(num_cpus=1)(_RawRank)
+        ranks = [
+            rank_cls.options(
+                scheduling_strategy=PlacementGroupSchedulingStrategy(group, placement_group_bundle_index=i)
+            ).remote()
+            for i in range(n)
+        ]
+        master = ray.get(ranks[0].where.remote())
+        sums = ray.get([r.join.remote(master, port, i, n) for i, r in enumerate(ranks)], timeout=120)
+        assert sums == [float(n)] * n, sums
+        seconds = time.perf_counter() - tic
+        nodes = set(ray.get([r.where.remote() for r in ranks]))
+        assert len(nodes) == 2, nodes
+        return seconds
+    finally:
+        ray.shutdown()
+
+
+def ray_part(rounds: int, slurm_four: list[float]) -> dict:
+    from tests.raynodes import NODES as RAY_NODES
+    from tests.raynodes import TwoNodeRay
+    from tests.raynodes import unavailable as ray_unavailable
+
+    why = ray_unavailable()
+    if why:
+        print(f"Ray part skipped: {why}")
+        return {}
+    with TwoNodeRay() as nodes:
+        ours, raw, phases = [], [], []
+        for i in range(rounds):
+            order = ("raw", "nbdist") if i % 2 == 0 else ("nbdist", "raw")
+            for which in order:
+                if which == "raw":
+                    raw.append(raw_ray_once(nodes.address, 4, 29600 + i))
+                else:
+                    seconds, startup = nbdist_once(4, tuple(RAY_NODES), launcher="ray", address=nodes.address)
+                    ours.append(seconds)
+                    phases.append(startup)
+    start = {"nbdist_ray": stats(ours), "raw_ray": stats(raw), "nbdist_slurm": stats(slurm_four)}
+    print(f"start until a collective runs, 4 ranks on 2 nodes (medians; Slurm of {len(slurm_four)}, Ray of {rounds}):")
+    print(f"  nbdist --launcher slurm  {start['nbdist_slurm']['median']:.2f} s")
+    print(f"  nbdist --launcher ray    {start['nbdist_ray']['median']:.2f} s")
+    print(f"  raw Ray + init by hand   {start['raw_ray']['median']:.2f} s")
+    return {"start_4_ranks": start, "nbdist_ray_phases": phases}
 
 
 BANDWIDTH = """
@@ -124,49 +213,62 @@ def bandwidth(nodes: int, sizes: list[int]) -> dict[str, dict]:
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--rounds", type=int, default=5)
+    parser.add_argument("--ray-rounds", type=int, default=3)
+    parser.add_argument("--part", choices=("all", "slurm", "ray"), default="all")
     args = parser.parse_args()
     why = unavailable()
     if why:
         print(f"skipped: {why}")
         return
+    result: dict = {}
+    slurm_four: list[float] = []
     with TwoNodeSlurm() as nodes:
         os.environ.update(nodes.env)
-        raw, ours, phases = [], [], []
-        for i in range(args.rounds):
-            # alternate which goes first, so a warmer page cache favours neither
-            order = ("raw", "nbdist") if i % 2 == 0 else ("nbdist", "raw")
-            for which in order:
-                if which == "raw":
-                    raw.append(raw_once(29500 + i))
-                else:
-                    seconds, startup = nbdist_once()
-                    ours.append(seconds)
-                    phases.append(startup)
+        if args.part in ("all", "slurm"):
+            result.update(slurm_part(nodes, args.rounds))
+        if args.part in ("all", "ray"):
+            for _ in range(args.ray_rounds):
+                slurm_four.append(nbdist_once(4, launcher="slurm", nodes=2)[0])
                 assert nodes.wait_empty(30) == []
-        start = {"nbdist": stats(ours), "raw_ipyparallel": stats(raw)}
-        ratio = start["nbdist"]["median"] / start["raw_ipyparallel"]["median"]
-        print(f"start until a collective runs, 2 ranks on 2 nodes (median of {args.rounds}):")
-        print(f"  nbdist --launcher slurm  {start['nbdist']['median']:.2f} s  (target <= 6 s)")
-        print(f"  raw ipyparallel + init   {start['raw_ipyparallel']['median']:.2f} s")
-        print(f"  ratio                    {ratio:.2f}x  (target <= 0.5x)")
-        sizes = [1 << 10, 1 << 16, 1 << 20, 1 << 22]
-        across = bandwidth(2, sizes)
-        within = bandwidth(1, sizes)
-        print("all_reduce bus bandwidth, 2 ranks:")
-        print(f"  {'size':>10}  {'within a node':>14}  {'across nodes':>13}  ratio")
-        for key in across:
-            w, a = within[key]["busbw_gb_s"], across[key]["busbw_gb_s"]
-            print(f"  {key:>10}  {w:11.3f} GB/s  {a:10.3f} GB/s  {w / a:5.2f}x")
-        save(
-            "multinode",
-            {
-                "start": start,
-                "ratio_nbdist_to_raw": ratio,
-                "nbdist_phases": phases,
-                "allreduce_within": within,
-                "allreduce_across": across,
-            },
-        )
+    if args.part in ("all", "ray"):
+        result.update(ray_part(args.ray_rounds, slurm_four))
+    save("multinode" if args.part == "all" else f"multinode_{args.part}", result)
+
+
+def slurm_part(nodes: TwoNodeSlurm, rounds: int) -> dict:
+    raw, ours, phases = [], [], []
+    for i in range(rounds):
+        # alternate which goes first, so a warmer page cache favours neither
+        order = ("raw", "nbdist") if i % 2 == 0 else ("nbdist", "raw")
+        for which in order:
+            if which == "raw":
+                raw.append(raw_once(29500 + i))
+            else:
+                seconds, startup = nbdist_once()
+                ours.append(seconds)
+                phases.append(startup)
+            assert nodes.wait_empty(30) == []
+    start = {"nbdist": stats(ours), "raw_ipyparallel": stats(raw)}
+    ratio = start["nbdist"]["median"] / start["raw_ipyparallel"]["median"]
+    print(f"start until a collective runs, 2 ranks on 2 nodes (median of {rounds}):")
+    print(f"  nbdist --launcher slurm  {start['nbdist']['median']:.2f} s  (target <= 6 s)")
+    print(f"  raw ipyparallel + init   {start['raw_ipyparallel']['median']:.2f} s")
+    print(f"  ratio                    {ratio:.2f}x  (target <= 0.5x)")
+    sizes = [1 << 10, 1 << 16, 1 << 20, 1 << 22]
+    across = bandwidth(2, sizes)
+    within = bandwidth(1, sizes)
+    print("all_reduce bus bandwidth, 2 ranks:")
+    print(f"  {'size':>10}  {'within a node':>14}  {'across nodes':>13}  ratio")
+    for key in across:
+        w, a = within[key]["busbw_gb_s"], across[key]["busbw_gb_s"]
+        print(f"  {key:>10}  {w:11.3f} GB/s  {a:10.3f} GB/s  {w / a:5.2f}x")
+    return {
+        "start": start,
+        "ratio_nbdist_to_raw": ratio,
+        "nbdist_phases": phases,
+        "allreduce_within": within,
+        "allreduce_across": across,
+    }
 
 
 if __name__ == "__main__":
