@@ -202,17 +202,22 @@ def main(argv: list[str]) -> int:
     parser.add_argument("-n", type=int, required=True)
     parser.add_argument("command", nargs=argparse.REMAINDER)
     args = parser.parse_args(argv)
+    low, high = RAY_RANGE
     try:
         import ray
-        from ray.util.placement_group import placement_group, placement_group_table, remove_placement_group
-        from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
     except ImportError as exc:
-        _say_preflight(f"--launcher ray needs Ray in this Python ({exc}): pip install 'ray[client]'.")
+        _say_preflight(
+            f"--launcher ray needs Ray in the kernel's Python, {sys.executable} ({exc}): pip install "
+            f"'ray[client]>={low[0]}.{low[1]},<{high[0]}.{high[1]}' there, or start with another --launcher."
+        )
         return 2
-    why = check_version(ray.__version__)
+    why = check_version(str(getattr(ray, "__version__", "?")))
     if why:
         _say_preflight(why)
         return 2
+    from ray.util.placement_group import placement_group, placement_group_table, remove_placement_group
+    from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+
     try:
         _connect(ray, args.address or "auto")
     except Exception as exc:
