@@ -109,7 +109,11 @@ def test_more_ranks_than_the_ray_cluster_holds_fail_at_once_naming_what_is_missi
 def test_an_unreachable_ray_address_fails_in_one_line(ray_nodes):
     with pytest.raises(ClusterError) as err:
         nbdist.start(2, launcher="ray", address="ray://10.79.0.9:10001", timeout=60)
-    assert "cannot reach the Ray cluster at ray://10.79.0.9:10001" in str(err.value), str(err.value)
+    assert "cannot reach the Ray cluster at ray://10.79.0.9:10001: No route to host (no host answers" in str(err.value)
+    with pytest.raises(ClusterError) as err:  # the head, another port
+        nbdist.start(2, launcher="ray", address=ray_nodes.address.replace("10001", "10002"), timeout=60)
+    assert "Connection refused (the host is there but nothing listens on that port" in str(err.value), str(err.value)
+    assert _left(ray_nodes) == (0, 0)
 
 
 def test_a_killed_kernel_leaves_no_actor_placement_group_or_engine(ray_nodes):
@@ -139,3 +143,20 @@ def test_a_killed_kernel_leaves_no_actor_placement_group_or_engine(ray_nodes):
     while any(psutil.pid_exists(p) for p in pids) and time.monotonic() < deadline:
         time.sleep(0.2)
     assert not any(psutil.pid_exists(p) for p in pids), "an engine outlived the kernel"
+
+
+def test_the_multinode_notebook_runs_its_cells_on_the_ray_cluster(ray_nodes, monkeypatch, tmp_path):
+    """Notebook 07 where no Slurm answers and RAY_ADDRESS names a Ray cluster (as Zero to JupyterHub's values
+    set it): the same cells on --launcher ray, 2 ranks on one node for the baseline, 4 over both nodes for the
+    rest, and DDP across them equal to one process; %dist_stop leaves Ray nothing."""
+    from tests.notebooks.test_notebooks import MULTINODE, _execute
+
+    with monkeypatch.context() as env:  # for the notebook's kernel only
+        env.setenv("PATH", ":".join(p for p in os.environ["PATH"].split(":") if not os.path.exists(f"{p}/sbatch")))
+        env.setenv("RAY_ADDRESS", ray_nodes.address)
+        _, text = _execute(MULTINODE, tmp_path, others=tuple(proc.pid for proc in ray_nodes.nodes.values()))
+    assert "Slurm reachable: False" in text and f"Ray cluster named: True {ray_nodes.address}" in text
+    assert "#SBATCH" not in text  # not the laptop's fallback
+    assert "hosts by rank: ['rnode1', 'rnode1', 'rnode2', 'rnode2']" in text, text
+    assert "DDP across 2 host(s) == one process" in text
+    assert _left(ray_nodes) == (0, 0)

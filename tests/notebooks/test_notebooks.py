@@ -95,8 +95,11 @@ SHOWN = {
 }
 
 
-def _execute(path: pathlib.Path, tmp_path: pathlib.Path) -> tuple[nbformat.NotebookNode, str]:
-    """Run the notebook on a real kernel; its stream output; check it left no process behind."""
+def _execute(
+    path: pathlib.Path, tmp_path: pathlib.Path, others: tuple[int, ...] = ()
+) -> tuple[nbformat.NotebookNode, str]:
+    """Run the notebook on a real kernel; its stream output; check it left no process behind (``others``: pids of
+    this test's own services, such as a Ray node, whose workers come and go on their own)."""
     nb = nbformat.read(path, as_version=4)
     assert all(not c.get("outputs") for c in nb.cells if c.cell_type == "code"), "commit notebooks without outputs"
     assert "widgets" not in nb.metadata, "commit notebooks without widget state"
@@ -104,7 +107,8 @@ def _execute(path: pathlib.Path, tmp_path: pathlib.Path) -> tuple[nbformat.Noteb
     # timeout: a cell that runs 4 minutes hangs (every notebook runs in about 3 minutes in all)
     client = NotebookClient(nb, timeout=240, kernel_name="python3", resources={"metadata": {"path": str(tmp_path)}})
     client.execute()
-    left = {p.pid for p in psutil.Process().children(recursive=True)} - before
+    theirs = {c.pid for pid in others if psutil.pid_exists(pid) for c in psutil.Process(pid).children(recursive=True)}
+    left = {p.pid for p in psutil.Process().children(recursive=True)} - before - theirs
     assert not [p for p in left if psutil.pid_exists(p)], "the notebook must stop its cluster"
     # A print can reach the notebook as several stream messages (the kernel flushes on a timer, and under
     # load a flush can fall inside one line): a cell's chunks are joined as they came, cells by a newline.
