@@ -78,11 +78,16 @@ def connect_error(host: str, port: int, timeout: float) -> str:
         return str(exc)
 
 
-def likely_fix(reason: str) -> str:
-    """What a connection failure most likely means, in one clause."""
+def likely_fix(
+    reason: str,
+    unreachable: str = "the address is on a network this node has no route to (wrong interface)",
+    refused: str = "nothing listens there from this node's side (wrong address, or a loopback address)",
+    other: str = "a firewall drops the traffic, or the address is on the wrong interface",
+) -> str:
+    """What a connection failure most likely means, in one clause (the clauses: an engine's, by default)."""
     text = reason.lower()
     if "unreachable" in text or "no route" in text:
-        return "the address is on a network this node has no route to (wrong interface)"
+        return unreachable
     if "refused" in text:
-        return "nothing listens there from this node's side (wrong address, or a loopback address)"
-    return "a firewall drops the traffic, or the address is on the wrong interface"
+        return refused
+    return other

@@ -328,7 +328,14 @@ def _connect(ray: Any, address: str, tries: int = 3) -> None:
         where = urlparse(address)
         reason = net.connect_error(where.hostname or "", where.port or 10001, timeout=5)
         if reason:
-            raise ConnectionError(f"{reason} ({_why_not(reason)})")
+            why = net.likely_fix(
+                reason,
+                unreachable="no host answers at that address: is it the head's?",
+                refused="the host is there but nothing listens on that port: the head's Ray Client port is 10001 "
+                "by default",
+                other="a firewall or a network policy drops the traffic, or the head is not up yet",
+            )
+            raise ConnectionError(f"{reason} ({why})")
     for attempt in range(tries):
         try:
             ray.init(address=address, log_to_driver=True, logging_level=logging.WARNING)
@@ -337,16 +344,6 @@ def _connect(ray: Any, address: str, tries: int = 3) -> None:
             if attempt == tries - 1 or "Initialization failure" not in str(exc):
                 raise  # not there at all (Ray Client tried for about 35 s): no use trying again
             time.sleep(2.0)
-
-
-def _why_not(reason: str) -> str:
-    """What a Ray Client address that does not answer most likely means."""
-    text = reason.lower()
-    if "unreachable" in text or "no route" in text:
-        return "no host answers at that address: is it the head's?"
-    if "refused" in text:
-        return "the host is there but nothing listens on that port: the head's Ray Client port is 10001 by default"
-    return "a firewall or a network policy drops the traffic, or the head is not up yet"
 
 
 def _not_ready(ray: Any, group: Any) -> bool:
