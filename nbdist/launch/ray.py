@@ -33,6 +33,7 @@ import time
 from typing import Any
 from urllib.parse import urlparse
 
+from .. import wire
 from ..config import LauncherSpec, StartConfig
 from .across import ManyHostsLauncher
 
@@ -266,7 +267,8 @@ def main(argv: list[str]) -> int:
         os._exit(0)
 
     signal.signal(signal.SIGTERM, on_sigterm)
-    _watch_kernel(on_sigterm)  # the kernel is gone: end what this process holds
+    if not os.environ.get(wire.KEEP_ENV):  # a kept world (--keep) outlives its kernel; its engines end it
+        _watch_kernel(on_sigterm)  # the kernel is gone: end what this process holds
     while _not_ready(ray, group):  # the kernel's wait says this, and Ctrl-C there ends it (and so this process)
         free = {k: v for k, v in ray.available_resources().items() if k in ("CPU", "GPU")}
         _waiting(f"Ray has not placed the {args.n} rank(s) yet ({bundle} each; free now: {free})")

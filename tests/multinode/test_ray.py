@@ -160,3 +160,52 @@ def test_the_multinode_notebook_runs_its_cells_on_the_ray_cluster(ray_nodes, mon
     assert "hosts by rank: ['rnode1', 'rnode1', 'rnode2', 'rnode2']" in text, text
     assert "DDP across 2 host(s) == one process" in text
     assert _left(ray_nodes) == (0, 0)
+
+
+KEPT = """
+import json, sys, time, nbdist
+c = nbdist.start(n=N, launcher="ray", address=sys.argv[1], timeout=90, keep=KEEP)
+c.run("kept_value = 1000 + dist.get_rank()").raise_for_error()
+print(json.dumps({"pids": [r.pid for r in c.ranks]}), flush=True)
+time.sleep(600)
+"""
+
+
+def _start_and_kill_kernel(code: str, address: str) -> dict:
+    """A 'kernel' that starts a world and prints its pids, then SIGKILLed (no cleanup can run)."""
+    import json
+    import subprocess
+    import sys
+
+    kernel = subprocess.Popen([sys.executable, "-c", code, address], stdout=subprocess.PIPE, text=True)
+    try:
+        return next(json.loads(line) for line in kernel.stdout if line.startswith("{"))
+    finally:
+        kernel.kill()
+        kernel.wait()
+
+
+def test_a_kept_ray_world_is_attached_from_another_process_and_ends_by_itself_when_idle(ray_nodes, monkeypatch, tmp_path):
+    """--keep with the Ray launcher: the kernel dies and the world's actors stay; another process attaches to the
+    4 ranks on both nodes and finds their variables, and its %dist_stop leaves Ray nothing; a second kept world,
+    left idle past its time, ends by itself, actors and placement group too."""
+    monkeypatch.setenv("NBDIST_KEPT_DIR", str(tmp_path / "kept"))
+    tic = time.monotonic()
+    _start_and_kill_kernel(KEPT.replace("KEEP", "30").replace("N", "4"), ray_nodes.address)
+    print(f"kept world started and its kernel killed: {time.monotonic() - tic:.1f} s")
+    time.sleep(2)  # past the moment a driver that watched its kernel would have ended the world
+    actors, _ = (int(x) for x in ray_nodes.query(LEFT).split())
+    assert actors == 4, "kept: the ranks' actors outlive the kernel"
+    cluster = nbdist.attach()
+    try:
+        assert [r.host for r in cluster.ranks] == ["rnode1", "rnode1", "rnode2", "rnode2"]
+        cluster.run("t = torch.ones(1) * kept_value\ndist.all_reduce(t)\nsummed = t.item()").raise_for_error()
+        assert cluster.pull("summed") == [4006.0] * 4
+    finally:
+        cluster.stop()
+    assert _left(ray_nodes) == (0, 0), "%dist_stop in the attached process ends the kept world's actors"
+    print(f"attached, used and stopped: {time.monotonic() - tic:.1f} s")
+    _start_and_kill_kernel(KEPT.replace("KEEP", "3").replace("N", "2"), ray_nodes.address)
+    print(f"a second kept world started and its kernel killed: {time.monotonic() - tic:.1f} s")
+    assert _left(ray_nodes) == (0, 0), "an idle kept world ends by itself, and lets Ray go"
+    print(f"it ended by itself: {time.monotonic() - tic:.1f} s")
