@@ -11,6 +11,7 @@ import threading
 import time
 
 import pytest
+import torch
 
 import nbdist
 from nbdist.errors import ClusterError, RankError
@@ -209,3 +210,40 @@ def test_a_kept_ray_world_is_attached_from_another_process_and_ends_by_itself_wh
     print(f"a second kept world started and its kernel killed: {time.monotonic() - tic:.1f} s")
     assert _left(ray_nodes) == (0, 0), "an idle kept world ends by itself, and lets Ray go"
     print(f"it ended by itself: {time.monotonic() - tic:.1f} s")
+
+
+def test_a_rank_killed_mid_training_is_recovered_on_its_node_from_a_living_peer(ray_nodes, tmp_path):
+    """--max-restarts 1 on Ray: rank 3's engine (rnode2) SIGKILLed from outside mid-loop; the cell still succeeds:
+    a replacement actor on rnode2 takes the state from a living rank's memory, nothing is computed twice, and
+    the 4 replicas end equal. (That the result equals an uninterrupted run is tested on local ranks:
+    tests/integration/test_peer_recovery.py.)"""
+    from tests.helpers import poll
+    from tests.integration.test_peer_recovery import SETUP, STEPS, TRAIN, _progress
+
+    progress = str(tmp_path / "progress")  # the nodes share this filesystem
+    cluster = nbdist.start(4, launcher="ray", address=ray_nodes.address, timeout=90, max_restarts=1)
+    try:
+        cluster.run(f"PROGRESS = {progress!r}\n{SETUP}", setup=True).raise_for_error()
+        victim = cluster.ranks[3]
+
+        def kill() -> None:
+            poll(lambda: _progress(progress, 3) >= 10, within=HANG_S, every=0.005)
+            os.kill(victim.pid, signal.SIGKILL)
+
+        killer = threading.Thread(target=kill, daemon=True)
+        killer.start()
+        result = cluster.run(TRAIN, timeout=2 * HANG_S).raise_for_error()
+        killer.join(timeout=HANG_S)
+        [line] = result.recovered
+        assert line.startswith("rank(s) 3 died during the cell") and "(nothing recomputed)" in line, line
+        assert [r.host for r in cluster.ranks] == ["rnode1", "rnode1", "rnode2", "rnode2"]
+        assert cluster.ranks[3].pid != victim.pid
+        assert all(_progress(progress, r) == STEPS - 1 for r in range(4))  # every rank to the last step
+        cluster.run("n_params = len(list(model.parameters()))").raise_for_error()
+        final, params = cluster.pull("final"), cluster.pull("n_params")[0]
+        for rank in range(1, 4):  # the replicas' parameters (each rank's BatchNorm statistics are its own)
+            for mine, theirs in zip(final[rank][:params], final[0][:params], strict=True):
+                assert torch.equal(mine, theirs), rank
+    finally:
+        cluster.stop()
+    assert _left(ray_nodes) == (0, 0)
