@@ -35,7 +35,7 @@ system:
 test: $(STAMP) system
 	$(BIN)/ruff check nbdist tests benchmarks notebooks deploy
 	$(BIN)/mypy
-	OMP_NUM_THREADS=1 $(BIN)/python -m pytest -q -p no:cacheprovider tests
+	OMP_NUM_THREADS=1 $(BIN)/python -m pytest -q -p no:cacheprovider --durations=30 tests
 
 # The tests that need no cluster, no browser and no system package: under a minute, for the edit-test loop.
 unit: $(STAMP)

@@ -28,12 +28,17 @@ print(len(actors), len(groups))
 """
 
 
+def _held(ray_nodes) -> tuple[int, int]:
+    """Actors alive and placement groups not removed, now."""
+    actors, groups = (int(x) for x in ray_nodes.query(LEFT).split())
+    return actors, groups
+
+
 def _left(ray_nodes) -> tuple[int, int]:
     """Actors alive and placement groups not removed, once Ray has had a moment to end what was let go."""
     deadline, said = time.monotonic() + 30, (0, 0)
     while time.monotonic() < deadline:
-        a, g = (int(x) for x in ray_nodes.query(LEFT).split())
-        said = (a, g)
+        said = _held(ray_nodes)
         if said == (0, 0):
             break
         time.sleep(1)
@@ -51,17 +56,28 @@ def test_four_ranks_over_both_ray_nodes_train_as_one_process_and_stop_leaves_not
     try:
         assert [r.host for r in cluster.ranks] == ["rnode1", "rnode1", "rnode2", "rnode2"]
         check_ddp_against_one_process(cluster)
-        assert _left(ray_nodes)[0] == 4  # one actor per rank, while the world lives
+        assert _held(ray_nodes)[0] == 4  # one actor per rank, while the world lives
     finally:
         run_cell(ip, "%dist_stop")
     assert _left(ray_nodes) == (0, 0), "actors or placement groups outlived %dist_stop"
 
 
-def test_a_rank_killed_on_the_worker_node_is_named_and_restarted_there(ray_nodes):
-    """SIGKILL of rank 3's engine (on rnode2): the cell fails naming rank 3 and its host; %dist_restart places its
-    replacement on rnode2 again (the only node with a free CPU), and the world trains again."""
+def test_ctrl_c_in_a_collective_releases_every_rank_and_a_killed_rank_restarts_on_its_node(ray_nodes):
+    """One world of 4 ranks, two drills. Rank 3 (rnode2) sleeps while the others wait in all_reduce: Ctrl-C in the
+    notebook (SIGINT to the kernel, carried to each rank by ipyparallel's nanny) releases all four, none dies, and
+    the world works again. Then rank 3's engine is SIGKILLed: the cell fails naming rank 3 and its host, and
+    %dist_restart places its replacement on rnode2 again (the only node with a free CPU); the world trains again."""
     cluster = nbdist.start(4, launcher="ray", address=ray_nodes.address, timeout=90)
     try:
+        threading.Timer(2.0, os.kill, (os.getpid(), signal.SIGINT)).start()
+        tic = time.monotonic()
+        with pytest.raises(KeyboardInterrupt):
+            cluster.run("import time\nt = torch.ones(1)\nif dist.get_rank() == 3:\n    time.sleep(60)\ndist.all_reduce(t)")
+        assert time.monotonic() - tic < 30, "the interrupt did not release the ranks (the sleep ran out instead)"
+        assert cluster.dead_ranks() == []
+        again = cluster.run("t = torch.ones(1)\ndist.all_reduce(t)\nprint(t.item())", quiet=True).raise_for_error()
+        assert again.ranks[0].stdout == "4.0\n"
+
         victim = cluster.ranks[3]
         assert victim.host == "rnode2"
         os.kill(victim.pid, signal.SIGKILL)  # the namespaces share one pid space
@@ -75,23 +91,6 @@ def test_a_rank_killed_on_the_worker_node_is_named_and_restarted_there(ray_nodes
     finally:
         cluster.stop()
     assert _left(ray_nodes) == (0, 0)
-
-
-def test_ctrl_c_in_a_collective_across_ray_nodes_releases_every_rank(ray_nodes):
-    """Rank 3 (rnode2) sleeps while the others wait in all_reduce: Ctrl-C in the notebook (SIGINT to the kernel,
-    carried to each rank by ipyparallel's nanny) releases all four, none dies, and the world works again."""
-    cluster = nbdist.start(4, launcher="ray", address=ray_nodes.address, timeout=90)
-    try:
-        threading.Timer(2.0, os.kill, (os.getpid(), signal.SIGINT)).start()
-        tic = time.monotonic()
-        with pytest.raises(KeyboardInterrupt):
-            cluster.run("import time\nt = torch.ones(1)\nif dist.get_rank() == 3:\n    time.sleep(60)\ndist.all_reduce(t)")
-        assert time.monotonic() - tic < 30, "the interrupt did not release the ranks (the sleep ran out instead)"
-        assert cluster.dead_ranks() == []
-        again = cluster.run("t = torch.ones(1)\ndist.all_reduce(t)\nprint(t.item())", quiet=True).raise_for_error()
-        assert again.ranks[0].stdout == "4.0\n"
-    finally:
-        cluster.stop()
 
 
 def test_more_ranks_than_the_ray_cluster_holds_fail_at_once_naming_what_is_missing(ray_nodes):
@@ -135,7 +134,7 @@ def test_a_killed_kernel_leaves_no_actor_placement_group_or_engine(ray_nodes):
     try:
         pids = [int(p) for p in kernel.stdout.readline().split()]  # type: ignore[union-attr]
         assert len(pids) == 2, "the world did not start"
-        assert _left(ray_nodes)[0] == 2
+        assert _held(ray_nodes)[0] == 2
     finally:
         kernel.kill()
         kernel.wait()
@@ -195,8 +194,7 @@ def test_a_kept_ray_world_is_attached_from_another_process_and_ends_by_itself_wh
     _start_and_kill_kernel(KEPT.replace("KEEP", "30").replace("N", "4"), ray_nodes.address)
     print(f"kept world started and its kernel killed: {time.monotonic() - tic:.1f} s")
     time.sleep(2)  # past the moment a driver that watched its kernel would have ended the world
-    actors, _ = (int(x) for x in ray_nodes.query(LEFT).split())
-    assert actors == 4, "kept: the ranks' actors outlive the kernel"
+    assert _held(ray_nodes)[0] == 4, "kept: the ranks' actors outlive the kernel"
     cluster = nbdist.attach()
     try:
         assert [r.host for r in cluster.ranks] == ["rnode1", "rnode1", "rnode2", "rnode2"]
