@@ -15,7 +15,7 @@ import torch
 
 import nbdist
 from nbdist.errors import ClusterError, RankError
-from tests.helpers import check_ddp_against_one_process, run_cell
+from tests.helpers import check_ddp_against_one_process, poll, run_cell
 
 HANG_S = 120.0
 
@@ -77,6 +77,19 @@ def test_ctrl_c_in_a_collective_releases_every_rank_and_a_killed_rank_restarts_o
         assert cluster.dead_ranks() == []
         again = cluster.run("t = torch.ones(1)\ndist.all_reduce(t)\nprint(t.item())", quiet=True).raise_for_error()
         assert again.ranks[0].stdout == "4.0\n"
+
+        # %dist_where: the ranks on both nodes say where they are (SIGUSR1 through the nanny on rnode2)
+        behind = "import time\nt = torch.ones(1)\nif dist.get_rank() == 3:\n    time.sleep(8)\ndist.all_reduce(t)"
+        pending = cluster.run(behind, block=False)
+
+        def said() -> str:
+            text = "\n".join(cluster.where())
+            return text if "in all_reduce (inside torch.distributed)" in text and "time.sleep(8)" in text else ""
+
+        text = poll(said, within=HANG_S)
+        rank3 = text[text.index("rank 3 (engine") :]
+        assert "rnode2" in rank3.splitlines()[0] and "<-- behind: rank(s) 0, 1, 2 entered all_reduce" in rank3, text
+        pending.wait(timeout=HANG_S, show=False)
 
         victim = cluster.ranks[3]
         assert victim.host == "rnode2"
