@@ -29,6 +29,7 @@ import logging
 import os
 import signal
 import sys
+import threading
 import time
 from typing import Any
 from urllib.parse import urlparse
@@ -267,12 +268,18 @@ def main(argv: list[str]) -> int:
         os._exit(0)
 
     signal.signal(signal.SIGTERM, on_sigterm)
-    if not os.environ.get(wire.KEEP_ENV):  # a kept world (--keep) outlives its kernel; its engines end it
-        _watch_kernel(on_sigterm)  # the kernel is gone: end what this process holds
+    kept, placed = bool(os.environ.get(wire.KEEP_ENV)), threading.Event()
+
+    def kernel_gone() -> None:  # end what this process holds; a kept world (--keep) that has its ranks outlives
+        if not (kept and placed.is_set()):  # its kernel, and its engines end it once idle past --keep
+            on_sigterm()
+
+    _watch_kernel(kernel_gone)
     while _not_ready(ray, group):  # the kernel's wait says this, and Ctrl-C there ends it (and so this process)
         free = {k: v for k, v in ray.available_resources().items() if k in ("CPU", "GPU")}
         _waiting(f"Ray has not placed the {args.n} rank(s) yet ({bundle} each; free now: {free})")
     _waiting("")
+    placed.set()
     nodes = placement_group_table(group)["bundles_to_node_id"]
     ip = {n["NodeID"]: tuple(int(p) for p in n["NodeManagerAddress"].split(".") if p.isdigit()) for n in ray.nodes()}
     order = sorted(range(args.n), key=lambda i: (ip.get(nodes[i], ()), i))  # a node's ranks together, nodes by address
@@ -308,8 +315,6 @@ def main(argv: list[str]) -> int:
 def _watch_kernel(gone: Any) -> None:
     """Call ``gone()`` from a thread once the process that started this one (the kernel) has ended: we are
     re-parented (engine/parentwatch.py does the same for the controller and the engines)."""
-    import threading
-
     parent = os.getppid()
 
     def watch() -> None:

@@ -208,6 +208,18 @@ def test_a_kept_ray_world_is_attached_from_another_process_and_ends_by_itself_wh
     print(f"kept world started and its kernel killed: {time.monotonic() - tic:.1f} s")
     time.sleep(2)  # past the moment a driver that watched its kernel would have ended the world
     assert _held(ray_nodes)[0] == 4, "kept: the ranks' actors outlive the kernel"
+    # a second kept world whose kernel dies while Ray still waits for CPUs (the first holds them all): its driver
+    # has nothing placed to keep, so it ends and removes its placement group
+    import subprocess
+    import sys
+
+    waiting = subprocess.Popen([sys.executable, "-c", KEPT.replace("KEEP", "30").replace("N", "2"), ray_nodes.address])
+    try:
+        poll(lambda: _held(ray_nodes) == (4, 1), within=HANG_S)  # its group waits
+    finally:
+        waiting.kill()
+        waiting.wait()
+    poll(lambda: _held(ray_nodes) == (4, 0), within=HANG_S)
     cluster = nbdist.attach()
     try:
         assert [r.host for r in cluster.ranks] == ["rnode1", "rnode1", "rnode2", "rnode2"]
