@@ -7,7 +7,7 @@
  */
 import { JupyterFrontEnd, JupyterFrontEndPlugin } from '@jupyterlab/application';
 import { URLExt } from '@jupyterlab/coreutils';
-import { INotebookTracker, NotebookPanel } from '@jupyterlab/notebook';
+import { INotebookTracker, NotebookActions, NotebookPanel } from '@jupyterlab/notebook';
 import { IRenderMimeRegistry } from '@jupyterlab/rendermime';
 import { ServerConnection } from '@jupyterlab/services';
 
@@ -27,12 +27,20 @@ const IDLE_MS = 5000;
 
 class Follower {
   private seen = new Map<string, number>();
+  private ranHere = new Set<string>(); // ids of the cells this page itself ran
   private timer: number | undefined;
   private stopped = false;
 
   constructor(private panel: NotebookPanel, private settings: ServerConnection.ISettings) {
     panel.disposed.connect(() => this.stop());
     panel.sessionContext.kernelChanged.connect(() => this.schedule(0));
+    NotebookActions.executionScheduled.connect(this.onScheduled, this);
+  }
+
+  private onScheduled(_: unknown, args: { notebook: unknown; cell: { model: { id: string } } }): void {
+    if (args.notebook === this.panel.content) {
+      this.ranHere.add(args.cell.model.id);
+    }
   }
 
   start(): void {
@@ -42,6 +50,7 @@ class Follower {
   stop(): void {
     this.stopped = true;
     window.clearTimeout(this.timer);
+    NotebookActions.executionScheduled.disconnect(this.onScheduled, this);
   }
 
   private schedule(ms: number): void {
@@ -90,13 +99,14 @@ class Follower {
         continue;
       }
       const code = cell as any;
-      // A cell this page runs shows its own output; so does one it ran and saw to its end. The
-      // transcript may still say "running" for a run this page has just seen end (it was fetched
-      // before the end): the page's own count for a run it never filled tells that apart.
+      // A cell this page runs shows its own output; so does one it ran and saw to its end: a run of
+      // a cell this page ran, with the count its kernel replied, that it never filled. The transcript
+      // may still say "running" for it (fetched before the end). A count alone does not tell: a page
+      // opened later may load a notebook saved while another page showed a transcript.
       if (code.executionState === 'running') {
         continue;
       }
-      if (!this.seen.has(run) && code.executionCount === shown.count) {
+      if (!this.seen.has(run) && this.ranHere.has(cell.id) && code.executionCount === shown.count) {
         continue;
       }
       code.outputs.clear();

@@ -159,6 +159,8 @@ def test_close_the_page_mid_run_and_after_the_end_then_reopen(tmp_path, app):
             assert later == EXPECTED[: len(later)] and len(later) > len(first), (first, later)  # and it goes on
             steps_then = _longest_trace(page)
             assert 0 < steps_then < STEPS
+            page.keyboard.press("Control+s")  # saved mid-run: the file holds the lines so far, and the run's count
+            time.sleep(1)
             page.close()  # closed again; the cell ends while no page is open
 
             deadline = time.monotonic() + 120
