@@ -64,7 +64,9 @@ def raw_once(port: int) -> float:
     import ipyparallel as ipp
 
     tic = time.perf_counter()
+    here = os.getcwd()
     with tempfile.TemporaryDirectory(dir=os.path.expanduser("~")) as tmp:
+        os.chdir(tmp)  # ipyparallel writes its batch script (slurm_engine.sbatch) into the working directory
         cluster = ipp.Cluster(
             profile_dir=os.path.join(tmp, "profile"), n=2, engines="slurm", controller_ip="10.77.0.1", log_level=40
         )
@@ -78,6 +80,7 @@ def raw_once(port: int) -> float:
             rc.close()
         finally:
             cluster.stop_cluster_sync()
+            os.chdir(here)
     return seconds
 
 

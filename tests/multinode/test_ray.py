@@ -204,7 +204,7 @@ def test_a_kept_ray_world_is_attached_from_another_process_and_ends_by_itself_wh
     left idle past its time, ends by itself, actors and placement group too."""
     monkeypatch.setenv("NBDIST_KEPT_DIR", str(tmp_path / "kept"))
     tic = time.monotonic()
-    _start_and_kill_kernel(KEPT.replace("KEEP", "30").replace("N", "4"), ray_nodes.address)
+    _start_and_kill_kernel(KEPT.replace("KEEP", "180").replace("N", "4"), ray_nodes.address)  # ended by stop below
     print(f"kept world started and its kernel killed: {time.monotonic() - tic:.1f} s")
     time.sleep(2)  # past the moment a driver that watched its kernel would have ended the world
     assert _held(ray_nodes)[0] == 4, "kept: the ranks' actors outlive the kernel"
