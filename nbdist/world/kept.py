@@ -137,7 +137,10 @@ class Keeper:
     def touch(self) -> None:
         parentwatch.touch(os.path.join(self.workdir, wire.LEASE))
         if self.record is not None:
-            parentwatch.touch(self.record.path)
+            try:  # a sign of life on the record, never a new (empty) record once the world's is gone
+                os.utime(self.record.path)
+            except OSError:
+                pass
 
     def _beat(self) -> None:
         while not self._stop.wait(TOUCH_S):
@@ -183,8 +186,11 @@ def find(name: str | None = None) -> Record:
                 f"the kept world in {path} belongs to user {_user(owner)}, not to you ({_user(os.getuid())}); "
                 "only the user who started a world can attach to it. Start your own with %dist_start --keep 30m."
             )
-        with open(path) as fh:
-            record = Record(**json.load(fh))
+        try:
+            with open(path) as fh:
+                record = Record(**json.load(fh))
+        except (OSError, ValueError, TypeError):
+            continue  # not a whole record (gone meanwhile, or left empty by a process killed while writing it)
         if record.host != socket.gethostname():
             continue  # a shared home: a world kept on another host is not reachable from here
         ends, there = record.ends_at()
