@@ -41,7 +41,7 @@ def odd_ranks(reports: dict[int, dict[str, Any]]) -> dict[int, str]:
     counts = {r: (rep.get("collective") or {}).get("count") or 0 for r, rep in reports.items()}
     if len(set(counts.values())) > 1:
         low, high = min(counts.values()), max(counts.values())
-        ahead = [r for r, c in counts.items() if c == high]
+        ahead = sorted(r for r, c in counts.items() if c == high)
         op = (reports[ahead[0]].get("collective") or {}).get("op")
         return {
             r: f"behind: rank(s) {', '.join(map(str, ahead))} entered {op} #{high}; this rank is at #{low}"
@@ -57,7 +57,7 @@ def odd_ranks(reports: dict[int, dict[str, Any]]) -> dict[int, str]:
     if rest and n > rest[0][1]:
         return {
             r: f"at cell line {rep.get('cell_line')}; the others are at line {common}"
-            for r, rep in reports.items()
+            for r, rep in sorted(reports.items())
             if rep.get("cell_line") != common
         }
     return {}

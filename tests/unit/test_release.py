@@ -193,6 +193,11 @@ def _rep(busy=True, line=None, count=0, inside=False, op="all_reduce"):
 def test_the_odd_rank_is_the_one_behind_the_one_outside_or_the_one_still_busy():
     behind = odd_ranks({0: _rep(line=5, count=3, inside=True), 1: _rep(line=4, count=2)})
     assert list(behind) == [1] and "rank(s) 0 entered all_reduce #3" in behind[1]
+    # reports arrive in any order (here as the ranks answered): the line names ranks in order
+    late = odd_ranks(
+        {0: _rep(line=5, count=5), 2: _rep(line=5, count=5), 3: _rep(line=4, count=3), 1: _rep(line=5, count=5)}
+    )
+    assert late == {3: "behind: rank(s) 0, 1, 2 entered all_reduce #5; this rank is at #3"}
     outside = odd_ranks(
         {0: _rep(line=5, count=2, inside=True), 1: _rep(line=4, count=2), 2: _rep(line=5, count=2, inside=True)}
     )
