@@ -35,6 +35,13 @@ CPUS = 2  # per node
 STATE_FILE = "/tmp/nbdist-raynodes.dir"  # where `up` left its directory, for `down`
 
 
+def _env() -> dict[str, str]:
+    """Ray 2.60 turns token authentication on for `ray start` when ~/.ray/auth_token exists (a local `ray.init()`
+    writes one); the test cluster and the tests' looks at it say "disabled", so such a file cannot lock the
+    notebook side out."""
+    return {**os.environ, "RAY_AUTH_MODE": "disabled"}
+
+
 def unavailable() -> str:
     """Why a two-node Ray cluster cannot run here ('' when it can)."""
     if sys.platform != "linux":
@@ -94,6 +101,7 @@ class TwoNodeRay:
                     stdout=log,
                     stderr=subprocess.STDOUT,
                     start_new_session=True,
+                    env=_env(),
                 )
                 log.close()
                 with open(os.path.join(self.workdir, f"{name}.pgid"), "w") as fh:
@@ -121,7 +129,7 @@ class TwoNodeRay:
         script = f"import ray\nray.init(address={NODES[HEAD] + ':' + str(GCS_PORT)!r}, log_to_driver=False)\n"
         script += textwrap.dedent(code)
         head = ["nsenter", f"--net=/var/run/netns/nb{HEAD}", sys.executable, "-c", script]
-        done = subprocess.run(head, capture_output=True, text=True, timeout=timeout)
+        done = subprocess.run(head, capture_output=True, text=True, timeout=timeout, env=_env())
         if done.returncode != 0:
             raise RuntimeError(f"a Ray query failed: {done.stderr.strip()[-800:]}")
         return done.stdout
@@ -141,6 +149,7 @@ class TwoNodeRay:
                 ["nsenter", f"--net=/var/run/netns/nb{HEAD}", ray, "status", "--address", f"{NODES[HEAD]}:{GCS_PORT}"],
                 capture_output=True,
                 text=True,
+                env=_env(),
             )
             said = done.stdout
             active = said.split("Active:", 1)[1].split("Pending:", 1)[0] if "Active:" in said else ""
