@@ -11,6 +11,8 @@
    ``--launcher slurm -n 4 --nodes 2`` and ``--launcher ray -n 4`` against raw Ray, what a Ray user writes
    (``ray.init``, a placement group, one actor per rank, ``init_process_group`` with rank 0's address and
    the interface set by hand, one all_reduce), alternating in one run.
+4. On the Ray cluster, warm starts against cold (``NBDIST_WARM=0``), alternating: 4 ranks started until a
+   collective runs, then rank 3's engine killed and ``%dist_restart 3`` until a collective runs again.
 
     python benchmarks/multinode.py [--rounds 5] [--ray-rounds 3] [--part all|slurm|ray]
 """
@@ -154,6 +156,32 @@ def raw_ray_once(address: str, n: int, port: int) -> float:
         ray.shutdown()
 
 
+def ray_restart_once(address: str, warm: bool) -> tuple[float, float]:
+    """nbdist --launcher ray, 4 ranks: (start until a collective ran, ``%dist_restart 3`` until one ran again),
+    warm (the default: the world's driver starts the replacement, forked from its node's warm process) or cold
+    (NBDIST_WARM=0: each rank a fresh interpreter, each engine set a driver of its own, as before warm starts)."""
+    import signal
+
+    import nbdist
+
+    os.environ["NBDIST_WARM"] = "1" if warm else "0"
+    try:
+        tic = time.perf_counter()
+        cluster = nbdist.start(n=4, launcher="ray", address=address, timeout=120, progress=lambda line: None)
+        try:
+            cluster.run("x = torch.ones(1); dist.all_reduce(x)", quiet=True).raise_for_error()
+            start = time.perf_counter() - tic
+            os.kill(cluster.ranks[3].pid, signal.SIGKILL)  # what a restart replaces: a dead rank
+            tic = time.perf_counter()
+            cluster.restart([3])
+            cluster.run("x = torch.ones(1); dist.all_reduce(x)", quiet=True).raise_for_error()
+            return start, time.perf_counter() - tic
+        finally:
+            cluster.stop()
+    finally:
+        del os.environ["NBDIST_WARM"]
+
+
 def ray_part(rounds: int, slurm_four: list[float]) -> dict:
     from tests.raynodes import NODES as RAY_NODES
     from tests.raynodes import TwoNodeRay
@@ -174,12 +202,24 @@ def ray_part(rounds: int, slurm_four: list[float]) -> dict:
                     seconds, startup = nbdist_once(4, tuple(RAY_NODES), launcher="ray", address=nodes.address)
                     ours.append(seconds)
                     phases.append(startup)
+        warm: dict[str, list[float]] = {"start_warm": [], "start_cold": [], "restart_warm": [], "restart_cold": []}
+        for i in range(rounds):
+            for how in ("warm", "cold") if i % 2 == 0 else ("cold", "warm"):
+                start_s, restart_s = ray_restart_once(nodes.address, how == "warm")
+                warm[f"start_{how}"].append(start_s)
+                warm[f"restart_{how}"].append(restart_s)
+    restart = {k: stats(v) for k, v in warm.items()}
+    print("nbdist --launcher ray, 4 ranks, warm (default) against NBDIST_WARM=0 (each rank cold), medians:")
+    for what in ("start", "restart"):
+        print(
+            f"  {what:8} warm {restart[what + '_warm']['median']:.2f} s   cold {restart[what + '_cold']['median']:.2f} s"
+        )
     start = {"nbdist_ray": stats(ours), "raw_ray": stats(raw), "nbdist_slurm": stats(slurm_four)}
     print(f"start until a collective runs, 4 ranks on 2 nodes (medians; Slurm of {len(slurm_four)}, Ray of {rounds}):")
     print(f"  nbdist --launcher slurm  {start['nbdist_slurm']['median']:.2f} s")
     print(f"  nbdist --launcher ray    {start['nbdist_ray']['median']:.2f} s")
     print(f"  raw Ray + init by hand   {start['raw_ray']['median']:.2f} s")
-    return {"start_4_ranks": start, "nbdist_ray_phases": phases}
+    return {"start_4_ranks": start, "nbdist_ray_phases": phases, "ray_warm_against_cold": restart}
 
 
 BANDWIDTH = """

@@ -19,9 +19,7 @@ that ends does not take running engines with it. ``NBDIST_WARM=0`` turns warming
 from __future__ import annotations
 
 import atexit
-import json
 import os
-import select
 import subprocess
 import sys
 import threading
@@ -101,23 +99,10 @@ class Server:
         """Fork an engine for this job; its pid, or None if the server cannot (then start cold)."""
         with self.lock:
             try:
-                self.proc.stdin.write(json.dumps(job).encode() + b"\n")  # type: ignore[union-attr]
-                self.proc.stdin.flush()  # type: ignore[union-attr]
-                out = self.proc.stdout.fileno()  # type: ignore[union-attr]
-                line = b""
-                deadline = time.monotonic() + timeout
-                while not line.endswith(b"\n"):
-                    left = deadline - time.monotonic()
-                    if left <= 0 or not select.select([out], [], [], left)[0]:
-                        raise TimeoutError
-                    chunk = os.read(out, 64)
-                    if not chunk:
-                        raise EOFError
-                    line += chunk
+                pid = procs.ask_fork(self.proc, job, timeout)
             except (OSError, TimeoutError, EOFError):
                 self.close(kill=True)
                 return None
-        pid = int(line.strip() or -1)
         return pid if pid > 0 else None
 
     def close(self, kill: bool = False, timeout: float = 3.0) -> None:

@@ -105,3 +105,24 @@ def process_env(threads: int, keep: float | str | None = None) -> dict[str, str]
     if keep is not None:
         env[wire.KEEP_ENV] = str(float(keep))
     return env
+
+
+def ask_fork(proc: Any, job: dict[str, Any], timeout: float) -> int:
+    """Hand a job to a warm process (engine/warm.py) through its pipes and read back the pid of the engine it
+    forked (-1: it could not). Raises OSError, TimeoutError or EOFError when it does not answer."""
+    import json
+    import select
+    import time
+
+    proc.stdin.write(json.dumps(job).encode() + b"\n")
+    proc.stdin.flush()
+    out, line, deadline = proc.stdout.fileno(), b"", time.monotonic() + timeout
+    while not line.endswith(b"\n"):
+        left = deadline - time.monotonic()
+        if left <= 0 or not select.select([out], [], [], left)[0]:
+            raise TimeoutError
+        chunk = os.read(out, 64)
+        if not chunk:
+            raise EOFError
+        line += chunk
+    return int(line.strip() or -1)

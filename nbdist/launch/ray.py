@@ -1,7 +1,7 @@
 """``--launcher ray``: each rank's engine in a process that Ray places on its nodes (a KubeRay cluster, a Ray
 cluster on Slurm, or one started by hand), so a notebook on Kubernetes gets what a notebook on Slurm has.
 
-Two sides, one file:
+Two sides (this file; the driver's world and its serving are rayworld.py and rayserve.py):
 
 - in the kernel, ``RayLauncher`` (a ``ManyHostsLauncher``): the controller binds the interface that routes to
   the Ray address, and the engine set is one local process, this module run as a program (``RayEngines``, an
@@ -9,13 +9,13 @@ Two sides, one file:
 - that process is a Ray driver (``ray.init(address)``: ``ray://head:10001`` from outside the cluster through Ray
   Client, as a Zero to JupyterHub pod reaches KubeRay; the local node, or ``RAY_ADDRESS``, from inside). It
   checks that the cluster has the CPUs and GPUs for every rank at all (else it says what is missing, at once),
-  places all the ranks or none with a placement group (``PACK``: ranks of a node together), orders them node by
-  node, and starts one actor per rank on the node its bundle got; each actor runs nbdist's engine as its child
-  (``NBDIST_LAUNCH_RANK`` orders the ranks). The group is removed once the actors hold their CPUs and GPUs, so
-  a rank replaced later (``%dist_restart``, recovery) is placed as a new engine set of its own.
+  and places and starts the ranks (rayworld.py: all or none, a node's ranks together, one actor per rank, each
+  engine a fork of its node's warm process). ``NBDIST_LAUNCH_RANK`` orders the ranks.
+- a later engine set of the same world (``%dist_restart``, recovery, ``%dist_grow``) is this program too, but it
+  asks the world's first driver to start its ranks (rayserve.py) instead of connecting to Ray itself.
 
 While the process lives the engines live; when it ends (``%dist_stop``, the kernel's death: it watches the
-kernel) it stops every engine, kills every actor it made and removes its placement group, and Ray ends the
+kernel) it stops every engine, kills every actor it made and removes its placement groups, and Ray ends the
 actors of a driver that is gone in any case. Signals reach the engines through ipyparallel's nanny, as on Slurm.
 The engines read the cluster's 0600 connection file from its private directory, which the Ray nodes must see (a
 home directory on shared storage, or ``$NBDIST_WORKDIR``), as with Slurm.
@@ -36,10 +36,12 @@ from urllib.parse import urlparse
 
 from .. import wire
 from ..config import LauncherSpec, StartConfig
+from . import rayserve, rayworld
 from .across import ManyHostsLauncher
 
 RAY_RANGE = ((2, 40), (3, 0))  # the Ray versions this launcher is tested with: from 2.40 up to, not with, 3.0
-RANK_VAR = "NBDIST_LAUNCH_RANK"
+RANK_VAR = rayworld.RANK_VAR
+missing = rayworld.missing
 PREFLIGHT = "preflight-ray.txt"  # in the cluster's directory: registration stops at once with its line
 WAITING = "ray-waiting.txt"  # what the placement waits for, while it waits (RayLauncher.queue reads it)
 PASSED = ("NBDIST_", "IPP_", "OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS", "NUMBA_NUM_THREADS")
@@ -118,7 +120,6 @@ def _engines() -> type:
     return RayEngines
 
 
-
 # ----------------------------------------------------------------------------- the driver process
 
 
@@ -132,44 +133,6 @@ def check_version(version: str) -> str:
         f"Ray {version} is outside the versions --launcher ray is tested with ({low[0]}.{low[1]} up to, not with, "
         f"{high[0]}.{high[1]}); pip install 'ray[client]>={low[0]}.{low[1]},<{high[0]}.{high[1]}'."
     )
-
-
-def missing(need: dict[str, float], total: dict[str, float]) -> str:
-    """What the cluster lacks for ``need`` at all (its whole size, not what is free now), in words; ''."""
-    short = [f"{need[k]:g} {k} (it has {total.get(k, 0):g})" for k in need if need[k] and total.get(k, 0) < need[k]]
-    return ", ".join(short)
-
-
-class _Engine:
-    """A Ray actor holding one rank's engine, its child."""
-
-    def start(self, cmd: list[str], env: dict[str, str]) -> tuple[str, int]:
-        import socket
-        import subprocess
-
-        self.proc = subprocess.Popen(cmd, env={**os.environ, **env}, preexec_fn=_die_with_parent)
-        return socket.gethostname(), self.proc.pid
-
-    def poll(self) -> int | None:
-        return self.proc.poll()
-
-    def stop(self) -> None:
-        if self.proc.poll() is None:
-            self.proc.kill()
-            self.proc.wait()
-
-
-def _die_with_parent() -> None:
-    """In the engine, before it runs: end with the actor that started it (prctl PR_SET_PDEATHSIG), and take
-    signals as a process of its own would: a Ray worker ignores SIGINT, and an ignored signal stays ignored
-    across exec, so the engine would never see an interrupt (Python installs its SIGINT handler only where the
-    signal is at its default)."""
-    import ctypes
-
-    for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGUSR1, signal.SIGUSR2):
-        signal.signal(sig, signal.SIG_DFL)
-    signal.pthread_sigmask(signal.SIG_SETMASK, [])
-    ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGKILL)
 
 
 def _say_preflight(line: str) -> None:
@@ -204,6 +167,14 @@ def main(argv: list[str]) -> int:
     parser.add_argument("-n", type=int, required=True)
     parser.add_argument("command", nargs=argparse.REMAINDER)
     args = parser.parse_args(argv)
+    cluster_dir = os.environ.get("NBDIST_CLUSTER_DIR", "")
+    served = (
+        None
+        if not rayworld.warm_enabled()
+        else rayserve.ask(cluster_dir, args.n, args.command, say=_say, waiting=_waiting, preflight=_say_preflight)
+    )
+    if served is not None:  # the world's driver started them, warm, and they have ended
+        return served
     low, high = RAY_RANGE
     try:
         import ray
@@ -217,9 +188,6 @@ def main(argv: list[str]) -> int:
     if why:
         _say_preflight(why)
         return 2
-    from ray.util.placement_group import placement_group, placement_group_table, remove_placement_group
-    from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
-
     try:
         _connect(ray, args.address or "auto")
     except Exception as exc:
@@ -229,42 +197,19 @@ def main(argv: list[str]) -> int:
             "ray://HEAD:10001 (Ray Client), or start the notebook on a Ray node."
         )
         return 2
-    need = {"CPU": args.cpus * args.n, "GPU": args.gpus * args.n}
-    short = missing(need, ray.cluster_resources())
+    env = {k: v for k, v in os.environ.items() if k.startswith(PASSED) and k != "NBDIST_PARENT_PID"}
+    world = rayworld.World(ray, args.cpus, args.gpus, env)
+    short = world.cannot_hold(args.n)
     if short:
-        _say_preflight(
-            f"the Ray cluster cannot hold {args.n} rank(s) of {args.cpus:g} CPU"
-            + (f" and {args.gpus:g} GPU" if args.gpus else "")
-            + f" each: it lacks {short}. Start fewer ranks (-n), add Ray nodes, or ask less per rank (--threads)."
-        )
+        _say_preflight(short)
         return 2
-    bundle = {"CPU": args.cpus, **({"GPU": args.gpus} if args.gpus else {})}
-    group = placement_group([bundle] * args.n, strategy="PACK")
-    actors: list[Any] = []
-    done = False
-
-    def clean_up(*_: Any) -> None:
-        nonlocal done
-        if done:
-            return
-        done = True
-        for actor in actors:
-            try:
-                ray.get(actor.stop.remote(), timeout=5)
-            except Exception:  # gone already (let go above), or its node is
-                pass
-            try:
-                ray.kill(actor)
-            except Exception:
-                pass
-        try:
-            remove_placement_group(group)
-        except Exception:
-            pass
-        _waiting("")
+    server: rayserve.Server | None = None
 
     def on_sigterm(*_: Any) -> None:
-        clean_up()
+        if server is not None:
+            server.close()
+        world.clean_up()
+        _waiting("")
         os._exit(0)
 
     signal.signal(signal.SIGTERM, on_sigterm)
@@ -275,41 +220,30 @@ def main(argv: list[str]) -> int:
             on_sigterm()
 
     _watch_kernel(kernel_gone)
-    while _not_ready(ray, group):  # the kernel's wait says this, and Ctrl-C there ends it (and so this process)
-        free = {k: v for k, v in ray.available_resources().items() if k in ("CPU", "GPU")}
-        _waiting(f"Ray has not placed the {args.n} rank(s) yet ({bundle} each; free now: {free})")
-    _waiting("")
-    placed.set()
-    nodes = placement_group_table(group)["bundles_to_node_id"]
-    ip = {n["NodeID"]: tuple(int(p) for p in n["NodeManagerAddress"].split(".") if p.isdigit()) for n in ray.nodes()}
-    order = sorted(range(args.n), key=lambda i: (ip.get(nodes[i], ()), i))  # a node's ranks together, nodes by address
-    remove_placement_group(group)  # the actors below hold the same CPUs and GPUs on the same nodes
-    engine = ray.remote(_Engine)
-    env = {k: v for k, v in os.environ.items() if k.startswith(PASSED) and k != "NBDIST_PARENT_PID"}
-    for i in order:
-        actor = engine.options(
-            num_cpus=args.cpus,
-            num_gpus=args.gpus,
-            scheduling_strategy=NodeAffinitySchedulingStrategy(nodes[i], soft=False),
-        ).remote()
-        actors.append(actor)
-    started = ray.get([a.start.remote(args.command, {**env, RANK_VAR: str(r)}) for r, a in enumerate(actors)])
-    for rank, (host, pid) in enumerate(started):
-        print(f"nbdist: launch rank {rank} on {host}, pid {pid}", flush=True)
-    live, worst = dict(enumerate(actors)), 0
     try:
-        while live:  # an engine that ended gives its CPUs and GPUs back at once: its replacement may need them
-            codes = ray.get([a.poll.remote() for a in live.values()])
-            for (rank, actor), code in zip(list(live.items()), codes, strict=True):
-                if code is not None:
-                    print(f"nbdist: launch rank {rank}'s engine ended ({code}); its actor is let go", flush=True)
-                    ray.kill(actor)
-                    del live[rank]
-                    worst = max(worst, abs(code))
+        # the kernel's wait says what the placement waits for, and Ctrl-C there ends it (and so this process)
+        first = world.start(args.n, args.command, say=_say, waiting=_waiting, placed=placed.set)
+        if cluster_dir and rayworld.warm_enabled():
+            server = rayserve.Server(cluster_dir, world)  # the world's later engine sets start here, warm
+        worst = 0
+        while True:  # an engine that ended gives its CPUs and GPUs back at once: its replacement may need them
+            for gid, code in world.poll(_say):
+                if gid == first:
+                    worst = code
+                elif server is not None:
+                    server.finished(gid, code)
+            if not world.busy():
+                return worst
             time.sleep(0.5)
-        return worst
     finally:
-        clean_up()
+        if server is not None:
+            server.close()
+        world.clean_up()
+        _waiting("")
+
+
+def _say(line: str) -> None:
+    print(line, flush=True)
 
 
 def _watch_kernel(gone: Any) -> None:
@@ -351,11 +285,6 @@ def _connect(ray: Any, address: str, tries: int = 3) -> None:
             if attempt == tries - 1 or "Initialization failure" not in str(exc):
                 raise  # not there at all (Ray Client tried for about 35 s): no use trying again
             time.sleep(2.0)
-
-
-def _not_ready(ray: Any, group: Any) -> bool:
-    ready, _ = ray.wait([group.ready()], timeout=0.5)
-    return not ready
 
 
 if __name__ == "__main__":

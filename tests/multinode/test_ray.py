@@ -10,6 +10,7 @@ import signal
 import threading
 import time
 
+import psutil
 import pytest
 import torch
 
@@ -26,6 +27,25 @@ actors = [a for a in state.actors().values() if a["State"] != "DEAD"]
 groups = [g for g in ray.util.placement_group_table().values() if g["state"] != "REMOVED"]
 print(len(actors), len(groups))
 """
+
+
+# Ray drivers connected now, besides this query's own: a Ray world's engine sets share its first driver (a later
+# one, as %dist_restart starts, is started by that driver, warm, instead of connecting to Ray itself).
+DRIVERS = """
+from ray._private import state
+print(sum(1 for j in state.jobs() if not j["IsDead"]) - 1)
+"""
+
+
+def _drivers(ray_nodes) -> int:
+    return int(ray_nodes.query(DRIVERS))
+
+
+def _warm_parent(pid: int) -> int:
+    """The pid of the node's warm process that forked this engine (it fails where the engine started cold)."""
+    parent = psutil.Process(pid).parent()
+    assert parent is not None and "nbdist.engine.warm" in " ".join(parent.cmdline()), f"engine {pid} started cold"
+    return parent.pid
 
 
 def _held(ray_nodes) -> tuple[int, int]:
@@ -56,7 +76,10 @@ def test_four_ranks_over_both_ray_nodes_train_as_one_process_and_stop_leaves_not
     try:
         assert [r.host for r in cluster.ranks] == ["rnode1", "rnode1", "rnode2", "rnode2"]
         check_ddp_against_one_process(cluster)
-        assert _held(ray_nodes)[0] == 4  # one actor per rank, while the world lives
+        assert _held(ray_nodes)[0] == 6  # one actor per rank and one per node (its warm process), while it lives
+        # every engine is a fork of its node's warm process (torch imported once per node)
+        warm = [_warm_parent(r.pid) for r in cluster.ranks]
+        assert warm[0] == warm[1] != warm[2] == warm[3], warm
     finally:
         run_cell(ip, "%dist_stop")
     assert _left(ray_nodes) == (0, 0), "actors or placement groups outlived %dist_stop"
@@ -93,6 +116,8 @@ def test_ctrl_c_in_a_collective_releases_every_rank_and_a_killed_rank_restarts_o
 
         victim = cluster.ranks[3]
         assert victim.host == "rnode2"
+        warm = _warm_parent(victim.pid)
+        assert _drivers(ray_nodes) == 1
         os.kill(victim.pid, signal.SIGKILL)  # the namespaces share one pid space
         result = cluster.run("import time\nt = torch.ones(1)\ntime.sleep(1)\ndist.all_reduce(t)", timeout=HANG_S)
         with pytest.raises(RankError) as err:
@@ -100,6 +125,9 @@ def test_ctrl_c_in_a_collective_releases_every_rank_and_a_killed_rank_restarts_o
         assert "rank 3" in str(err.value) and "rnode2" in str(err.value), str(err.value)
         cluster.restart([3])
         assert [r.host for r in cluster.ranks] == ["rnode1", "rnode1", "rnode2", "rnode2"]
+        # the replacement was started by the world's own driver (no second connection to Ray), and forked from
+        # rnode2's warm process like the rank it replaces
+        assert _drivers(ray_nodes) == 1 and _warm_parent(cluster.ranks[3].pid) == warm
         check_ddp_against_one_process(cluster)
     finally:
         cluster.stop()
@@ -147,7 +175,7 @@ def test_a_killed_kernel_leaves_no_actor_placement_group_or_engine(ray_nodes):
     try:
         pids = [int(p) for p in kernel.stdout.readline().split()]  # type: ignore[union-attr]
         assert len(pids) == 2, "the world did not start"
-        assert _held(ray_nodes)[0] == 2
+        assert _held(ray_nodes)[0] == 3  # two ranks on rnode1 (the placement packs them) and its warm process
     finally:
         kernel.kill()
         kernel.wait()
@@ -207,7 +235,7 @@ def test_a_kept_ray_world_is_attached_from_another_process_and_ends_by_itself_wh
     _start_and_kill_kernel(KEPT.replace("KEEP", "180").replace("N", "4"), ray_nodes.address)  # ended by stop below
     print(f"kept world started and its kernel killed: {time.monotonic() - tic:.1f} s")
     time.sleep(2)  # past the moment a driver that watched its kernel would have ended the world
-    assert _held(ray_nodes)[0] == 4, "kept: the ranks' actors outlive the kernel"
+    assert _held(ray_nodes)[0] == 6, "kept: the ranks' actors (and the nodes' warm ones) outlive the kernel"
     # a second kept world whose kernel dies while Ray still waits for CPUs (the first holds them all): its driver
     # has nothing placed to keep, so it ends and removes its placement group
     import subprocess
@@ -215,11 +243,11 @@ def test_a_kept_ray_world_is_attached_from_another_process_and_ends_by_itself_wh
 
     waiting = subprocess.Popen([sys.executable, "-c", KEPT.replace("KEEP", "30").replace("N", "2"), ray_nodes.address])
     try:
-        poll(lambda: _held(ray_nodes) == (4, 1), within=HANG_S)  # its group waits
+        poll(lambda: _held(ray_nodes) == (6, 1), within=HANG_S)  # its group waits
     finally:
         waiting.kill()
         waiting.wait()
-    poll(lambda: _held(ray_nodes) == (4, 0), within=HANG_S)
+    poll(lambda: _held(ray_nodes) == (6, 0), within=HANG_S)
     cluster = nbdist.attach()
     try:
         assert [r.host for r in cluster.ranks] == ["rnode1", "rnode1", "rnode2", "rnode2"]
@@ -248,6 +276,7 @@ def test_a_rank_killed_mid_training_is_recovered_on_its_node_from_a_living_peer(
     try:
         cluster.run(f"PROGRESS = {progress!r}\n{SETUP}", setup=True).raise_for_error()
         victim = cluster.ranks[3]
+        warm = _warm_parent(victim.pid)
 
         def kill() -> None:
             poll(lambda: _progress(progress, 3) >= 10, within=HANG_S, every=0.005)
@@ -260,7 +289,7 @@ def test_a_rank_killed_mid_training_is_recovered_on_its_node_from_a_living_peer(
         [line] = result.recovered
         assert line.startswith("rank(s) 3 died during the cell") and "(nothing recomputed)" in line, line
         assert [r.host for r in cluster.ranks] == ["rnode1", "rnode1", "rnode2", "rnode2"]
-        assert cluster.ranks[3].pid != victim.pid
+        assert cluster.ranks[3].pid != victim.pid and _warm_parent(cluster.ranks[3].pid) == warm  # forked, warm
         assert all(_progress(progress, r) == STEPS - 1 for r in range(4))  # every rank to the last step
         cluster.run("n_params = len(list(model.parameters()))").raise_for_error()
         final, params = cluster.pull("final"), cluster.pull("n_params")[0]

@@ -35,3 +35,84 @@ def test_ray_options_need_the_ray_launcher_and_sane_values():
     assert isinstance(launcher, raylaunch.RayLauncher)
     assert launcher.node_addresses(config) == ["10.0.0.7"]  # the controller binds the interface that reaches it
     assert launcher.node_addresses(StartConfig(n=2, launcher="ray", address="10.0.0.8:6379")) == ["10.0.0.8"]
+
+
+class _Groups:
+    """The part of rayworld.World that the world's driver serves later engine sets from, over its real socket:
+    a group 'starts' at once, and says so as the real one does."""
+
+    def __init__(self, short: str = "") -> None:
+        self.short, self.stopped, self.started = short, [], []
+
+    def cannot_hold(self, n: int) -> str:
+        return self.short
+
+    def start(self, n, command, say, waiting, gone) -> int:
+        waiting("Ray has not placed the 1 rank(s) yet")
+        say(f"nbdist: launch rank 0 on rnode2, pid 4242 ({' '.join(command)})")
+        self.started.append(n)
+        return 7
+
+    def stop_group(self, gid: int) -> None:
+        self.stopped.append(gid)
+
+
+def test_a_later_engine_set_is_served_by_the_worlds_driver_and_its_ranks_end_with_it(tmp_path):
+    """rayserve over its real Unix socket: what the asker hears, its ranks' exit code, its ranks ended when it
+    leaves first, the cluster's 'cannot hold' line, and no driver (or a dead one's socket) means 'start them
+    yourself'. The socket is the user's only (0600)."""
+    import os
+    import socket
+    import stat
+    import threading
+
+    from nbdist.launch import rayserve
+
+    heard: list[str] = []
+
+    def ask(**how):
+        return rayserve.ask(
+            str(tmp_path),
+            1,
+            ["python", "-m", "nbdist.engine"],
+            say=heard.append,
+            waiting=heard.append,
+            preflight=lambda line: heard.append("PREFLIGHT " + line),
+            **how,
+        )
+
+    assert ask() is None  # no driver serves this world: the engine set connects to Ray itself
+    world = _Groups()
+    server = rayserve.Server(str(tmp_path), world)
+    try:
+        assert stat.S_IMODE(os.stat(rayserve.path(str(tmp_path))).st_mode) == 0o600
+        threading.Timer(0.5, server.finished, (7, 3)).start()  # its rank's engine ends with code 3
+        assert ask() == 3 and world.started == [1]
+        assert heard == [
+            "Ray has not placed the 1 rank(s) yet",
+            "nbdist: launch rank 0 on rnode2, pid 4242 (python -m nbdist.engine)",
+        ]
+        assert world.stopped == []  # it ended by itself: nothing to stop
+
+        # the asker leaves while its rank runs (%dist_stop, Ctrl-C): the world's driver ends that rank
+        conn = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        conn.connect(rayserve.path(str(tmp_path)))
+        conn.sendall(b'{"n": 1, "command": ["python"]}\n')
+        said = conn.makefile("rb")
+        assert [said.readline() for _ in range(3)][2] == b'{"started": true}\n'
+        said.close()
+        conn.close()
+        from tests.helpers import poll
+
+        poll(lambda: world.stopped == [7], within=10)
+
+        world.short = "the Ray cluster cannot hold 1 rank(s) of 1 CPU each: it lacks 1 CPU (it has 0)."
+        heard.clear()
+        assert ask() == 2 and heard == ["PREFLIGHT " + world.short]
+    finally:
+        server.close()
+    assert not os.path.exists(rayserve.path(str(tmp_path)))
+    dead = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)  # a driver SIGKILLed leaves its socket behind
+    dead.bind(rayserve.path(str(tmp_path)))
+    dead.close()
+    assert ask() is None

@@ -1,0 +1,175 @@
+"""A world's Ray driver serves the world's later engine sets, so a replaced or added rank starts warm.
+
+Each engine set of a Ray world is a driver process (ray.py's ``main``). The first one connects to Ray (through
+Ray Client: seconds), and holds the nodes' warm processes (rayworld.py). A later engine set of the same world
+(``%dist_restart``, automatic recovery, ``%dist_grow``) would pay all that again; instead its driver first asks
+the world's first driver, through a Unix socket in the cluster's private directory (0700, the socket 0600, and
+only a peer of the same user is heard), to place and start its ranks there. It relays what that driver says,
+lives as long as those ranks live, and exits with their worst exit code, as a driver of its own would; when it
+ends first (``%dist_stop``, a Ctrl-C of the wait, its kernel's death), the world's driver ends its ranks. Where
+no driver answers (it ended, or runs on another host), the engine set is a driver of its own, as before.
+
+One JSON line each way at a time. Asked: ``{"n", "command"}``. Said back: ``{"say": line}`` to print,
+``{"waiting": line}`` while Ray has not placed them, ``{"preflight": line}`` when the cluster cannot hold them, ``{"started": true}`` once the engines run, and
+``{"exit": code}`` when the last ends.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import socket
+import struct
+import threading
+from collections.abc import Callable
+from typing import Any
+
+SOCKET = "ray-driver.sock"  # in the cluster's private directory
+
+
+def path(cluster_dir: str) -> str:
+    return os.path.join(cluster_dir, SOCKET)
+
+
+def ask(
+    cluster_dir: str,
+    n: int,
+    command: list[str],
+    say: Callable[[str], None],
+    waiting: Callable[[str], None],
+    preflight: Callable[[str], None],
+) -> int | None:
+    """Have the world's driver start these ranks; their worst exit code once they all ended (2 when the cluster
+    cannot hold them: ``preflight`` hears why), or None where no driver took them (this process starts them)."""
+    where = path(cluster_dir)
+    if not cluster_dir or not os.path.exists(where):
+        return None
+    conn = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    try:
+        conn.connect(where)
+        conn.sendall(json.dumps({"n": n, "command": command}).encode() + b"\n")
+    except OSError:
+        conn.close()
+        return None
+    started = False
+    with conn, conn.makefile("rb") as lines:
+        for raw in lines:
+            said = json.loads(raw)
+            if "say" in said:
+                say(said["say"])
+            if "waiting" in said:
+                waiting(said["waiting"])
+            if "preflight" in said:
+                preflight(said["preflight"])
+                return 2
+            started = started or bool(said.get("started"))
+            if "exit" in said:
+                return int(said["exit"])
+    return 1 if started else None  # the world's driver ended (and its ranks with it), or never took them
+
+
+class Server:
+    """Serves ``ask`` for one World (rayworld.py) from threads; ``finished`` hands a group's end to its asker."""
+
+    def __init__(self, cluster_dir: str, world: Any) -> None:
+        self.world = world
+        self.where = path(cluster_dir)
+        self.waiting: dict[int, socket.socket] = {}  # group -> the connection that waits for its end
+        self.ended: dict[int, int] = {}  # groups that ended before their connection was recorded
+        self.lock = threading.Lock()
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(self.where)
+        self.sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        old = os.umask(0o177)
+        try:
+            self.sock.bind(self.where)
+        finally:
+            os.umask(old)
+        self.sock.listen(8)
+        threading.Thread(target=self._accept, name="nbdist-ray-serve", daemon=True).start()
+
+    def close(self) -> None:
+        with contextlib.suppress(OSError):
+            os.unlink(self.where)
+        with contextlib.suppress(OSError):
+            self.sock.close()
+
+    def finished(self, gid: int, code: int) -> None:
+        with self.lock:
+            conn = self.waiting.pop(gid, None)
+            if conn is None:
+                self.ended[gid] = code
+        if conn is not None:
+            _send(conn, {"exit": code})
+            with contextlib.suppress(OSError):
+                conn.close()
+
+    def _accept(self) -> None:
+        while True:
+            try:
+                conn, _ = self.sock.accept()
+            except OSError:
+                return  # closed
+            if _peer_uid(conn) != os.getuid():
+                conn.close()
+                continue
+            threading.Thread(target=self._serve, args=(conn,), name="nbdist-ray-asked", daemon=True).start()
+
+    def _serve(self, conn: socket.socket) -> None:
+        left = threading.Event()
+        try:
+            asked = json.loads(conn.makefile("rb").readline() or b"{}")
+            n, command = int(asked["n"]), list(asked["command"])
+        except (OSError, ValueError, KeyError, TypeError):
+            conn.close()
+            return
+        threading.Thread(target=_watch_close, args=(conn, left), daemon=True).start()
+        short = self.world.cannot_hold(n)
+        if short:
+            _send(conn, {"preflight": short})
+            conn.close()
+            return
+        try:
+            gid = self.world.start(
+                n,
+                command,
+                say=lambda line: _send(conn, {"say": line}),
+                waiting=lambda line: _send(conn, {"waiting": line}),
+                gone=left.is_set,
+            )
+        except Exception as exc:
+            _send(conn, {"say": f"nbdist: the world's Ray driver could not start the rank(s): {exc}"})
+            conn.close()
+            return
+        _send(conn, {"started": True})
+        with self.lock:
+            self.waiting[gid] = conn
+            code = self.ended.pop(gid, None)
+        if code is not None:  # its ranks ended already
+            self.finished(gid, code)
+        left.wait()  # the asker ended (or finished() closed the connection): its ranks end with it
+        with self.lock:
+            mine = self.waiting.pop(gid, None)
+        if mine is not None:
+            self.world.stop_group(gid)
+
+
+def _watch_close(conn: socket.socket, left: threading.Event) -> None:
+    """Set ``left`` once the asker's end of the connection closes (it sends nothing after its request)."""
+    try:
+        while conn.recv(1024):
+            pass
+    except OSError:
+        pass
+    left.set()
+
+
+def _send(conn: socket.socket, message: dict[str, Any]) -> None:
+    with contextlib.suppress(OSError):
+        conn.sendall(json.dumps(message).encode() + b"\n")
+
+
+def _peer_uid(conn: socket.socket) -> int:
+    creds = conn.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, struct.calcsize("3i"))
+    return struct.unpack("3i", creds)[2]

@@ -1,0 +1,307 @@
+"""The Ray launcher's world, in its driver process (ray.py's ``main``): the ranks' actors on the Ray nodes, in
+groups (the first engine set's, and each later one's: ``%dist_restart``, recovery, ``%dist_grow``), and one warm
+process per node.
+
+A group is placed all at once or not at all (a placement group, ``PACK``: ranks of a node together), ordered node
+by node, and started as one actor per rank, holding the rank's CPUs and GPUs; the placement group is removed once
+the actors hold them, so a rank replaced later is placed as a group of its own.
+
+Warm starts: on each node that holds CPU ranks, a node actor (no CPU of its own) runs nbdist's warm process
+(``python -m nbdist.engine.warm``, as the local launcher's pool does), which imports torch once and forks each
+rank's engine in milliseconds. A rank's actor asks it for a fork; the engine watches that actor (it ends with it,
+as a child started cold ends with its actor through PDEATHSIG). The node's warm process lives as long as the
+world's driver, so a rank replaced later on the same node (a restart, a recovery, a grown world) is a fork too:
+no interpreter, no torch import. GPU ranks start cold: a process forked from one that looked at CUDA may not use
+it, and the warm process is not theirs to vouch for. ``NBDIST_WARM=0`` starts every rank cold.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import threading
+from collections.abc import Callable
+from typing import Any
+
+from . import procs
+
+RANK_VAR = "NBDIST_LAUNCH_RANK"
+ENGINE = ["-m", "nbdist.engine"]  # the engine's command is [python, *ENGINE, args...]
+FORK_S = 120.0  # the first fork waits while the node's warm process imports torch
+
+
+def warm_enabled() -> bool:
+    """``NBDIST_WARM=0`` turns warm starts off: every rank starts cold, in a driver of its own."""
+    return os.environ.get("NBDIST_WARM", "1").strip().lower() not in ("0", "false", "no", "off")
+
+
+def missing(need: dict[str, float], total: dict[str, float]) -> str:
+    """What the cluster lacks for ``need`` at all (its whole size, not what is free now), in words; ''."""
+    short = [f"{need[k]:g} {k} (it has {total.get(k, 0):g})" for k in need if need[k] and total.get(k, 0) < need[k]]
+    return ", ".join(short)
+
+
+class _Engine:
+    """A Ray actor holding one rank's CPUs and GPUs and its engine: a child started cold, or a fork of the node's
+    warm process."""
+
+    def start(self, cmd: list[str], env: dict[str, str], warm: Any = None) -> tuple[str, int, bool]:
+        import socket
+        import subprocess
+
+        self.proc: Any = None
+        self.pid = 0
+        if warm is not None and cmd[1:3] == ENGINE:
+            import ray
+
+            job = {
+                "args": cmd[3:],
+                "env": {**os.environ, **env, "NBDIST_PARENT_PID": str(os.getpid())},  # the engine ends with us
+                "cwd": os.getcwd(),
+                "output": f"/proc/{os.getpid()}/fd/1",  # this actor's own log, which Ray forwards to the driver
+            }
+            pid = ray.get(warm.fork.remote(job), timeout=FORK_S)
+            if pid:
+                self.pid = pid
+                return socket.gethostname(), pid, True
+        self.proc = subprocess.Popen(cmd, env={**os.environ, **env}, preexec_fn=_die_with_parent)
+        self.pid = self.proc.pid
+        return socket.gethostname(), self.pid, False
+
+    def poll(self) -> int | None:
+        if self.proc is not None:
+            return self.proc.poll()
+        return None if procs.alive(self.pid) else 0  # the warm process's child: its status is not ours to read
+
+    def stop(self) -> None:
+        if self.proc is not None:
+            if self.proc.poll() is None:
+                self.proc.kill()
+                self.proc.wait()
+        elif procs.alive(self.pid):
+            os.kill(self.pid, signal.SIGKILL)
+
+
+class _NodeWarm:
+    """A Ray actor (no CPU of its own) on one node: its child is nbdist's warm process, which forks engines."""
+
+    def __init__(self, python: str, env: dict[str, str]) -> None:
+        import subprocess
+
+        self.lock = threading.Lock()
+        self.proc = subprocess.Popen(
+            [python, "-m", "nbdist.engine.warm"],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.DEVNULL,
+            env={**os.environ, **env},
+            preexec_fn=_die_with_parent,
+        )
+
+    def fork(self, job: dict[str, Any]) -> int:
+        """The forked engine's pid; 0 when the warm process cannot (the rank then starts cold)."""
+        with self.lock:
+            if self.proc.poll() is not None:
+                return 0
+            try:
+                return max(procs.ask_fork(self.proc, job, FORK_S), 0)
+            except (OSError, TimeoutError, EOFError):
+                self.proc.kill()
+                return 0
+
+    def pid(self) -> int:
+        return self.proc.pid
+
+
+def _die_with_parent() -> None:
+    """In the child, before it runs: end with the actor that started it (prctl PR_SET_PDEATHSIG), and take
+    signals as a process of its own would: a Ray worker ignores SIGINT, and an ignored signal stays ignored
+    across exec, so the engine would never see an interrupt (Python installs its SIGINT handler only where the
+    signal is at its default)."""
+    import ctypes
+
+    for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGUSR1, signal.SIGUSR2):
+        signal.signal(sig, signal.SIG_DFL)
+    signal.pthread_sigmask(signal.SIG_SETMASK, [])
+    ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGKILL)
+
+
+class World:
+    """The driver's actors: groups of ranks, and the nodes' warm processes (see the module's docstring)."""
+
+    def __init__(self, ray: Any, cpus: float, gpus: float, env: dict[str, str]) -> None:
+        self.ray, self.cpus, self.gpus, self.env = ray, cpus, gpus, env
+        self.lock = threading.Lock()
+        self.groups: dict[int, dict[int, Any]] = {}  # group -> rank -> its actor, while it lives
+        self.worst: dict[int, int] = {}  # group -> the worst exit code of its engines so far
+        self.warm: dict[str, Any] = {}  # node id -> its warm actor
+        self.actors: list[Any] = []  # every rank's actor made, for clean_up
+        self.pending: list[Any] = []  # placement groups not yet removed
+        self.starting: set[int] = set()  # groups not yet started (poll leaves them be)
+        self.next_group = 0
+        self.closed = False  # no placement may wait any longer
+        self.cleaned = False
+
+    def cannot_hold(self, n: int) -> str:
+        """'' when the cluster has the CPUs and GPUs for ``n`` ranks at all (if not all free now), else the line
+        that says what it lacks and what to do."""
+        short = missing({"CPU": self.cpus * n, "GPU": self.gpus * n}, self.ray.cluster_resources())
+        if not short:
+            return ""
+        return (
+            f"the Ray cluster cannot hold {n} rank(s) of {self.cpus:g} CPU"
+            + (f" and {self.gpus:g} GPU" if self.gpus else "")
+            + f" each: it lacks {short}. Start fewer ranks (-n), add Ray nodes, or ask less per rank (--threads)."
+        )
+
+    def start(
+        self,
+        n: int,
+        command: list[str],
+        say: Callable[[str], None],
+        waiting: Callable[[str], None],
+        placed: Callable[[], None] = lambda: None,
+        gone: Callable[[], bool] = lambda: False,
+    ) -> int:
+        """Place ``n`` ranks, start their engines (``command``), and return the group's id. ``waiting`` hears
+        what the placement waits for; ``gone()`` true abandons a placement that waits (its caller left)."""
+        with self.lock:
+            gid, self.next_group = self.next_group, self.next_group + 1
+            self.groups[gid], self.worst[gid] = {}, 0
+            self.starting.add(gid)
+        try:
+            self._start(gid, n, command, say, waiting, placed, gone)
+        except BaseException:
+            self.stop_group(gid)
+            raise
+        finally:
+            with self.lock:
+                self.starting.discard(gid)
+        return gid
+
+    def _start(
+        self,
+        gid: int,
+        n: int,
+        command: list[str],
+        say: Callable[[str], None],
+        waiting: Callable[[str], None],
+        placed: Callable[[], None],
+        gone: Callable[[], bool],
+    ) -> None:
+        from ray.util.placement_group import placement_group, placement_group_table, remove_placement_group
+        from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+
+        ray = self.ray
+        bundle = {"CPU": self.cpus, **({"GPU": self.gpus} if self.gpus else {})}
+        group = placement_group([bundle] * n, strategy="PACK")
+        self.pending.append(group)
+        while not ray.wait([group.ready()], timeout=0.5)[0]:
+            if gone() or self.closed:
+                raise RuntimeError("the placement was abandoned")
+            free = {k: v for k, v in ray.available_resources().items() if k in ("CPU", "GPU")}
+            waiting(f"Ray has not placed the {n} rank(s) yet ({bundle} each; free now: {free})")
+        waiting("")
+        placed()
+        nodes = placement_group_table(group)["bundles_to_node_id"]
+        ip = {
+            n["NodeID"]: tuple(int(p) for p in n["NodeManagerAddress"].split(".") if p.isdigit()) for n in ray.nodes()
+        }
+        order = sorted(range(n), key=lambda i: (ip.get(nodes[i], ()), i))  # a node's ranks together, nodes by address
+        warm = {node: self._warm_on(node, command[0]) for node in {nodes[i] for i in order}}
+        remove_placement_group(group)  # the actors below hold the same CPUs and GPUs on the same nodes
+        self.pending.remove(group)
+        engine = ray.remote(_Engine)
+        actors = []
+        for i in order:
+            affinity = NodeAffinitySchedulingStrategy(nodes[i], soft=False)
+            actors.append(engine.options(num_cpus=self.cpus, num_gpus=self.gpus, scheduling_strategy=affinity).remote())
+        self.actors += actors
+        with self.lock:
+            self.groups[gid] = dict(enumerate(actors))
+        calls = [
+            a.start.remote(command, {**self.env, RANK_VAR: str(r)}, warm[nodes[i]])
+            for r, (i, a) in enumerate(zip(order, actors, strict=True))
+        ]
+        for rank, (host, pid, forked) in enumerate(ray.get(calls)):
+            say(f"nbdist: launch rank {rank} on {host}, pid {pid}" + (" (forked warm)" if forked else ""))
+
+    def _warm_on(self, node: str, python: str) -> Any:
+        """The node's warm actor (made on first use), or None where ranks start cold."""
+        if self.gpus or not warm_enabled():
+            return None
+        if node not in self.warm:
+            from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+
+            actor = self.ray.remote(_NodeWarm).options(
+                num_cpus=0, scheduling_strategy=NodeAffinitySchedulingStrategy(node, soft=False)
+            )
+            self.warm[node] = actor.remote(python, self.env)
+        return self.warm[node]
+
+    def poll(self, say: Callable[[str], None]) -> list[tuple[int, int]]:
+        """Let go of the actors whose engine ended (its CPUs and GPUs are free at once for a replacement);
+        return the groups that have no live rank left, each with its worst exit code."""
+        ray = self.ray
+        with self.lock:
+            live = [(gid, rank, actor) for gid, ranks in self.groups.items() for rank, actor in ranks.items()]
+        refs = [actor.poll.remote() for _, _, actor in live]
+        for (gid, rank, actor), ref in zip(live, refs, strict=True):
+            try:
+                code = ray.get(ref, timeout=30)
+            except Exception:  # the actor or its node is gone
+                code = -1
+            if code is not None:
+                say(f"nbdist: launch rank {rank}'s engine ended ({code}); its actor is let go")
+                _forget(ray, actor)
+                with self.lock:
+                    self.groups[gid].pop(rank, None)
+                    self.worst[gid] = max(self.worst[gid], abs(code))
+        with self.lock:
+            ended = [(g, self.worst[g]) for g, ranks in self.groups.items() if not ranks and g not in self.starting]
+            for g, _ in ended:
+                del self.groups[g]
+        return ended
+
+    def stop_group(self, gid: int) -> None:
+        """End a group's engines and actors (its caller left)."""
+        with self.lock:
+            ranks = self.groups.pop(gid, {})
+        for actor in ranks.values():
+            _stop(self.ray, actor)
+
+    def busy(self) -> bool:
+        with self.lock:
+            return bool(self.groups)
+
+    def clean_up(self) -> None:
+        """End every engine and actor this driver made and remove its placement groups; safe to call twice."""
+        from ray.util.placement_group import remove_placement_group
+
+        if self.cleaned:
+            return
+        self.cleaned = self.closed = True
+        for actor in self.actors:
+            _stop(self.ray, actor)
+        for actor in self.warm.values():  # the warm processes end with their actors (PDEATHSIG)
+            _forget(self.ray, actor)
+        for group in list(self.pending):
+            try:
+                remove_placement_group(group)
+            except Exception:
+                pass
+
+
+def _stop(ray: Any, actor: Any) -> None:
+    try:
+        ray.get(actor.stop.remote(), timeout=5)
+    except Exception:  # gone already (let go), or its node is
+        pass
+    _forget(ray, actor)
+
+
+def _forget(ray: Any, actor: Any) -> None:
+    try:
+        ray.kill(actor)
+    except Exception:
+        pass
