@@ -168,10 +168,11 @@ def main(argv: list[str]) -> int:
     parser.add_argument("command", nargs=argparse.REMAINDER)
     args = parser.parse_args(argv)
     cluster_dir = os.environ.get("NBDIST_CLUSTER_DIR", "")
+    env = {k: v for k, v in os.environ.items() if k.startswith(PASSED) and k != "NBDIST_PARENT_PID"}
     served = (
         None
         if not rayworld.warm_enabled()
-        else rayserve.ask(cluster_dir, args.n, args.command, say=_say, waiting=_waiting, preflight=_say_preflight)
+        else rayserve.ask(cluster_dir, args.n, args.command, env, say=_say, waiting=_waiting, preflight=_say_preflight)
     )
     if served is not None:  # the world's driver started them, warm, and they have ended
         return served
@@ -197,7 +198,6 @@ def main(argv: list[str]) -> int:
             "ray://HEAD:10001 (Ray Client), or start the notebook on a Ray node."
         )
         return 2
-    env = {k: v for k, v in os.environ.items() if k.startswith(PASSED) and k != "NBDIST_PARENT_PID"}
     world = rayworld.World(ray, args.cpus, args.gpus, env)
     short = world.cannot_hold(args.n)
     if short:

@@ -9,7 +9,8 @@ lives as long as those ranks live, and exits with their worst exit code, as a dr
 ends first (``%dist_stop``, a Ctrl-C of the wait, its kernel's death), the world's driver ends its ranks. Where
 no driver answers (it ended, or runs on another host), the engine set is a driver of its own, as before.
 
-One JSON line each way at a time. Asked: ``{"n", "command"}``. Said back: ``{"say": line}`` to print,
+One JSON line each way at a time. Asked: ``{"n", "command", "env"}`` (the environment the engine set's own
+driver would have passed its engines). Said back: ``{"say": line}`` to print,
 ``{"waiting": line}`` while Ray has not placed them, ``{"preflight": line}`` when the cluster cannot hold them, ``{"started": true}`` once the engines run, and
 ``{"exit": code}`` when the last ends.
 """
@@ -36,6 +37,7 @@ def ask(
     cluster_dir: str,
     n: int,
     command: list[str],
+    env: dict[str, str],
     say: Callable[[str], None],
     waiting: Callable[[str], None],
     preflight: Callable[[str], None],
@@ -48,7 +50,7 @@ def ask(
     conn = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     try:
         conn.connect(where)
-        conn.sendall(json.dumps({"n": n, "command": command}).encode() + b"\n")
+        conn.sendall(json.dumps({"n": n, "command": command, "env": env}).encode() + b"\n")
     except OSError:
         conn.close()
         return None
@@ -120,7 +122,7 @@ class Server:
         left = threading.Event()
         try:
             asked = json.loads(conn.makefile("rb").readline() or b"{}")
-            n, command = int(asked["n"]), list(asked["command"])
+            n, command, env = int(asked["n"]), list(asked["command"]), dict(asked.get("env") or {})
         except (OSError, ValueError, KeyError, TypeError):
             conn.close()
             return
@@ -137,6 +139,7 @@ class Server:
                 say=lambda line: _send(conn, {"say": line}),
                 waiting=lambda line: _send(conn, {"waiting": line}),
                 gone=left.is_set,
+                env=env,
             )
         except Exception as exc:
             _send(conn, {"say": f"nbdist: the world's Ray driver could not start the rank(s): {exc}"})

@@ -162,15 +162,17 @@ class World:
         waiting: Callable[[str], None],
         placed: Callable[[], None] = lambda: None,
         gone: Callable[[], bool] = lambda: False,
+        env: dict[str, str] | None = None,
     ) -> int:
         """Place ``n`` ranks, start their engines (``command``), and return the group's id. ``waiting`` hears
-        what the placement waits for; ``gone()`` true abandons a placement that waits (its caller left)."""
+        what the placement waits for; ``gone()`` true abandons a placement that waits (its caller left). ``env``: what
+        the engine set that asked passes its engines (default: the first one's)."""
         with self.lock:
             gid, self.next_group = self.next_group, self.next_group + 1
             self.groups[gid], self.worst[gid] = {}, 0
             self.starting.add(gid)
         try:
-            self._start(gid, n, command, say, waiting, placed, gone)
+            self._start(gid, n, command, say, waiting, placed, gone, self.env if env is None else env)
         except BaseException:
             self.stop_group(gid)
             raise
@@ -188,6 +190,7 @@ class World:
         waiting: Callable[[str], None],
         placed: Callable[[], None],
         gone: Callable[[], bool],
+        env: dict[str, str],
     ) -> None:
         from ray.util.placement_group import placement_group, placement_group_table, remove_placement_group
         from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
@@ -220,7 +223,7 @@ class World:
         with self.lock:
             self.groups[gid] = dict(enumerate(actors))
         calls = [
-            a.start.remote(command, {**self.env, RANK_VAR: str(r)}, warm[nodes[i]])
+            a.start.remote(command, {**env, RANK_VAR: str(r)}, warm[nodes[i]])
             for r, (i, a) in enumerate(zip(order, actors, strict=True))
         ]
         for rank, (host, pid, forked) in enumerate(ray.get(calls)):

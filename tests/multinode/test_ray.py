@@ -29,16 +29,19 @@ print(len(actors), len(groups))
 """
 
 
-# Ray drivers connected now, besides this query's own: a Ray world's engine sets share its first driver (a later
-# one, as %dist_restart starts, is started by that driver, warm, instead of connecting to Ray itself).
+# Ray Client sessions (drivers) begun since SINCE (ms since the epoch, this machine's clock: the nodes share it).
+# A Ray world's later engine sets (%dist_restart, recovery) are started by its first driver, warm, instead of
+# each connecting to Ray again.
 DRIVERS = """
 from ray._private import state
-print(sum(1 for j in state.jobs() if not j["IsDead"]) - 1)
+me = ray.get_runtime_context().get_job_id()  # this query (its code names the client server too)
+print(sum(1 for j in state.jobs() if "ray.util.client.server" in j["Entrypoint"] and j["StartTime"] >= SINCE
+          and j["JobID"] != me))
 """
 
 
-def _drivers(ray_nodes) -> int:
-    return int(ray_nodes.query(DRIVERS))
+def _drivers_since(ray_nodes, since_ms: int) -> int:
+    return int(ray_nodes.query(DRIVERS.replace("SINCE", str(since_ms))))
 
 
 def _warm_parent(pid: int) -> int:
@@ -107,7 +110,8 @@ def test_ctrl_c_in_a_collective_releases_every_rank_and_a_killed_rank_restarts_o
 
         def said() -> str:
             text = "\n".join(cluster.where())
-            return text if "in all_reduce (inside torch.distributed)" in text and "time.sleep(8)" in text else ""
+            waiting = text.count(", in all_reduce (inside torch.distributed)") == 3  # ranks 0-2, all of them
+            return text if waiting and "time.sleep(8)" in text else ""
 
         text = poll(said, within=HANG_S)
         rank3 = text[text.index("rank 3 (engine") :]
@@ -116,8 +120,7 @@ def test_ctrl_c_in_a_collective_releases_every_rank_and_a_killed_rank_restarts_o
 
         victim = cluster.ranks[3]
         assert victim.host == "rnode2"
-        warm = _warm_parent(victim.pid)
-        assert _drivers(ray_nodes) == 1
+        warm, since = _warm_parent(victim.pid), int(time.time() * 1000)
         os.kill(victim.pid, signal.SIGKILL)  # the namespaces share one pid space
         result = cluster.run("import time\nt = torch.ones(1)\ntime.sleep(1)\ndist.all_reduce(t)", timeout=HANG_S)
         with pytest.raises(RankError) as err:
@@ -127,7 +130,7 @@ def test_ctrl_c_in_a_collective_releases_every_rank_and_a_killed_rank_restarts_o
         assert [r.host for r in cluster.ranks] == ["rnode1", "rnode1", "rnode2", "rnode2"]
         # the replacement was started by the world's own driver (no second connection to Ray), and forked from
         # rnode2's warm process like the rank it replaces
-        assert _drivers(ray_nodes) == 1 and _warm_parent(cluster.ranks[3].pid) == warm
+        assert _drivers_since(ray_nodes, since) == 0 and _warm_parent(cluster.ranks[3].pid) == warm
         check_ddp_against_one_process(cluster)
     finally:
         cluster.stop()

@@ -47,7 +47,8 @@ class _Groups:
     def cannot_hold(self, n: int) -> str:
         return self.short
 
-    def start(self, n, command, say, waiting, gone) -> int:
+    def start(self, n, command, say, waiting, gone, env) -> int:
+        assert env == {"NBDIST_CLUSTER_DIR": "/w"}  # the asking engine set's own
         waiting("Ray has not placed the 1 rank(s) yet")
         say(f"nbdist: launch rank 0 on rnode2, pid 4242 ({' '.join(command)})")
         self.started.append(n)
@@ -75,6 +76,7 @@ def test_a_later_engine_set_is_served_by_the_worlds_driver_and_its_ranks_end_wit
             str(tmp_path),
             1,
             ["python", "-m", "nbdist.engine"],
+            {"NBDIST_CLUSTER_DIR": "/w"},
             say=heard.append,
             waiting=heard.append,
             preflight=lambda line: heard.append("PREFLIGHT " + line),
@@ -97,7 +99,7 @@ def test_a_later_engine_set_is_served_by_the_worlds_driver_and_its_ranks_end_wit
         # the asker leaves while its rank runs (%dist_stop, Ctrl-C): the world's driver ends that rank
         conn = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         conn.connect(rayserve.path(str(tmp_path)))
-        conn.sendall(b'{"n": 1, "command": ["python"]}\n')
+        conn.sendall(b'{"n": 1, "command": ["python"], "env": {"NBDIST_CLUSTER_DIR": "/w"}}\n')
         said = conn.makefile("rb")
         assert [said.readline() for _ in range(3)][2] == b'{"started": true}\n'
         said.close()
