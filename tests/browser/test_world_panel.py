@@ -58,8 +58,20 @@ def _wait(page, ok, seconds: float) -> dict[int, str]:
         states = _states(page)
         if len(states) == RANKS and ok(states):
             return states
-        assert time.monotonic() < deadline, (states, _panel_text(page))
+        assert time.monotonic() < deadline, (states, _panel_text(page), _notebook_said(page))
         time.sleep(0.3)
+
+
+def _notebook_said(page) -> str:
+    """The kernel's status and each cell's prompt, for a failure's message."""
+    try:
+        return page.evaluate(
+            "() => (document.querySelector('.jp-Notebook-ExecutionIndicator') || {dataset: {}}).dataset.status + ' ' "
+            "+ Array.from(document.querySelectorAll('.jp-Notebook .jp-Cell .jp-InputPrompt')).map(p => p.textContent)"
+            ".join(' ')"
+        )
+    except Exception as exc:  # only a message: never hide the failure it explains
+        return f"(the page did not say: {exc})"
 
 
 def _run_cell(page, index: int) -> None:
@@ -68,6 +80,15 @@ def _run_cell(page, index: int) -> None:
     from playwright.sync_api import TimeoutError as PlaywrightTimeout
 
     cell = page.locator(".jp-Notebook .jp-Cell").nth(index)
+    # first the run before it must be over (the kernel idle, the prompt [N] again): a '[*]' still standing from an
+    # interrupted run would pass the check below while the key press itself went nowhere
+    page.wait_for_selector(".jp-Notebook-ExecutionIndicator[data-status='idle']", timeout=90_000)
+    page.wait_for_function(
+        "(i) => !document.querySelectorAll('.jp-Notebook .jp-Cell')[i]"
+        ".querySelector('.jp-InputPrompt').textContent.includes('*')",
+        arg=index,
+        timeout=90_000,
+    )
     for _ in range(3):
         cell.locator(".jp-InputArea-editor").click()
         page.keyboard.press("Shift+Enter")
