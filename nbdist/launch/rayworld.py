@@ -109,9 +109,6 @@ class _NodeWarm:
                 self.proc.kill()
                 return 0
 
-    def pid(self) -> int:
-        return self.proc.pid
-
 
 def _die_with_parent() -> None:
     """In the child, before it runs: end with the actor that started it (prctl PR_SET_PDEATHSIG), and take
@@ -208,7 +205,8 @@ class World:
         placed()
         nodes = placement_group_table(group)["bundles_to_node_id"]
         ip = {
-            n["NodeID"]: tuple(int(p) for p in n["NodeManagerAddress"].split(".") if p.isdigit()) for n in ray.nodes()
+            node["NodeID"]: tuple(int(p) for p in node["NodeManagerAddress"].split(".") if p.isdigit())
+            for node in ray.nodes()
         }
         order = sorted(range(n), key=lambda i: (ip.get(nodes[i], ()), i))  # a node's ranks together, nodes by address
         warm = {node: self._warm_on(node, command[0]) for node in {nodes[i] for i in order}}
