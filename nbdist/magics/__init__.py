@@ -173,8 +173,8 @@ class DistMagics(Magics):
         rows = call(cluster.status)
         if cluster.keeper is not None:
             print(cluster.keeper.describe())
-        if cluster.recovery.sizes:  # the world went on with fewer ranks (--min-ranks), or grew
-            print(cluster.recovery.sizes_line())
+        if cluster.membership.sizes:  # the world went on with fewer ranks (--min-ranks), or grew
+            print(cluster.membership.sizes_line())
         if cluster.engines is not None and cluster.engines.standby is not None:  # world/standby.py
             print(cluster.engines.standby.said() + ".")
         if len(rows) > GROUP_ABOVE and not args.all:
@@ -277,7 +277,7 @@ class DistMagics(Magics):
             print("no cluster is running")
             return
         cluster.stop()
-        jobs = f"; cancelled Slurm job(s) {', '.join(cluster.cancelled)}" if cluster.cancelled else ""
+        jobs = f"; cancelled Slurm job(s) {', '.join(cluster.membership.cancelled)}" if cluster.membership.cancelled else ""
         print(f"cluster stopped{jobs}")
 
     # ---------------------------------------------------------------- running code

@@ -174,7 +174,7 @@ def test_the_world_panel_shows_what_a_gpu_rank_holds_on_its_device(tmp_path, mon
         cluster.run(
             "from nbdist.parallel import device\nbig = torch.empty(256 * 2**20, dtype=torch.uint8, device=device())"
         ).raise_for_error()
-        pointers.point(cluster._workdir, "a-kernel")
+        pointers.point(cluster.membership.workdir, "a-kernel")
         deadline, row = time.monotonic() + 30, {}
         while time.monotonic() < deadline:  # a hang guard: the first look asks, a later one reads
             [row] = worlds.world("a-kernel", "")["ranks"]

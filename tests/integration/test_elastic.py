@@ -201,7 +201,7 @@ def test_a_lost_node_shrinks_the_world_and_training_goes_on_as_by_hand(tmp_path,
                 assert "not from a living rank: the model is sharded (FSDP)" in line, line
             stop = int(re.search(rf"restored step (\d+) from {re.escape(ckpt)}", line)[1])
             assert stop % 4 == 0 and after - 4 < stop <= after + 1, (after, stop)  # the last one saved
-        assert f"world size: 4 ranks, then 3 from step {stop} (rank(s) {victim} lost at " in c.recovery.sizes_line()
+        assert f"world size: 4 ranks, then 3 from step {stop} (rank(s) {victim} lost at " in c.membership.sizes_line()
         sizes = c.run("print(dist.get_rank(), dist.get_world_size())", quiet=True).raise_for_error()
         assert c.world_size == 3 and [r.stdout for r in sizes.ranks] == [f"{r} 3\n" for r in range(3)]
         elastic = c.pull("final")

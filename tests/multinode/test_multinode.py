@@ -341,7 +341,7 @@ def test_64_ranks_over_two_slurm_nodes_are_ready_and_reduce(slurm):
         assert cluster.pull("v") == [64.0] * 64
     finally:
         cluster.stop()
-    assert cluster.cancelled == jobs
+    assert cluster.membership.cancelled == jobs
     assert slurm.wait_empty(60) == []
 
 
@@ -441,8 +441,8 @@ def test_a_lost_node_shrinks_the_world_to_node1_and_it_grows_back_when_node2_ret
         assert [r.rank for r in result.ranks] == [0, 1, 2, 3]  # the cell went on with 4 ranks
         finals = cluster.pull("final")
         assert all(torch.equal(finals[0][i], f[i]) for f in finals[1:] for i in range(len(finals[0])))
-        assert "then 2 from step" in cluster.recovery.sizes_line() and "(2 rank(s) added" in (
-            cluster.recovery.sizes_line()
+        assert "then 2 from step" in cluster.membership.sizes_line() and "(2 rank(s) added" in (
+            cluster.membership.sizes_line()
         )
     finally:
         cluster.stop()

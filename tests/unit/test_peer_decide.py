@@ -3,7 +3,7 @@
 
 from __future__ import annotations
 
-from nbdist.peer_recovery import decide
+from nbdist.lifecycle.peer_recovery import decide
 
 NAMES = {"model": "model", "optimizer": "opt", "loader": "loader", "extra": "", "state": {}}
 

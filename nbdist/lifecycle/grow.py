@@ -3,7 +3,7 @@ that is training, and it goes on where it was.
 
 1. every rank holds its state as it is (parallel/peer_give.hold, as for a recovery from a live peer);
 2. the launcher starts the new engines; every rank gets its new rank and world size, and a new process group
-   is formed (``Cluster.resize``);
+   is formed (``Membership.add``);
 3. the ``%%distributed --setup`` cells run again on every rank (the model and optimizer belong to the old
    group), the new ranks included;
 4. one living rank sends what all hold alike (parameters, optimizer, schedulers, ``state=``); each old rank
@@ -17,38 +17,30 @@ model and a loader of ``shard``, the setup cells' state is what every rank has, 
 
 While a ``--noblock`` cell trains (``while_running``), the ranks are asked (SIGUSR2) to stop at the next step
 boundary of ``loader.steps()`` they agree on (engine/preempt.py); the grow above is then made from the state of
-that boundary, and the cell runs again on the larger world from there (cellpath.py).
+that boundary, and the cell runs again on the larger world from there (cellpath.py: ``CellPath.grow_while_running``).
 """
 
 from __future__ import annotations
 
 import dataclasses
-import signal
 import time
-from collections.abc import Callable
 from typing import Any
 
+from ..errors import ClusterError, ConfigError
+from ..results import RunResult
+from ..world.engineset import EngineSet
+from ..world.standby import arrived
 from . import peer_recovery
-from .cells.run import PendingRun
-from .config import StartConfig
-from .errors import ClusterError, ConfigError
-from .recovery import Recovery, Replay, Resize, replay_setup
-from .results import RunResult
-from .world.engineset import EngineSet
-from .world.standby import arrived
+from .membership import Resize
+from .recovery import Replay, replay_setup
 
 
-def grow(
-    count: int,
-    engines: EngineSet,
-    config: StartConfig,
-    resize: Callable[..., dict[int, int]],
-    replay: Replay,
-    recovery: Recovery,
-    say: Callable[[str], None],
-) -> str:
-    """Add ``count`` ranks (see the module's docstring); the line that says what was done (``say`` gets it too).
-    ConfigError for a count or a size the launcher cannot give, ClusterError when a step failed."""
+def grow(count: int, replay: Replay) -> str:
+    """Add ``count`` ranks to ``replay``'s world (see the module's docstring); the line that says what was done (its
+    membership says it too). ConfigError for a count or a size the launcher cannot give, ClusterError when a step
+    failed."""
+    membership = replay.membership
+    engines, config = membership.live(), membership.config
     before = len(engines.ranks)
     check_count(count)
     try:
@@ -64,7 +56,7 @@ def grow(
     joining = engines.standby if arrived(engines) and engines.standby and engines.standby.count == count else None
     said, why = peer_recovery.ask(engines, [], replay.timeout, now=True)
     try:
-        resize([], count)
+        membership.add(count)
     except Exception as exc:
         raise ClusterError(
             f"could not grow the world: {str(exc).splitlines()[0][:300]}; it goes on with its {before} ranks."
@@ -82,9 +74,9 @@ def grow(
         what.append(f"gave every rank step {step} from rank {chosen.source}'s memory (nothing recomputed)")
     else:
         what.append(f"no training state to give ({why}): every rank holds what the setup cells made")
-    recovery.sizes.append(Resize(before, before + count, step, [], time.time()))
+    membership.resized(Resize(before, before + count, step, [], time.time()))
     line = f"grew the world from {before} to {before + count} ranks: {', '.join(what)} in {time.perf_counter() - tic:.1f} s."
-    say(line)
+    membership.say(line)
     return line
 
 
@@ -93,35 +85,13 @@ def check_count(count: Any) -> None:
         raise ConfigError(f"the number of ranks to add ({count!r}) must be a whole number, 1 or more: %dist_grow 2.")
 
 
-def while_running(
-    count: int, run: PendingRun, engines: EngineSet, path: Any, say: Callable[[str], None]
-) -> RunResult | PendingRun:
-    """Grow beside a running ``--noblock`` cell: ask its loop to stop at the next step boundary every rank agrees
-    on, follow it there (its output shown here), and let the cell's path (``path``, a CellPath) grow the world and
-    start the cell again. Returns what goes on: the cell, started again on the larger world, or its result
-    (``run.wait()`` follows either to the cell's end)."""
-    check_count(count)
-    path.growing = count
-    engines.signal(run.ranks, signal.SIGUSR2)  # engine/preempt.py: asking_to_resize
-    say(
-        f"asked the running cell to stop at its next step boundary (loader.steps()) to add {count} rank(s); "
-        "a cell without one grows the world when it ends."
-    )
-    try:
-        return run.advance()
-    except BaseException:
-        path.growing = 0
-        forget(engines)
-        raise
-
-
 def stopped_for_it(result: RunResult) -> bool:
     """Did every rank end the cell at a step boundary for a change of size (engine/preempt.py's ``Resizing``)?"""
     return bool(result.ranks) and all((r.error or {}).get("ename") == "Resizing" for r in result.ranks)
 
 
 def _forget_on_rank() -> None:
-    from .engine import preempt
+    from ..engine import preempt
 
     preempt.PREEMPT["resize"] = False
 

@@ -6,46 +6,58 @@ cells, restores, and runs the cell again (recovery.py). When the world was asked
 on (engine/preempt.py's ``Resizing``); the world grows from the state of that boundary (grow.py) and the cell
 runs again on the larger world, going on from there. A cell whose loop has no such boundary (no
 ``loader.steps()``) grows the world when it ends.
+
+Every change to who is in the world goes down to the ``Membership`` it is given (membership.py); nothing here
+is called back from below.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import signal
-from collections.abc import Callable
 from dataclasses import dataclass
 
+from ..cells.output import Sink
+from ..cells.run import PendingRun, execute
+from ..config import RankSpec, RunConfig, parse_ranks
+from ..errors import ClusterError, ConfigError
+from ..results import RunResult
+from ..world.engineset import EngineSet
+from ..world.standby import arrived
 from . import grow as growing
-from .cells.history import History
-from .cells.output import Sink
-from .cells.run import PendingRun, execute
-from .config import RunConfig, StartConfig
-from .errors import ClusterError, ConfigError
+from .membership import Membership
 from .recovery import Recovery, Replay, repair
-from .results import RunResult
-from .world.engineset import EngineSet
-from .world.standby import arrived
 
 
 @dataclass(slots=True)
 class CellPath:
-    """A cell's way through a cluster's ranks with its repair policy (see the module's docstring). The callables
-    are the Cluster's: its engines (raising when it is stopped), ``restart``, ``rebuild_world``, ``resize`` and
-    ``grow`` (between cells)."""
+    """A cell's way through a world's ranks with its repair policy (see the module's docstring): the world's
+    ``membership`` (its engines, config and history, and every change to who is in it) and its ``recovery`` budget."""
 
-    engines: Callable[[], EngineSet]
-    config: StartConfig
+    membership: Membership
     recovery: Recovery
-    history: History
-    say: Callable[[str], None]
-    restart: Callable[[list[int]], float]
-    rebuild: Callable[[], float]
-    shrink: Callable[[list[int]], dict[int, int]] | None = None
-    grow: Callable[[int], str] | None = None
     growing: int = 0  # ranks asked for while the cell runs: added where its loop stops for them
     grown: str = ""  # the line of the last grow made where a cell stopped for it
 
-    def execute(self, code: str, cfg: RunConfig, sink: Sink | None, setup: bool) -> RunResult | PendingRun:
+    def engines(self) -> EngineSet:
+        return self.membership.live()
+
+    def say(self, line: str) -> None:
+        self.membership.say(line)
+
+    def execute(
+        self, code: str, cfg: RunConfig, sink: Sink | None, setup: bool, spec: RankSpec = None
+    ) -> RunResult | PendingRun:
+        """Run ``code`` on ``cfg.ranks`` (``spec`` as the person gave them): ranks that died between cells are
+        recovered first while the budget lasts (a preempted rank that left, say; ``spec`` is then read against the
+        world as recovered), and a queued replacement that came joins first."""
+        dead = self.engines().dead_ranks()
+        if dead and self.recovery.left > 0:
+            self.recovery.recover(dead, self.replay(), self.say)
+            cfg = dataclasses.replace(cfg, ranks=parse_ranks(spec, len(self.engines().ranks)))
+        return self._execute(code, cfg, sink, setup)
+
+    def _execute(self, code: str, cfg: RunConfig, sink: Sink | None, setup: bool) -> RunResult | PendingRun:
         cfg = self._joined_between_cells(cfg)
 
         def then(result: RunResult, recover: list[int]) -> RunResult | PendingRun:
@@ -55,8 +67,8 @@ class CellPath:
             self.engines(),
             code,
             cfg,
-            grace=self.config.grace,
-            watchdog=self.config.watchdog,
+            grace=self.membership.config.grace,
+            watchdog=self.membership.config.watchdog,
             on_done=self.repair,
             sink=sink,
             then=then,
@@ -78,10 +90,10 @@ class CellPath:
         cell for every rank then runs on the grown world). A grow that cannot be made says why, once."""
         engines = self.engines()
         standby, before = engines.standby, len(engines.ranks)
-        if standby is None or self.grow is None or not arrived(engines):
+        if standby is None or not arrived(engines):
             return cfg
         try:
-            self.grow(standby.count)
+            self.grow_between_cells(standby.count)
         except (ClusterError, ConfigError) as exc:
             _no_standby(engines)
             self.say(f"{standby.named()} started, but the world could not grow: {exc}")
@@ -95,7 +107,7 @@ class CellPath:
         grow the world asked for while the cell ran."""
         self.recovery.checkpoint = result.checkpoint or self.recovery.checkpoint
         if result.ok:  # setup cells among them are what recovery replays
-            self.history.add(code, cfg.ranks, setup)
+            self.membership.history.add(code, cfg.ranks, setup)
         if self.growing and not dead:
             return self._grown(result, code, cfg, sink, setup)
         line = ""
@@ -108,8 +120,8 @@ class CellPath:
         new = self.recovery.renumbered  # the world went on with fewer ranks: the cell runs on those left
         ranks = cfg.ranks if new is None else [new[r] for r in cfg.ranks if r in new]
         if new is not None and sink is not None:
-            sink.resized(new, self.recovery.sizes[-1].step)
-        again = self.execute(
+            sink.resized(new, self.membership.sizes[-1].step)
+        again = self._execute(
             code, RunConfig(ranks=ranks, timeout=cfg.timeout, quiet=cfg.quiet, each=cfg.each), sink, setup
         )
         assert isinstance(again, RunResult)
@@ -128,7 +140,7 @@ class CellPath:
             )
             return result
         try:
-            self.grown = self.grow(count) if self.grow is not None else ""
+            self.grown = self.grow_between_cells(count)
         except (ClusterError, ConfigError) as exc:
             growing.forget(engines)
             _no_standby(engines)  # a queued replacement that came would only be asked for again, and fail again
@@ -143,8 +155,8 @@ class CellPath:
         after = len(self.engines().ranks)
         ranks = list(range(after)) if cfg.ranks == list(range(before)) else cfg.ranks
         if after > before and sink is not None:
-            sink.resized({r: r for r in range(after)}, self.recovery.sizes[-1].step, joined=list(range(before, after)))
-        again = self.execute(code, dataclasses.replace(cfg, ranks=ranks), sink, setup)
+            sink.resized({r: r for r in range(after)}, self.membership.sizes[-1].step, joined=list(range(before, after)))
+        again = self._execute(code, dataclasses.replace(cfg, ranks=ranks), sink, setup)
         lines = [*result.recovered, self.grown]
         if isinstance(again, PendingRun):
             again.carried[:0] = lines
@@ -152,21 +164,44 @@ class CellPath:
             again.recovered[:0] = lines
         return again
 
+    def grow_between_cells(self, count: int) -> str:
+        """Add ``count`` ranks now (no cell runs): grow.py; the line that says what was done."""
+        return growing.grow(count, self.replay())
+
+    def grow_while_running(self, count: int, run: PendingRun) -> RunResult | PendingRun:
+        """Grow beside a running ``--noblock`` cell: ask its loop to stop at the next step boundary every rank agrees
+        on, follow it there (its output shown here), grow the world (``_grown``) and start the cell again. Returns
+        what goes on: the cell, started again on the larger world, or its result (``run.wait()`` follows either to
+        the cell's end)."""
+        growing.check_count(count)
+        engines = self.engines()
+        self.growing = count
+        engines.signal(run.ranks, signal.SIGUSR2)  # engine/preempt.py: asking_to_resize
+        self.say(
+            f"asked the running cell to stop at its next step boundary (loader.steps()) to add {count} rank(s); "
+            "a cell without one grows the world when it ends."
+        )
+        try:
+            return run.advance()
+        except BaseException:
+            self.growing = 0
+            growing.forget(engines)
+            raise
+
     def replay(self) -> Replay:
+        config = self.membership.config
         return Replay(
-            restart=self.restart,
-            engines=self.engines(),
-            setup=self.history.setup_cells(),
-            grace=self.config.grace,
-            watchdog=self.config.watchdog,
-            timeout=self.config.timeout,
-            shrink=self.shrink,
-            min_ranks=self.config.min_ranks,
+            membership=self.membership,
+            setup=self.membership.history.setup_cells(),
+            grace=config.grace,
+            watchdog=config.watchdog,
+            timeout=config.timeout,
+            min_ranks=config.min_ranks,
         )
 
     def repair(self, result: RunResult, killed: list[int]) -> list[int]:
         """After a release or a broken collective, make the world usable again (``repair``)."""
-        return repair(result, killed, self.recovery, self.config.auto_restart, self.restart, self.rebuild)
+        return repair(result, killed, self.recovery, self.membership.config.auto_restart, self.membership)
 
 
 def _no_standby(engines: EngineSet) -> None:

@@ -9,8 +9,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from .errors import ClusterError
-from .world.engineset import EngineSet
+from ..errors import ClusterError
+from ..world.engineset import EngineSet
 
 
 @dataclass(frozen=True, slots=True)
@@ -26,13 +26,13 @@ class Plan:
 
 
 def hold_on_rank(now: bool = False) -> dict[str, Any]:
-    from .parallel import peer_give
+    from ..parallel import peer_give
 
     return peer_give.hold(now)
 
 
 def restore_on_rank(done: int, source: int, names: dict[str, Any], parts_from: dict[int, int], joined: int = 0) -> int:
-    from .parallel import peer_give
+    from ..parallel import peer_give
 
     return peer_give.restore(done, source, names, parts_from, joined)
 

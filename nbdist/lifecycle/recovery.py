@@ -3,9 +3,9 @@
 What it does, in order, each step on every rank together:
 
 1. restart the dead ranks (same rank numbers, fresh engines) and rebuild the process
-   group on every rank (``Cluster.restart``): a group that lost a member cannot be mended;
+   group on every rank (``Membership.restart``): a group that lost a member cannot be mended;
    with ``--min-ranks``, when their engines cannot start, go on without them instead: the
-   others numbered again, a smaller process group (``Cluster.resize``, ``_shrink``);
+   others numbered again, a smaller process group (``Membership.shrink``, ``_shrink``);
 2. replay the cells marked ``%%distributed --setup`` (imports, model, optimizer, data), in
    the order they last ran, on the ranks they ran on: the survivors too, since their
    model and optimizer belong to the old process group; setup cells may hold collectives;
@@ -23,44 +23,35 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
+from ..cells.history import Cell
+from ..cells.output import Sink
+from ..cells.run import execute
+from ..config import RunConfig
+from ..errors import ClusterError
+from ..results import RankStatus, RunResult
+from ..world.engineset import EngineSet
 from . import peer_recovery
-from .cells.history import Cell
-from .cells.output import Sink
-from .cells.run import execute
-from .config import RunConfig
-from .errors import ClusterError
-from .results import RankStatus, RunResult
-from .world.engineset import EngineSet
+from .membership import Membership, Resize
 
 
 @dataclass(frozen=True, slots=True)
 class Replay:
-    """What a recovery is given, explicitly: how to restart ranks (``Cluster.restart``), the engines to run
-    on, the setup cells to replay in order, and the run settings the replayed cells and the restore use."""
+    """What a recovery is given, explicitly: the world's membership (which restarts and shrinks it), the setup
+    cells to replay in order, and the run settings the replayed cells and the restore use."""
 
-    restart: Callable[[list[int]], float]
-    engines: EngineSet
+    membership: Membership
     setup: Sequence[Cell]
     grace: float
     watchdog: float | None
     timeout: float
-    shrink: Callable[[list[int]], dict[int, int]] | None = None  # go on without dead ranks (``Cluster.resize``)
     min_ranks: int | None = None  # --min-ranks: the fewest the world goes on with (None: it never shrinks)
 
-
-@dataclass(frozen=True, slots=True)
-class Resize:
-    """The world went on with ``ranks`` ranks (were ``before``; ``lost``: those it lost, none when it grew) from
-    loop step ``step`` (None: no step known)."""
-
-    before: int
-    ranks: int
-    step: int | None
-    lost: list[int]
-    at: float  # time.time()
+    @property
+    def engines(self) -> EngineSet:
+        return self.membership.live()
 
 
 @dataclass(slots=True)
@@ -71,21 +62,7 @@ class Recovery:
     used: int = 0
     checkpoint: dict[str, Any] | None = None  # {"path": ..., "names": {"model": ..., ...}}
     peer: bool = True  # rebuild from the living ranks' memory where that is exact (peer_recovery.py)
-    sizes: list[Resize] = field(default_factory=list)  # each time the world went on with fewer ranks, or grew
     renumbered: dict[int, int] | None = None  # the last recovery's old rank -> new rank, when the world shrank
-
-    def sizes_line(self) -> str:
-        """The world's sizes, as %dist_status says them: 'world size: 4 ranks, then 3 from step 7 (rank 1 lost
-        at 10:42:03)'; '' while it never changed."""
-        if not self.sizes:
-            return ""
-        said = [f"world size: {self.sizes[0].before} ranks"]
-        for s in self.sizes:
-            when = time.strftime("%H:%M:%S", time.localtime(s.at))
-            step = f" from step {s.step}" if s.step is not None else ""
-            why = f"rank(s) {', '.join(map(str, s.lost))} lost" if s.lost else f"{s.ranks - s.before} rank(s) added"
-            said.append(f"then {s.ranks}{step} ({why} at {when})")
-        return ", ".join(said)
 
     @property
     def left(self) -> int:
@@ -108,7 +85,7 @@ class Recovery:
         said, not_peer = peer_recovery.ask(replay.engines, dead, replay.timeout) if self.peer else (None, "")
         before = len(replay.engines.ranks)
         try:
-            replay.restart(dead)
+            replay.membership.restart(dead)
             what, renumbered = [f"restarted rank(s) {listed}", "rebuilt the process group"], None
         except Exception as exc:
             renumbered = self.renumbered = _shrink(dead, replay, exc)
@@ -140,7 +117,7 @@ class Recovery:
             step = restored
             what.append(f"restored step {restored} from {self.checkpoint['path']}")  # type: ignore[index]
         if renumbered:
-            self.sizes.append(Resize(before, len(renumbered), step, list(dead), time.time()))
+            replay.membership.resized(Resize(before, len(renumbered), step, list(dead), time.time()))
         line = (
             f"rank(s) {listed} died during the cell; {', '.join(what)} in {time.perf_counter() - tic:.1f} s, "
             f"and ran the cell again (automatic restarts left: {self.left} of {self.budget})."
@@ -177,7 +154,7 @@ def _shrink(dead: list[int], replay: Replay, exc: BaseException) -> dict[int, in
     """The dead ranks' replacement did not start (``exc``): with --min-ranks, go on with the living ranks when
     there are enough (their new numbers); else ClusterError naming what was lost and what to do."""
     listed, left = ", ".join(map(str, dead)), len(replay.engines.ranks) - len(dead)
-    if replay.shrink is None or replay.min_ranks is None:
+    if replay.min_ranks is None:
         raise ClusterError(
             f"automatic recovery could not restart rank(s) {listed}: {exc}; run %dist_restart."
         ) from exc
@@ -188,7 +165,7 @@ def _shrink(dead: list[int], replay: Replay, exc: BaseException) -> dict[int, in
             "Run %dist_restart once their hosts are back (or %dist_start again with fewer ranks)."
         ) from exc
     try:
-        return replay.shrink(dead)
+        return replay.membership.shrink(dead)
     except Exception as again:
         raise ClusterError(
             f"automatic recovery could not go on without rank(s) {listed}: {_first_line(again)}; run %dist_restart."
@@ -206,7 +183,7 @@ def _continuing(renumbered: dict[int, int], before: int) -> str:
 def restore_on_rank(path: str, names: dict[str, Any], saved_as: int | None = None) -> int | None:
     """Runs on a rank: load the latest checkpoint under ``path`` into the variables ``names`` (``saved_as``: the
     rank number this process saved its own part under, in a world that since went on with fewer ranks)."""
-    from .parallel.checkpoint import restore_latest
+    from ..parallel.checkpoint import restore_latest
 
     return restore_latest(path, names, saved_as)
 
@@ -232,12 +209,11 @@ def repair(
     killed: list[int],
     recovery: Recovery,
     auto_restart: bool,
-    restart: Callable[[list[int]], float],
-    rebuild: Callable[[], float],
+    membership: Membership,
 ) -> list[int]:
-    """After a release or a broken collective, make the world usable again and say how in the notes;
-    return the ranks left for automatic recovery (``CellPath.after`` recovers them and runs the cell
-    again). ``restart`` and ``rebuild`` are the Cluster's."""
+    """After a release or a broken collective, make the world usable again (``membership`` restarts ranks or
+    rebuilds the group) and say how in the notes; return the ranks left for automatic recovery (``CellPath.after``
+    recovers them and runs the cell again)."""
     dead = sorted({r.rank for r in result.ranks if r.status == RankStatus.DEAD} | set(killed))
     listed = ", ".join(map(str, dead))
     tic = time.perf_counter()
@@ -253,7 +229,7 @@ def repair(
         result.notes.append(f"rank(s) {listed} died; run %dist_restart to bring the world back with the same ranks.")
     elif dead:
         try:
-            restart(dead)
+            membership.restart(dead)
             result.notes.append(
                 f"rank(s) {listed} did not stop and were restarted with the same rank(s) in "
                 f"{time.perf_counter() - tic:.1f} s (their variables are gone); the process group was rebuilt."
@@ -262,7 +238,7 @@ def repair(
             result.notes.append(f"restarting rank(s) {dead} failed ({exc}); run %dist_restart.")
     elif result.released or any(r.broke_the_world() for r in result.ranks):
         try:
-            rebuild()
+            membership.rebuild()
             result.notes.append(
                 f"the process group was rebuilt in {time.perf_counter() - tic:.2f} s; variables on every rank are kept."
             )
