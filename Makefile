@@ -32,10 +32,14 @@ demo: $(RUNTIME)
 system:
 	@sh tests/system-packages.sh
 
-test: $(STAMP) system
+# The fast tier first (lint, types, the unit tests: about a minute, before any system package is installed),
+# stopping at its first failure; then the system packages and the rest.
+test: $(STAMP)
 	$(BIN)/ruff check nbdist tests benchmarks notebooks deploy
 	$(BIN)/mypy
-	OMP_NUM_THREADS=1 $(BIN)/python -m pytest -q -p no:cacheprovider --durations=30 tests
+	OMP_NUM_THREADS=1 $(BIN)/python -m pytest -q -p no:cacheprovider -x tests/unit
+	@sh tests/system-packages.sh
+	OMP_NUM_THREADS=1 $(BIN)/python -m pytest -q -p no:cacheprovider --durations=30 tests --ignore=tests/unit
 
 # The tests that need no cluster, no browser and no system package: under a minute, for the edit-test loop.
 unit: $(STAMP)

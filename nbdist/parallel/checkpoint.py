@@ -361,11 +361,6 @@ def load_checkpoint(
     return step
 
 
-def _saved(metadata: dict[str, Any], key: str) -> bool:
-    """Whether a checkpoint's metadata holds the state= object ``key`` (DCP flattens it to state.KEY.*)."""
-    return any(name.startswith(f"state.{key}.") for name in metadata)
-
-
 def _reason(exc: BaseException) -> str:
     """One line: the exception's type and first line; for DCP's, those of the first rank's failure."""
     failures = getattr(exc, "failures", None)
