@@ -79,7 +79,7 @@ def main() -> int:
                     pass
             killed_at: list[float] = []
 
-            def killer(rank: int = victim, at: int = after) -> None:
+            def killer(rank: int = victim, at: int = after, killed_at: list[float] = killed_at) -> None:
                 end = time.monotonic() + 120
                 while _progress(progress, rank) < at and time.monotonic() < end:
                     time.sleep(0.002)
