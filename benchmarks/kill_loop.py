@@ -37,11 +37,11 @@ X = torch.randn(4096, 8, generator=_g)
 loader = shard(torch.utils.data.TensorDataset(X, X.sum(1, keepdim=True)), batch_size=8, seed=2)
 """
 TRAIN = """
-for step, (x, y) in loader.steps({steps}):
+for step, (x, y) in loader.steps(loader.step + {steps}):
     loss = torch.nn.functional.mse_loss(model(x), y)
     opt.zero_grad(); loss.backward(); opt.step()
     open(PROGRESS + f"-{{dist.get_rank()}}", "w").write(str(step))
-    time.sleep(0.005)
+    time.sleep(0.03)
 """
 
 
@@ -78,8 +78,10 @@ def main() -> int:
                 except FileNotFoundError:
                     pass
             killed_at: list[float] = []
+            c.run("START = loader.step", sink=Sink()).raise_for_error()
+            first = c.pull("START", ranks=[0])[0]
 
-            def killer(rank: int = victim, at: int = after, killed_at: list[float] = killed_at) -> None:
+            def killer(rank: int = victim, at: int = after + first, killed_at: list[float] = killed_at) -> None:
                 end = time.monotonic() + 120
                 while _progress(progress, rank) < at and time.monotonic() < end:
                     time.sleep(0.002)
@@ -107,7 +109,8 @@ def main() -> int:
             rounds.append(row)
             beside = [r for r in dead if r != victim]
             print(
-                f"round {k:2d}: killed rank {victim} after step {after}: ok={result.ok} dead={dead}"
+                f"round {k:2d}: killed rank {victim} after step {after}: ok={result.ok} dead={dead} "
+                f"kill->end {row['kill_to_end_s']} s"
                 + (f"  LIVING RANK(S) {beside} DIED" if beside or not result.ok else ""),
                 flush=True,
             )

@@ -125,8 +125,13 @@ def _reap() -> None:
 def _child(job: dict) -> None:
     """In the forked child: become an ordinary engine; never returns into the server loop."""
     os.setsid()
-    for sig in (signal.SIGTERM, signal.SIGCHLD, signal.SIGPIPE):
+    # The signal dispositions a freshly started Python has (what a cold engine gets): SIGTERM and SIGCHLD as the
+    # OS sets them, SIGINT raising KeyboardInterrupt, and SIGPIPE ignored, so that writing to a socket whose peer
+    # died (gloo's pairs, the store rank 0 hosts, when another rank is killed) raises BrokenPipeError instead of
+    # ending this rank without a word.
+    for sig in (signal.SIGTERM, signal.SIGCHLD):
         signal.signal(sig, signal.SIG_DFL)
+    signal.signal(signal.SIGPIPE, signal.SIG_IGN)
     signal.signal(signal.SIGINT, signal.default_int_handler)
     numpy = sys.modules.get("numpy")
     if numpy is not None:

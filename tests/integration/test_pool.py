@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import signal
 
 import psutil
 import pytest
@@ -61,6 +62,37 @@ def test_engines_are_forks_of_the_warm_process_and_become_ordinary_engines(tmp_p
     assert pool.pids() == [server] and psutil.pid_exists(server), "the warm process stays for the next start"
     pool.shutdown()
     assert wait_gone([server], 5) == []
+
+
+SIGNALS = "import signal; dispositions = {s: int(signal.getsignal(getattr(signal, s))) for s in ('SIGPIPE', 'SIGXFSZ')}"
+
+
+def test_a_forked_rank_has_the_signal_dispositions_of_a_fresh_python_and_survives_a_broken_pipe():
+    """Python ignores SIGPIPE (and SIGXFSZ) at start-up; a fork that reset SIGPIPE to the default died without a
+    word when it wrote to a socket whose peer had gone: the store rank 0 hosts, or a gloo pair, when another rank
+    was killed (#57: 2 kills in 29 took rank 0 along)."""
+    fresh: dict = {}
+    exec(SIGNALS, fresh)
+    assert fresh["dispositions"] == {"SIGPIPE": int(signal.SIG_IGN), "SIGXFSZ": int(signal.SIG_IGN)}
+    server = pool.warm(2, default_threads(2))
+    with nbdist.start(n=2) as cluster:
+        assert [_parent(r.pid) for r in cluster.ranks] == [server, server]
+        cluster.run(SIGNALS).raise_for_error()
+        assert cluster.pull("dispositions") == [fresh["dispositions"]] * 2
+        cluster.run(
+            "import socket\n"
+            "mine, peer = socket.socketpair()\n"
+            "peer.close()\n"
+            "try:\n"
+            "    for _ in range(4):\n"
+            "        mine.send(b'x' * 65536)\n"
+            "    wrote = 'sent'\n"
+            "except BrokenPipeError:\n"
+            "    wrote = 'broken pipe'\n",
+            ranks=[0],
+        ).raise_for_error()
+        assert cluster.pull("wrote", ranks=[0]) == ["broken pipe"]
+        assert cluster.dead_ranks() == []
 
 
 def test_a_start_without_a_warm_process_begins_one_and_ends_it_with_the_cluster():
