@@ -20,7 +20,11 @@ The rules (docs/faults.md, rows 2, 3 and 10):
 * Ctrl-C releases at once (``INTERRUPT``);
 * while a rank is in its debugger (``paused``: a person at a pdb prompt, cells/pdbrelay.py) nothing
   is released, and the time spent there does not count toward the grace, timeout or watchdog;
-* ranks still running ``escalate`` seconds after a release are killed, once.
+* a release ``escalate`` seconds old is looked at (``CHECK``): the ranks still running that are stuck (still in a
+  collective after their watcher shut the group's connections, or silent to two looks in a row) are killed, and
+  those that answer from elsewhere (unwinding, formatting their traceback on a loaded machine, sending their
+  reply) are left to finish and looked at again ``escalate`` seconds later; ``last_resort`` seconds after the
+  release, whatever still runs is killed, once. A rank that is only slow to answer is never ended for it.
 """
 
 from __future__ import annotations
@@ -31,14 +35,16 @@ from enum import Enum
 
 from ..results import Release
 
-ESCALATE_S = 3.0  # after a release, seconds before ranks that did not stop are killed
+ESCALATE_S = 3.0  # after a release, seconds between looks at the ranks that did not stop (the stuck are killed)
+LAST_RESORT_S = 30.0  # after a release, seconds before every rank still running is killed, stuck or not
 
 
 class Action(Enum):
     WAIT = "wait"  # nothing to do yet
     PROBE = "probe"  # find out whether the running ranks wait in a collective; answer with probed()
     RELEASE = "release"  # interrupt the running ranks (the reason is in ``released``)
-    KILL = "kill"  # end the running ranks' processes: they did not stop after the release
+    CHECK = "check"  # after a release: end the running ranks that are stuck (``stuck``), leave the others be
+    KILL = "kill"  # end the running ranks' processes: they did not stop long after the release
 
 
 class ReleasePolicy:
@@ -51,6 +57,7 @@ class ReleasePolicy:
         watchdog: float | None,
         timeout: float | None,
         escalate: float = ESCALATE_S,
+        last_resort: float = LAST_RESORT_S,
         clock: Callable[[], float] = time.perf_counter,
         started: float | None = None,
         death_grace: float | None = None,
@@ -59,6 +66,8 @@ class ReleasePolicy:
         self.death_grace = death_grace
         self.watchdog = watchdog
         self.escalate = escalate
+        self.last_resort = last_resort
+        self.checked_at: float | None = None  # the last look at the ranks that did not stop after the release
         self.clock = clock
         self.started = clock() if started is None else started
         self.deadline = self.started + timeout if timeout else None
@@ -126,9 +135,14 @@ class ReleasePolicy:
                 self.probing = Release.WATCHDOG
                 return Action.PROBE
             return Action.WAIT
-        if not self.killed and self.released_at is not None and now - self.released_at > self.escalate:
+        if self.killed or self.released_at is None:
+            return Action.WAIT
+        if now - self.released_at > self.last_resort:
             self.killed = True
             return Action.KILL
+        if now - (self.checked_at or self.released_at) > self.escalate:
+            self.checked_at = now
+            return Action.CHECK
         return Action.WAIT
 
     def probed(self, in_collective: bool) -> Action:
@@ -150,3 +164,39 @@ class ReleasePolicy:
     def _release(self, why: Release, now: float) -> Action:
         self.released, self.released_at = why, now
         return Action.RELEASE
+
+
+def stuck(running: list[int], now: dict[int, dict], before: dict[int, dict | None]) -> list[int]:
+    """Of the ranks still running after a release, those to end (``CHECK``), from this look's reports (``now``:
+    rank -> its report, a silent rank missing) and the last look's (``before``: rank -> report, None when it was
+    silent; empty at the first look). Stuck: still in a collective (its watcher shut the group's connections and it
+    did not come out), idle at the very same place as at the last look (its main thread used no CPU in between), or
+    silent at both looks. A rank whose cell is over, that reports from somewhere new, or that works (unwinding,
+    formatting its traceback on a loaded machine, sending its reply) is stopping: it is left to finish."""
+    out = []
+    for r in running:
+        mine = now.get(r)
+        if mine is None:
+            if r in before and before[r] is None:
+                out.append(r)
+            continue
+        if not mine.get("busy", True):
+            continue
+        last = before.get(r)
+        if mine.get("in_collective") or (last is not None and _place(last) == _place(mine) and not _worked(last, mine)):
+            out.append(r)
+    return out
+
+
+WORKING_CPU_S = 0.02  # CPU a rank's main thread uses between two looks when it works (a waiting one: none)
+
+
+def _place(report: dict) -> tuple:
+    """Where a report says its rank is, to the line: its stack's end and its cell line."""
+    return tuple(report.get("stack") or ()), report.get("cell_line"), report.get("function")
+
+
+def _worked(last: dict, mine: dict) -> bool:
+    """Did the rank's main thread use CPU between the two reports (unknown: no)?"""
+    a, b = last.get("cpu_s"), mine.get("cpu_s")
+    return a is not None and b is not None and b - a >= WORKING_CPU_S

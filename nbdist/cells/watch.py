@@ -24,7 +24,7 @@ from .heard import Heard, call_sink
 from .interrupt import CtrlC
 from .output import Sink
 from .pdbrelay import Relay, send_line
-from .release import Action, ReleasePolicy
+from .release import Action, ReleasePolicy, stuck
 
 OnDone = Callable[[RunResult, list[int]], list[int]]  # (result, ranks killed) -> ranks to recover
 DEATH_CHECK_S = 0.1  # how often a running cell looks whether its ranks' processes are still there
@@ -60,11 +60,13 @@ class Watch:
         self.children = compat.async_result_children(ar)  # one per rank, in the order of ``ranks``
         self.states: dict[int, RankState] = {}  # what the sink was told
         self.reports: dict[int, dict[str, Any]] = {}  # where released ranks were
+        self.looked: dict[int, dict[str, Any] | None] = {}  # after a release, the last look at those still running
         # Ranks whose process nbdist started on this host, by pid: a death is seen at once, from the process,
         # instead of when the controller's heart monitor misses its beats (1-2 s later).
         infos = [engines.ranks[r] for r in ranks]
         self.pids = {i: info.pid for i, info in enumerate(infos) if info.local and info.pid}
         self.gone: set[int] = set()  # children whose process has ended before they reported
+        self.ended: set[int] = set()  # children whose process nbdist ended: stuck after a release
         # What the replies said, kept as they come (on the IO thread) so that a look costs nothing per rank
         # that is done: the children still without a reply, and whether any failed or exited.
         self.waiting: set[int] = set(range(len(ranks)))
@@ -173,11 +175,16 @@ class Watch:
                         self.engines.signal(running)
                 elif action is Action.RELEASE:
                     self._release(running)
+                elif action is Action.CHECK:
+                    now = reports.where(self.engines, running)
+                    ended = stuck(running, now, self.looked)
+                    self.looked = {r: now.get(r) for r in running}
+                    if ended:
+                        self._end(ended)
+                        killed += ended
                 elif action is Action.KILL:
-                    killed = running
-                    self.engines.kill(running)
-                    self.board.set(killed, RankState.DEAD)
-                    return killed, interrupted
+                    self._end(running)
+                    return killed + running, interrupted
             except KeyboardInterrupt:
                 interrupted = True
                 if policy.interrupt() is Action.RELEASE:
@@ -213,7 +220,7 @@ class Watch:
         print(text, flush=True)
 
     def _running(self) -> list[int]:
-        return [self.ranks[i] for i in sorted(self.waiting - self.gone)]
+        return [self.ranks[i] for i in sorted(self.waiting - self.gone - self.ended)]
 
     def _notice_deaths(self) -> None:
         """Ranks whose process ended, read from /proc: at most every DEATH_CHECK_S (16 reads a look; a
@@ -222,7 +229,7 @@ class Watch:
         if now - self.deaths_at < DEATH_CHECK_S:
             return
         self.deaths_at = now
-        for i in sorted(self.waiting - self.gone):
+        for i in sorted(self.waiting - self.gone - self.ended):
             pid = self.pids.get(i)
             if pid and not procs.alive(pid):
                 self.gone.add(i)
@@ -233,10 +240,16 @@ class Watch:
         self.reports = reports.where(self.engines, running)
         self.engines.signal(running)
 
+    def _end(self, ranks: list[int]) -> None:
+        """End these ranks' processes (they did not stop after the release): they are dead, and no longer waited for."""
+        self.engines.kill(ranks)
+        self.board.set(ranks, RankState.DEAD)
+        self.ended.update(i for i, rank in enumerate(self.ranks) if rank in ranks)
+
     def _report_states(self) -> None:
         """Tell the sink each rank's state as the board has it, when it changed (and, after 2 s, progress)."""
         board = self.board.get()
-        done = len(self.children) - len(self.waiting - self.gone)
+        done = len(self.children) - len(self.waiting - self.gone - self.ended)
         for rank in self.ranks:
             state = board[rank].state if rank in board else RankState.BUSY
             if self.states.get(rank) != state:
@@ -262,7 +275,7 @@ class Watch:
         if stream:
             end = time.perf_counter() + 1.0
             for i, child in enumerate(self.children):
-                if i in self.gone and not child.done():
+                if i in self.gone | self.ended and not child.done():
                     continue  # a dead engine's output never completes
                 try:
                     child.output.result(timeout=max(0.0, end - time.perf_counter()))

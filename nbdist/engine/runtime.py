@@ -214,6 +214,16 @@ def where(frame: Any) -> dict[str, Any]:
     }
 
 
+def _main_thread_cpu() -> float | None:
+    """Seconds of CPU the main thread (where cells run) has used, from /proc; None where there is no /proc."""
+    try:
+        with open(f"/proc/self/task/{threading.main_thread().native_id}/stat") as fh:
+            fields = fh.read().rsplit(")", 1)[1].split()
+        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")  # utime + stime
+    except (OSError, ValueError, IndexError):
+        return None
+
+
 def _write_report(reason: str) -> None:
     frame = compat.thread_frames().get(STATE.main_ident) if STATE.main_ident is not None else None
     busy = STATE.busy_since is not None
@@ -223,6 +233,7 @@ def _write_report(reason: str) -> None:
         "time": time.time(),
         "busy": busy,
         "debugging": STATE.debugging,
+        "cpu_s": _main_thread_cpu(),  # a rank that works uses its core; one that waits does not (cells/release.py)
     }
     if frame is not None and busy:
         report.update(where(frame))

@@ -112,7 +112,8 @@ class CellPath:
             return self._grown(result, code, cfg, sink, setup)
         line = ""
         try:
-            line = self.recovery.recover(dead, self.replay(), self.say) if dead else ""
+            ended = [r.rank for r in result.ranks if r.rank in dead and (r.error or {}).get("ename") == "Killed"]
+            line = self.recovery.recover(dead, self.replay(), self.say, ended) if dead else ""
         except ClusterError as exc:
             result.notes.append(str(exc))
         if not line:

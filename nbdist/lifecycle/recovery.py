@@ -74,14 +74,20 @@ class Recovery:
             return []
         return sorted(r.rank for r in result.ranks if r.status == RankStatus.DEAD and r.rank not in killed)
 
-    def recover(self, dead: list[int], replay: Replay, say: Callable[[str], None]) -> str:
+    def recover(self, dead: list[int], replay: Replay, say: Callable[[str], None], ended: Sequence[int] = ()) -> str:
         """Restart ``dead`` (or, with --min-ranks, go on without them when they cannot be replaced), rebuild the
         world, replay the setup cells, restore from a living rank or the checkpoint; return what was done as one
-        line (``say`` gets it too). Raises ClusterError naming the step that failed."""
+        line (``say`` gets it too). ``ended``: those of ``dead`` that nbdist ended because they did not stop after
+        the release (cells/release.py), said apart. Raises ClusterError naming the step that failed."""
         self.used += 1
         self.renumbered = None
         tic = time.perf_counter()
         listed = ", ".join(map(str, dead))
+        died = ", ".join(str(r) for r in dead if r not in ended)
+        why = f"rank(s) {died} died during the cell" if died else ""
+        if ended:
+            stuck = f"rank(s) {', '.join(map(str, ended))} did not stop after the release and were ended"
+            why = f"{why} and {stuck}" if why else stuck
         said, not_peer = peer_recovery.ask(replay.engines, dead, replay.timeout) if self.peer else (None, "")
         before = len(replay.engines.ranks)
         try:
@@ -119,7 +125,7 @@ class Recovery:
         if renumbered:
             replay.membership.resized(Resize(before, len(renumbered), step, list(dead), time.time()))
         line = (
-            f"rank(s) {listed} died during the cell; {', '.join(what)} in {time.perf_counter() - tic:.1f} s, "
+            f"{why}; {', '.join(what)} in {time.perf_counter() - tic:.1f} s, "
             f"and ran the cell again (automatic restarts left: {self.left} of {self.budget})."
         )
         say(line)
@@ -218,8 +224,8 @@ def repair(
     listed = ", ".join(map(str, dead))
     tic = time.perf_counter()
     to_recover = recovery.wants(result, killed)
-    if to_recover:
-        return to_recover  # Recovery.recover restarts them, replays the setup cells and runs the cell again
+    if to_recover:  # Recovery.recover restarts them, replays the setup cells and runs the cell again; the ranks
+        return sorted(set(to_recover) | set(killed))  # nbdist ended for not stopping are restarted with them
     if dead and recovery.budget and not killed:
         result.notes.append(
             f"rank(s) {listed} died and the automatic restarts are spent ({recovery.budget} of "

@@ -152,6 +152,30 @@ def test_fault2_rank_fails_while_others_wait_in_a_collective(cluster):
     assert_usable(cluster)
 
 
+def test_a_released_rank_that_is_slow_to_stop_is_left_to_finish_and_keeps_its_variables(cluster):
+    """A released rank that takes longer than the 3 s escalation to stop, working all the while (here its own
+    handler computes for 5 s at one line; on a loaded machine, formatting its traceback), is not ended: nbdist ends
+    only ranks that are stuck (cells/release.py ``stuck``). It used to end it at 3 s ("did not stop after an
+    interrupt; nbdist ended it"), with every variable of that rank."""
+    cluster.run("kept = dist.get_rank() + 10").raise_for_error()
+    r = cluster.run(
+        "import time\n"
+        "if dist.get_rank() == 1:\n"
+        "    raise RuntimeError('rank 1 gives up')\n"
+        "try:\n"
+        "    dist.all_reduce(torch.ones(4))\n"
+        "except BaseException:\n"
+        "    _end = time.process_time() + 5.0\n"
+        "    while time.process_time() < _end: pass\n"
+        "    raise\n"
+    )
+    assert r.released == "failure"
+    assert r[1].status == "error" and r[0].status == "interrupted", (r[0].status, r[0].error)
+    assert cluster.dead_ranks() == []
+    assert cluster.pull("kept") == [10, 11]
+    assert_usable(cluster)
+
+
 def test_fault3_ctrl_c_reaches_ranks_blocked_in_collectives(cluster, tmp_path):
     here = tmp_path / "in-collective"
 

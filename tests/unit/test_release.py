@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from nbdist.cells.release import Action, ReleasePolicy
+from nbdist.cells.release import LAST_RESORT_S, Action, ReleasePolicy, stuck
 from nbdist.results import Release
 
 
@@ -144,7 +144,7 @@ def test_ctrl_c_releases_at_once_and_only_once(clock):
     assert p.interrupt() is Action.WAIT  # a second Ctrl-C does not release again
 
 
-def test_ranks_that_do_not_stop_are_killed_once_after_the_escalation(clock):
+def test_ranks_that_do_not_stop_are_looked_at_every_escalation_and_killed_once_at_the_last_resort(clock):
     p = policy(clock, grace=0.5, escalate=3.0)
     p.observe(failed=True, finished=True)
     clock.advance(0.6)
@@ -152,9 +152,45 @@ def test_ranks_that_do_not_stop_are_killed_once_after_the_escalation(clock):
     clock.advance(2.9)
     assert p.observe(failed=True, finished=True) is Action.WAIT
     clock.advance(0.2)
-    assert p.observe(failed=True, finished=True) is Action.KILL
+    assert p.observe(failed=True, finished=True) is Action.CHECK  # the stuck are ended, the slow left be
+    assert p.observe(failed=True, finished=True) is Action.WAIT
+    clock.advance(3.1)
+    assert p.observe(failed=True, finished=True) is Action.CHECK  # and looked at again an escalation later
+    clock.advance(LAST_RESORT_S - 6.0)
+    assert p.observe(failed=True, finished=True) is Action.KILL  # whatever still runs, stuck or not
     clock.advance(10.0)
     assert p.observe(failed=True, finished=True) is Action.WAIT  # killed once, not again
+
+
+def _at(line, stack=("torch/autograd/graph.py:989 in _engine_run_backward",), collective=False, busy=True, cpu=1.0):
+    report = {"busy": busy, "cell_line": line, "function": "f", "stack": list(stack), "in_collective": collective}
+    return {**report, "cpu_s": cpu}
+
+
+def test_after_a_release_only_the_stuck_ranks_are_ended_never_one_that_is_slow_to_stop():
+    running = [0, 1, 2, 3, 4, 5]
+    first = {
+        0: _at(5, collective=True),  # still in a collective after its watcher shut the connections: stuck
+        1: _at(5),  # in backward, waiting: looked at again
+        2: _at(None, stack=("IPython/core/ultratb.py:1200 in format",)),  # formatting its traceback: stopping
+        3: _at(None, busy=False),  # its cell is over, its reply on the way
+        # 4 silent once: not yet
+        5: _at(7, stack=("<cell>:7 in <module>",)),  # a loop of its own at one line
+        6: _at(None, stack=("IPython/core/ultratb.py:1200 in format",)),
+    }
+    running = [*running, 6]
+    assert stuck(running, first, {}) == [0]
+    before = {r: first.get(r) for r in running}
+    second = {
+        1: _at(5),  # the very same place and no CPU used since: waiting, stuck
+        2: _at(None, stack=("IPython/core/ultratb.py:1350 in structured_traceback",)),  # moved on: stopping
+        4: _at(None, stack=("inspect.py:994 in getmodule",)),  # answered now
+        5: _at(7, stack=("<cell>:7 in <module>",), cpu=2.5),  # the same line, but working: left to finish
+        # 6 silent now, not before: not yet
+    }
+    assert stuck(running[1:], second, before) == [1]
+    # the same reports once more: nothing moved and no CPU was used, and rank 6 is silent a second time
+    assert stuck([1, 2, 4, 5, 6], second, {r: second.get(r) for r in [1, 2, 4, 5, 6]}) == [1, 2, 4, 5, 6]
 
 
 def test_a_release_is_not_replaced_by_a_later_reason(clock):
@@ -273,4 +309,26 @@ def test_ctrl_c_in_the_debugger_still_releases_and_escalates(clock):
     assert p.observe(failed=False, finished=False, paused=True) is Action.WAIT
     assert p.interrupt() is Action.RELEASE
     clock.advance(4.0)
-    assert p.observe(failed=False, finished=False, paused=True) is Action.KILL, "a release is never paused"
+    assert p.observe(failed=False, finished=False, paused=True) is Action.CHECK, "a release is never paused"
+    clock.advance(LAST_RESORT_S)
+    assert p.observe(failed=False, finished=False, paused=True) is Action.KILL
+
+
+def test_ranks_ended_for_not_stopping_are_recovered_with_the_ranks_that_died():
+    """When automatic recovery runs anyway (a rank died by itself), the ranks nbdist ended after the release are
+    restarted with it: leaving them dead failed the recovery's new process group (benchmarks/kill_loop.py)."""
+    from nbdist.lifecycle.recovery import Recovery, repair
+    from nbdist.results import RankResult, RankStatus, RunResult
+
+    killed = {"ename": "Killed", "evalue": "did not stop after an interrupt; nbdist ended it"}
+    result = RunResult(
+        [
+            RankResult(0, 0, RankStatus.INTERRUPTED),
+            RankResult(1, 1, RankStatus.DEAD, error={"ename": "EngineError", "evalue": "its process ended"}),
+            RankResult(2, 2, RankStatus.DEAD, error=killed),
+        ],
+        released="failure",
+    )
+    assert repair(result, [2], Recovery(budget=3), False, membership=None) == [1, 2]  # type: ignore[arg-type]
+    spent = Recovery(budget=1, used=1)  # no recovery: nothing returned, the note says what to run
+    assert repair(result, [2], spent, False, membership=None) == []  # type: ignore[arg-type]
