@@ -1,6 +1,10 @@
 """Keys and message types nbdist sends between ranks and notebook over ipyparallel's channels: one place
 for both sides, the rank that publishes (engine/metrics.py, parallel/checkpoint.py, engine/debug.py, engine/exits.py) and
-the notebook that reads (cells/watch.py, cells/pdbrelay.py). A leaf: it imports nothing."""
+the notebook that reads (cells/watch.py, cells/pdbrelay.py). A leaf: it imports nothing of nbdist's."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
 
 METRICS = "nbdist.metrics."  # + a sequence number: rows logged with nbdist.log
 EXITED = "nbdist.exited"  # the cell's code called exit() on a rank: its status and cell line
@@ -14,3 +18,40 @@ STEPS_ENV = "NBDIST_STEPS_DIR"  # where each engine says its step on the way in 
 WAITING = "waiting-{pid}"  # in a kept world's directory: this process saw its kernel go and waits out the lease
 REPORT = "rank{rank}.json"  # in the world's directory: where a rank is, written when it gets SIGUSR1 (engine/runtime.py)
 PEER_ENV = "NBDIST_PEER_RECOVERY"  # "1" on a rank of a world that recovers from a live peer (parallel/peer.py)
+
+
+# --------------------------------------------------------------------------- recovery from a live peer
+# What a living rank answers when asked to hold its state (parallel/peer_give.hold, on the rank) and what the
+# notebook decides from the answers (lifecycle/peer_recovery.decide). Typed, so that a misspelt field is an error
+# mypy finds, not a KeyError on a rank in the middle of a recovery; versioned, so that a rank of another nbdist
+# is said, not misread.
+
+HOLDING_VERSION = 1
+
+
+@dataclass(frozen=True, slots=True)
+class Names:
+    """The variables of a rank's namespace that hold its training state, by their names there."""
+
+    model: str | None = None
+    optimizer: str | None = None
+    loader: str | None = None
+    extra: str = ""  # the extra= dict of the last save_checkpoint
+    state: dict[str, str] = field(default_factory=dict)  # the state= objects of the last save_checkpoint: key -> name
+
+    def complete(self) -> bool:
+        return bool(self.model and self.optimizer and self.loader)
+
+
+@dataclass(frozen=True, slots=True)
+class Holding:
+    """A living rank's answer to 'hold your state': what it can give, or why it can give nothing."""
+
+    rank: int
+    why: str = ""  # why it can give nothing ('' when it can)
+    done: int = 0  # optimizer steps it completed
+    steps: dict[int, int] = field(default_factory=dict)  # its own parts: steps completed -> the loop step after them
+    checksum: str = ""  # of what every rank holds alike (parameters, optimizer), bit for bit
+    keeps: dict[int, tuple[int, bool]] = field(default_factory=dict)  # parts kept for others: steps -> (whose, exact)
+    names: Names = field(default_factory=Names)
+    version: int = HOLDING_VERSION

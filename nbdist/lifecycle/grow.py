@@ -70,7 +70,7 @@ def grow(count: int, replay: Replay) -> str:
     chosen, why = peer_recovery.decide(said, []) if said is not None else (None, why)
     step = None
     if chosen is not None:
-        step = peer_recovery.restore(engines, chosen, replay.timeout, joined=count)
+        step = peer_recovery.give(engines, chosen, replay.timeout, joined=count)
         what.append(f"gave every rank step {step} from rank {chosen.source}'s memory (nothing recomputed)")
     else:
         what.append(f"no training state to give ({why}): every rank holds what the setup cells made")

@@ -110,13 +110,13 @@ class Recovery:
         step: int | None = None
         if chosen is not None:
             try:
-                step = peer_recovery.restore(replay.engines, chosen, replay.timeout)
+                step = peer_recovery.give(replay.engines, chosen, replay.timeout)
                 was = next((old for old, new in (renumbered or {}).items() if new == chosen.source), chosen.source)
                 source = f"{chosen.source}'s" if was == chosen.source else f"{chosen.source}'s (was rank {was})"
                 what.append(f"rebuilt step {step} from rank {source} memory (nothing recomputed)")
             except ClusterError as exc:
                 chosen, not_peer = None, str(exc)
-        restored = _restore(replay, self.checkpoint, renumbered) if chosen is None else None
+        restored = _load_latest(replay, self.checkpoint, renumbered) if chosen is None else None
         if chosen is None and not_peer:
             what.append(f"not from a living rank: {not_peer}")
         if restored is not None:
@@ -186,7 +186,7 @@ def _continuing(renumbered: dict[int, int], before: int) -> str:
     return said + ", rebuilt the process group"
 
 
-def restore_on_rank(path: str, names: dict[str, Any], saved_as: int | None = None) -> int | None:
+def load_latest_on_rank(path: str, names: dict[str, Any], saved_as: int | None = None) -> int | None:
     """Runs on a rank: load the latest checkpoint under ``path`` into the variables ``names`` (``saved_as``: the
     rank number this process saved its own part under, in a world that since went on with fewer ranks)."""
     from ..parallel.checkpoint import restore_latest
@@ -194,7 +194,7 @@ def restore_on_rank(path: str, names: dict[str, Any], saved_as: int | None = Non
     return restore_latest(path, names, saved_as)
 
 
-def _restore(replay: Replay, checkpoint: dict[str, Any] | None, renumbered: dict[int, int] | None) -> int | None:
+def _load_latest(replay: Replay, checkpoint: dict[str, Any] | None, renumbered: dict[int, int] | None) -> int | None:
     """Load the latest checkpoint on every rank at once (DCP loads collectively); its step or None. In a world
     that went on with fewer ranks, each rank loads the part it saved under its old number."""
     if not checkpoint:
@@ -203,7 +203,7 @@ def _restore(replay: Replay, checkpoint: dict[str, Any] | None, renumbered: dict
     every = list(range(len(engines.ranks)))
     was = {new: old for old, new in (renumbered or {}).items()}
     calls: dict[int, Any] = {
-        r: (restore_on_rank, (checkpoint["path"], checkpoint["names"], was.get(r)), {}) for r in every
+        r: (load_latest_on_rank, (checkpoint["path"], checkpoint["names"], was.get(r)), {}) for r in every
     }
     loaded = engines.call_each(calls, timeout=replay.timeout)
     steps = loaded.ordered(f"automatic recovery: loading {checkpoint['path']}", every)

@@ -355,7 +355,7 @@ def load_checkpoint(
     for key, obj in objects.items():
         obj.load_state_dict(payload["state"][key])
     if own is not None:
-        ckpt_rank.restore(own, model, loader)
+        ckpt_rank.put_back_own(own, model, loader)
         if extra is not None:
             extra.update(own.get("extra") or {})
     return step

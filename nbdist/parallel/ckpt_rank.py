@@ -112,7 +112,7 @@ def _read(file: str) -> dict[str, Any]:
         ) from None
 
 
-def restore(own: dict[str, Any], model: torch.nn.Module, loader: Any) -> None:
+def put_back_own(own: dict[str, Any], model: torch.nn.Module, loader: Any) -> None:
     """Put this rank's part back: RNG states, buffers, the loader's position (what the file has)."""
     if own.get("rng") is not None:
         set_rng_states(own["rng"])

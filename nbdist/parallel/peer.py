@@ -29,6 +29,7 @@ import os
 import queue
 import threading
 import weakref
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
@@ -45,29 +46,53 @@ SEND_WAIT_S = 30.0  # seconds a step waits for its part to leave (a bound: a bro
 HEADER = 24  # bytes: the part's length, the steps completed it belongs to, whether it was taken at a boundary
 SLACK = 4096  # bytes of room in each mirror buffer beyond the largest part seen at the first step
 KEEP = 3  # parts kept, own and mirrored: the living ranks may have stopped one step apart
-KEPT: dict[str, Any] = {
-    "loader": None,  # the ShardedLoader of the loop that runs
-    "hooked": weakref.WeakSet(),  # optimizers whose hooks are on (not by id: one is reused once freed)
-    "optimizer": None,
-    "model": None,
-    "begun": 0,  # optimizer steps begun / completed since the hooks went on
-    "done": 0,
+
+
+@dataclass(slots=True)
+class Held:
+    """What ``hold`` took when a rank died, before the setup cells replaced the objects (peer_give.give gives it)."""
+
+    shared: dict[str, Any]  # what every rank holds alike: model, optimizer, schedulers, state=
+    parts: dict[int, tuple[bool, bytes]]  # this rank's own parts by steps completed: (exact, part)
+    mirrors: dict[int, tuple[int, bool, bytes]]  # the parts it keeps for others: (rank it came from, exact, part)
+
+
+@dataclass(slots=True)
+class Kept:
+    """A rank's side of recovery from a live peer, kept as training goes (one per process: ``KEPT``)."""
+
+    loader: Any = None  # the ShardedLoader of the loop that runs
+    hooked: weakref.WeakSet = field(default_factory=weakref.WeakSet)  # optimizers whose hooks are on (not by id)
+    optimizer: Any = None
+    model: Any = None
+    begun: int = 0  # optimizer steps begun / completed since the hooks went on
+    done: int = 0
     # This rank's own part by the optimizer steps completed when the loop is at it: (exact, part); exact at a
     # step boundary, taken just before the step otherwise (what the next boundary will be, but for extra=).
-    "parts": {},
-    "mirrors": {},  # the parts this rank keeps for another, the same way: (rank it came from, exact, bytes)
-    "saved": {},  # the names the last save_checkpoint remembered: {"state": {key: name}, "extra": name}
-    "exchange": None,  # the exchange in flight: (receive, from, the send not waited for yet)
-    "capacity_of": None,  # the group the buffers below were agreed in
-    "out": None,
-    "into": None,
-    "held": None,  # what recovery took before the setup cells replaced the objects
-    "queue": queue.Queue(),  # exchanges for the sender thread (``_send``)
-    "sender": None,
-    "failed": None,  # the exchange that raised (the world broke)
-    "last_sent": None,
-    "generation": 0,  # a rebuilt world or a new loop's optimizer: exchanges of an older one are dropped
-}
+    parts: dict[int, tuple[bool, bytes]] = field(default_factory=dict)
+    mirrors: dict[int, tuple[int, bool, bytes]] = field(default_factory=dict)  # kept for another: (whose, exact, part)
+    saved_state: dict[str, str] = field(default_factory=dict)  # the last save_checkpoint's state= names: key -> name
+    saved_extra: str | None = None  # and its extra= dict's name
+    exchange: tuple[Any, int, Any, int] | None = None  # in flight: (receive, from, the send not waited for, generation)
+    group: Any = None  # the gloo group of the last exchange
+    capacity_of: Any = None  # the group the buffers below were agreed in
+    out: torch.Tensor | None = None
+    into: torch.Tensor | None = None
+    held: Held | None = None  # what recovery took before the setup cells replaced the objects
+    queue: queue.Queue = field(default_factory=queue.Queue)  # exchanges for the sender thread (``_send``)
+    sender: threading.Thread | None = None
+    failed: threading.Event | None = None  # the exchange that raised (the world broke), and why
+    why: str = ""
+    last_sent: threading.Event | None = None
+    generation: int = 0  # a rebuilt world or a new loop's optimizer: exchanges of an older one are dropped
+
+    def new_loop(self) -> None:
+        """Nothing kept so far counts: a new optimizer's loop, a world that grows, or a restore that was made."""
+        self.begun, self.done, self.parts, self.mirrors, self.exchange = 0, 0, {}, {}, None
+        self.generation += 1
+
+
+KEPT = Kept()
 
 
 def enabled() -> bool:
@@ -84,12 +109,12 @@ def watch(loader: Any) -> None:
     if not enabled():
         return
     optimizer, model = find(namespace())
-    KEPT.update(loader=loader, optimizer=optimizer, model=model)
+    KEPT.loader, KEPT.optimizer, KEPT.model = loader, optimizer, model
     if optimizer is None:
         return  # none, or several: hold() says so and recovery falls back to the checkpoint
-    if optimizer not in KEPT["hooked"]:
-        KEPT["hooked"].add(optimizer)
-        KEPT.update(begun=0, done=0, parts={}, mirrors={}, exchange=None, generation=KEPT["generation"] + 1)
+    if optimizer not in KEPT.hooked:
+        KEPT.hooked.add(optimizer)
+        KEPT.new_loop()
         optimizer.register_step_pre_hook(_before_step)
         optimizer.register_step_post_hook(_after_step)
 
@@ -109,16 +134,16 @@ def find(ns: dict[str, Any]) -> tuple[Any, Any]:
 def boundary() -> None:
     """A step boundary of ``loader.steps()`` (before the next batch is read): keep this rank's own part, exact,
     and send it to the buddy without waiting (it has the whole step to arrive)."""
-    if KEPT["optimizer"] is None or not enabled():
+    if KEPT.optimizer is None or not enabled():
         return
     data = own_part(with_extra=True)
-    _keep(KEPT["parts"], KEPT["done"], (True, data))
-    _send(KEPT["done"], True, data, wait=False)
+    _keep(KEPT.parts, KEPT.done, (True, data))
+    _send(KEPT.done, True, data, wait=False)
 
 
 def saved(names: dict[str, Any]) -> None:
     """``save_checkpoint`` names its ``state=`` objects and ``extra=`` dict: a peer gives them too."""
-    KEPT["saved"] = {"state": dict(names.get("state") or {}), "extra": names.get("extra")}
+    KEPT.saved_state, KEPT.saved_extra = dict(names.get("state") or {}), names.get("extra")
 
 
 def _before_step(optimizer: Any, args: Any, kwargs: Any) -> None:
@@ -126,40 +151,40 @@ def _before_step(optimizer: Any, args: Any, kwargs: Any) -> None:
     this step, so left out), sent to the buddy; the step waits until it has left, and is not taken when it
     could not leave (the buddy died): a rank that took its step left its part behind, and a rank whose
     buddy died stays with the dead rank, at the step whose boundary part it sent."""
-    if optimizer is not KEPT["optimizer"] or not enabled():
+    if optimizer is not KEPT.optimizer or not enabled():
         return
-    after = KEPT["begun"] + 1
+    after = KEPT.begun + 1
     data = own_part(with_extra=False)
     sent = _send(after, False, data, wait=True)
-    if not sent.wait(SEND_WAIT_S) or KEPT.get("failed") is sent:
+    if not sent.wait(SEND_WAIT_S) or KEPT.failed is sent:
         raise RuntimeError(
-            f"nbdist: rank {dist.get_rank()} could not leave its part with its buddy ({KEPT.get('why') or 'no answer'})"
+            f"nbdist: rank {dist.get_rank()} could not leave its part with its buddy ({KEPT.why or 'no answer'})"
         )
-    KEPT["begun"] = after
-    if after not in KEPT["parts"]:
-        _keep(KEPT["parts"], after, (False, data))
+    KEPT.begun = after
+    if after not in KEPT.parts:
+        _keep(KEPT.parts, after, (False, data))
 
 
 def _after_step(optimizer: Any, args: Any, kwargs: Any) -> None:
-    if optimizer is KEPT["optimizer"]:
-        KEPT["done"] += 1
+    if optimizer is KEPT.optimizer:
+        KEPT.done += 1
 
 
 def _send(index: int, exact: bool, data: bytes, wait: bool) -> threading.Event:
     """Hand an exchange to this rank's sender thread: gloo's point-to-point calls take about 1.5 ms each on
     the 2-core CI machine beside a training step (benchmarks/recovery.py), and the boundary's need not be
     waited for. The group is taken here, on the training thread: a new one is a collective of every rank."""
-    sender = KEPT.get("sender")
+    sender = KEPT.sender
     if sender is None or not sender.is_alive():
-        sender = threading.Thread(target=_sender, args=(KEPT["queue"],), name="nbdist-peer", daemon=True)
-        KEPT["sender"] = sender
+        sender = threading.Thread(target=_sender, args=(KEPT.queue,), name="nbdist-peer", daemon=True)
+        KEPT.sender = sender
         sender.start()
     group = control.control_group("peer")
-    if group is not KEPT.get("group"):  # a world rebuilt since the last exchange (a release, a restart)
-        KEPT.update(group=group, generation=KEPT["generation"] + 1, exchange=None)
+    if group is not KEPT.group:  # a world rebuilt since the last exchange (a release, a restart)
+        KEPT.group, KEPT.generation, KEPT.exchange = group, KEPT.generation + 1, None
     done = threading.Event()
-    KEPT["queue"].put((KEPT["generation"], group, index, exact, data, wait, done))
-    KEPT["last_sent"] = done
+    KEPT.queue.put((KEPT.generation, group, index, exact, data, wait, done))
+    KEPT.last_sent = done
     return done
 
 
@@ -167,11 +192,11 @@ def _sender(items: queue.Queue) -> None:
     while True:
         generation, group, index, exact, data, wait, done = items.get()
         try:
-            if generation != KEPT["generation"]:  # of a world or loop since replaced: dropped
+            if generation != KEPT.generation:  # of a world or loop since replaced: dropped
                 raise RuntimeError("an exchange of a world since rebuilt")
             _exchange(group, generation, index, exact, data, wait)
         except Exception as exc:  # the world broke: what was in flight stays as it is for hold()
-            KEPT["failed"], KEPT["why"] = (
+            KEPT.failed, KEPT.why = (
                 done,
                 f"{type(exc).__name__}: {str(exc).splitlines()[0][:200] if str(exc) else ''}",
             )
@@ -187,8 +212,8 @@ def _keep(kept: dict[int, Any], index: int, value: Any) -> None:
 
 def own_part(with_extra: bool) -> bytes:
     """What this rank alone holds, as the next step will begin with it (peer_part.py)."""
-    extra = namespace().get(KEPT["saved"].get("extra") or "") if with_extra else None
-    return peer_part.take(KEPT["loader"], KEPT["model"], copy.deepcopy(extra) if isinstance(extra, dict) else None)
+    extra = namespace().get(KEPT.saved_extra or "") if with_extra else None
+    return peer_part.take(KEPT.loader, KEPT.model, copy.deepcopy(extra) if isinstance(extra, dict) else None)
 
 
 def buddy(rank: int, size: int) -> int:
@@ -206,18 +231,16 @@ def _exchange(group: Any, generation: int, index: int, exact: bool, data: bytes,
     and the part."""
     rank, size = dist.get_rank(), dist.get_world_size()
     finish(wait=True)
-    if generation != KEPT["generation"]:
+    if generation != KEPT.generation:
         raise RuntimeError("an exchange of a world since rebuilt")
-    if KEPT["capacity_of"] is not group:  # first exchange in this world: agree on a size
+    if KEPT.capacity_of is not group:  # first exchange in this world: agree on a size
         need = torch.tensor([len(data) + HEADER], dtype=torch.int64)
         dist.all_reduce(need, op=dist.ReduceOp.MAX, group=group)
         room = int(need.item()) * 2 + SLACK
-        KEPT.update(
-            capacity_of=group,
-            out=torch.zeros(room, dtype=torch.uint8),
-            into=torch.zeros(room, dtype=torch.uint8),
-        )
-    out, into = KEPT["out"], KEPT["into"]
+        KEPT.capacity_of = group
+        KEPT.out, KEPT.into = torch.zeros(room, dtype=torch.uint8), torch.zeros(room, dtype=torch.uint8)
+    out, into = KEPT.out, KEPT.into
+    assert out is not None and into is not None
     fits = len(data) + HEADER <= out.numel()  # else the buddy learns that it holds nothing for this point
     out[:HEADER].view(torch.int64).copy_(torch.tensor([len(data) if fits else -1, index, int(exact)]))
     if fits:
@@ -227,7 +250,7 @@ def _exchange(group: Any, generation: int, index: int, exact: bool, data: bytes,
     got = group.recv([into], source, 0)
     if wait and sent is not None and not _waited(sent, generation):  # a gloo send is waited for once only
         raise RuntimeError("the world was rebuilt while this rank's part was leaving")
-    KEPT["exchange"] = (got, source, None if wait else sent, generation)
+    KEPT.exchange = (got, source, None if wait else sent, generation)
 
 
 def _waited(work: Any, generation: int) -> bool:
@@ -239,7 +262,7 @@ def _waited(work: Any, generation: int) -> bool:
             work.wait(timeout=datetime.timedelta(seconds=WAIT_STEP_S))
             return True
         except Exception as exc:
-            if generation != KEPT["generation"]:
+            if generation != KEPT.generation:
                 return False
             if "timed out" not in str(exc).lower() and "timeout" not in str(exc).lower():
                 raise
@@ -247,11 +270,11 @@ def _waited(work: Any, generation: int) -> bool:
 
 def finish(wait: bool) -> None:
     """Keep the part the receive in flight brought (``wait``: it must come; otherwise only if it came)."""
-    pending, KEPT["exchange"] = KEPT["exchange"], None
+    pending, KEPT.exchange = KEPT.exchange, None
     if pending is None:
         return
     got, source, sent, generation = pending
-    if generation != KEPT["generation"]:
+    if generation != KEPT.generation:
         return
     try:
         if wait:
@@ -261,10 +284,12 @@ def finish(wait: bool) -> None:
             got.wait(timeout=datetime.timedelta(seconds=AFTER_S))
     except Exception:
         return
-    into = KEPT["into"]
+    into = KEPT.into
+    if into is None:
+        return
     length, index, exact = into[:HEADER].view(torch.int64).tolist()
-    if length >= 0 and (exact or index not in KEPT["mirrors"]):
-        _keep(KEPT["mirrors"], index, (source, bool(exact), into.numpy()[HEADER : HEADER + length].tobytes()))
+    if length >= 0 and (exact or index not in KEPT.mirrors):
+        _keep(KEPT.mirrors, index, (source, bool(exact), into.numpy()[HEADER : HEADER + length].tobytes()))
 
 
 def namespace() -> dict[str, Any]:

@@ -1,6 +1,6 @@
 """Recovery from a live peer, the giving side on a rank (parallel/peer.py keeps the parts as training goes):
-``hold`` keeps this rank's state when a rank died (or the world grows) and says what it can give; ``restore``
-gives it to the rebuilt world."""
+``hold`` keeps this rank's state when a rank died (or the world grows) and says what it can give (a typed
+``wire.Holding``); ``give`` gives it to the rebuilt world."""
 
 from __future__ import annotations
 
@@ -14,76 +14,74 @@ import torch.distributed as dist
 
 from ..engine import schedulers
 from ..engine.state import STATE
+from ..wire import Holding, Names
 from . import ckpt_rank, peer_part
 from .data import ShardedLoader
-from .peer import AFTER_S, KEPT, find, finish, name_of, namespace, own_part
+from .peer import AFTER_S, KEPT, Held, find, finish, name_of, namespace, own_part
 
 
-def hold(now: bool = False) -> dict[str, Any]:
+def hold(now: bool = False) -> Holding:
     """Run on each living rank after a rank died, before anything else: keep this rank's state (the objects
-    will be replaced when the setup cells run again) and say what it can give: the optimizer steps it
-    completed, a checksum of what every rank holds alike, its own parts and the parts it keeps for others
-    (each by steps completed). ``why`` when it can give nothing. ``now``: between cells, before the world grows:
+    will be replaced when the setup cells run again) and say what it can give (``wire.Holding``): the optimizer
+    steps it completed, a checksum of what every rank holds alike, its own parts and the parts it keeps for others
+    (each by steps completed); ``why`` when it can give nothing. ``now``: between cells, before the world grows:
     the state as it is, of the optimizer, its model and the loader in the namespace (step index 0)."""
     if now:
         ns = namespace()
         optimizer, model = find(ns)
         loaders = list({id(v): v for v in ns.values() if isinstance(v, ShardedLoader)}.values())
-        KEPT.update(optimizer=optimizer, model=model, loader=loaders[0] if len(loaders) == 1 else None)
-        KEPT.update(begun=0, done=0, parts={}, mirrors={}, generation=KEPT["generation"] + 1)
-        if None not in (optimizer, model, KEPT["loader"]):
-            KEPT["parts"] = {0: (True, own_part(with_extra=True))}
+        KEPT.optimizer, KEPT.model, KEPT.loader = optimizer, model, loaders[0] if len(loaders) == 1 else None
+        KEPT.new_loop()
+        if None not in (optimizer, model, KEPT.loader):
+            KEPT.parts = {0: (True, own_part(with_extra=True))}
     else:
-        last = KEPT.get("last_sent")
+        last = KEPT.last_sent
         if last is not None:
             last.wait(AFTER_S)  # the sender thread is done with what it had
         finish(wait=False)
-        KEPT["generation"] += 1  # what the sender thread still waits for in the broken world: let it go
-    optimizer, model, loader = KEPT["optimizer"], KEPT["model"], KEPT["loader"]
+        KEPT.generation += 1  # what the sender thread still waits for in the broken world: let it go
+    optimizer, model, loader = KEPT.optimizer, KEPT.model, KEPT.loader
     rank = STATE.rank if STATE.rank is not None else int(os.environ.get("RANK", "0"))
-    out: dict[str, Any] = {"rank": rank, "why": ""}
     if optimizer is None or model is None or loader is None:
-        out["why"] = (
-            "the namespace holds no single optimizer with its model and loader of nbdist.parallel.shard" if now
-            else "no loader.steps() loop with one optimizer and its model ran on this rank"
+        return Holding(
+            rank,
+            why="the namespace holds no single optimizer with its model and loader of nbdist.parallel.shard" if now
+            else "no loader.steps() loop with one optimizer and its model ran on this rank",
         )
-        return out
     if _sharded(model):
-        out["why"] = "the model is sharded (FSDP): each rank holds only its own shard, which died with it"
-        return out
-    done = KEPT["done"]
-    if KEPT["begun"] != done:
-        out["why"] = f"rank {rank} was stopped inside optimizer.step(): its parameters are half updated"
-        return out
-    ns, names = namespace(), KEPT["saved"]
+        return Holding(rank, why="the model is sharded (FSDP): each rank holds only its own shard, which died with it")
+    done = KEPT.done
+    if KEPT.begun != done:
+        return Holding(rank, why=f"rank {rank} was stopped inside optimizer.step(): its parameters are half updated")
+    ns = namespace()
     shared = {
         "model": model.state_dict(),
         "optimizer": optimizer.state_dict(),
         "schedulers": [s.state_dict() for s in schedulers.bound(optimizer)],
-        "state": {key: ns[name].state_dict() for key, name in names.get("state", {}).items() if name in ns},
+        "state": {key: ns[name].state_dict() for key, name in KEPT.saved_state.items() if name in ns},
     }
-    parts = dict(KEPT["parts"])
+    parts = dict(KEPT.parts)
     if done in parts and not parts[done][0]:  # past its step, not at the next boundary: extra= as it is now
-        extra = ns.get(names.get("extra") or "")
+        extra = ns.get(KEPT.saved_extra or "")
         parts[done] = (
             True,
             peer_part.with_extra(parts[done][1], copy.deepcopy(extra) if isinstance(extra, dict) else None),
         )
-    KEPT["held"] = {"shared": shared, "parts": parts, "mirrors": dict(KEPT["mirrors"])}
-    out.update(
+    KEPT.held = Held(shared=shared, parts=parts, mirrors=dict(KEPT.mirrors))
+    return Holding(
+        rank,
         done=done,
         steps={index: peer_part.step_of(data) for index, (_, data) in parts.items()},
         checksum=checksum({"parameters": list(model.parameters()), "optimizer": shared["optimizer"]}),  # not buffers
-        keeps={index: [source, exact] for index, (source, exact, _) in KEPT["mirrors"].items()},
-        names={
-            "model": name_of(model),
-            "optimizer": name_of(optimizer),
-            "loader": name_of(loader),
-            "extra": names.get("extra") or "",
-            "state": names.get("state", {}),
-        },
+        keeps={index: (source, exact) for index, (source, exact, _) in KEPT.mirrors.items()},
+        names=Names(
+            model=name_of(model),
+            optimizer=name_of(optimizer),
+            loader=name_of(loader),
+            extra=KEPT.saved_extra or "",
+            state=dict(KEPT.saved_state),
+        ),
     )
-    return out
 
 
 def _sharded(model: Any) -> bool:
@@ -115,37 +113,39 @@ def _tensors(value: Any) -> list[torch.Tensor]:
     return []
 
 
-def restore(done: int, source: int, names: dict[str, Any], parts_from: dict[int, int], joined: int = 0) -> int:
+def give(done: int, source: int, names: Names, parts_from: dict[int, int], joined: int = 0) -> int:
     """Run on every rank of the rebuilt world, after the setup cells ran again: the world goes on after
     ``done`` optimizer steps. ``source`` (which completed exactly those) sends what every rank holds alike;
     each rank takes its own part for that point (a restarted rank, from the rank in ``parts_from`` that kept
     it; a rank of the last ``joined``, new to a world that grew: the source's, but for the RNG states its setup
     cells gave it); the objects named in ``names`` get it all. Returns the step the loop goes on from."""
     rank, size = dist.get_rank(), dist.get_world_size()
-    held = KEPT["held"] or {"parts": {}, "mirrors": {}}
-    box = [held["shared"] if rank == source else None, held["parts"][done][1] if rank == source and joined else None]
+    held = KEPT.held or Held(shared={}, parts={}, mirrors={})
+    box: list[Any] = [held.shared if rank == source else None, held.parts[done][1] if rank == source and joined else None]
     dist.broadcast_object_list(box, src=source)
-    given = {r: data for index, (r, _, data) in held["mirrors"].items() if index == done and parts_from.get(r) == rank}
+    given = {r: data for index, (r, _, data) in held.mirrors.items() if index == done and parts_from.get(r) == rank}
     everyone: list[Any] = [None] * size
     dist.all_gather_object(everyone, given)
     if rank >= size - joined:
-        mine = {**peer_part.decode(box[1]), "rng": None}  # type: ignore[arg-type]
+        mine = {**peer_part.decode(box[1]), "rng": None}
     else:
-        mine = peer_part.decode(held["parts"][done][1] if rank not in parts_from else everyone[parts_from[rank]][rank])
+        mine = peer_part.decode(held.parts[done][1] if rank not in parts_from else everyone[parts_from[rank]][rank])
     ns = namespace()
-    model, optimizer, loader = ns[names["model"]], ns[names["optimizer"]], ns[names["loader"]]
+    assert names.model and names.optimizer and names.loader  # decide() gives no plan without them
+    model, optimizer, loader = ns[names.model], ns[names.optimizer], ns[names.loader]
     shared = box[0]
     assert shared is not None
     model.load_state_dict(shared["model"])
     optimizer.load_state_dict(shared["optimizer"])
     for sched, state in zip(schedulers.bound(optimizer), shared["schedulers"], strict=False):
         sched.load_state_dict(state)
-    for key, name in names.get("state", {}).items():
+    for key, name in names.state.items():
         if key in shared["state"] and name in ns:
             ns[name].load_state_dict(shared["state"][key])
-    if names.get("extra") and isinstance(ns.get(names["extra"]), dict) and mine.get("extra") is not None:
-        ns[names["extra"]].clear()
-        ns[names["extra"]].update(mine["extra"])  # into the dict the setup cells made, as load_checkpoint(extra=)
-    ckpt_rank.restore(mine, model, loader)
-    KEPT.update(held=None, parts={}, mirrors={}, exchange=None, begun=0, done=0, generation=KEPT["generation"] + 1)
+    if names.extra and isinstance(ns.get(names.extra), dict) and mine.get("extra") is not None:
+        ns[names.extra].clear()
+        ns[names.extra].update(mine["extra"])  # into the dict the setup cells made, as load_checkpoint(extra=)
+    ckpt_rank.put_back_own(mine, model, loader)
+    KEPT.held = None
+    KEPT.new_loop()
     return int(mine["loader"]["step"])

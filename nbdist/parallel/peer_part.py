@@ -3,7 +3,7 @@ taken and turned into bytes fast enough to do twice a step (parallel/peer.py).
 
 ``torch.save`` and ``torch.load`` cost about 0.6 and 0.4 ms for these 20 KB, as much as the small
 models' whole step; the tensors here are flat bytes instead (dtype and shape beside them), and the
-rest is plain values, so ``pickle`` takes about 10 us. ``decode`` gives ``ckpt_rank.restore``'s layout.
+rest is plain values, so ``pickle`` takes about 10 us. ``decode`` gives ``ckpt_rank.put_back_own``'s layout.
 """
 
 from __future__ import annotations
@@ -47,7 +47,7 @@ def with_extra(data: bytes, extra: dict | None) -> bytes:
 
 
 def decode(data: bytes) -> dict[str, Any]:
-    """The part as ``ckpt_rank.restore`` takes it (and ``extra``)."""
+    """The part as ``ckpt_rank.put_back_own`` takes it (and ``extra``)."""
     part = pickle.loads(data)
     rng = dict(part["rng"])
     rng["torch"] = _tensor(rng["torch"])
