@@ -66,7 +66,7 @@ def read(directory: str) -> dict[str, dict[str, Any]]:
 
 
 def follow_registration() -> None:
-    """Have ipyparallel's engine say its registration steps (compat.py wraps its two methods)."""
+    """Have ipyparallel's engine say its registration steps (compat/ipyparallel_private.py wraps its two methods)."""
     from .. import compat
 
     compat.on_engine_registration(

@@ -46,7 +46,7 @@ def test_probe_async_result_children():
     from ipyparallel.client.asyncresult import AsyncResult
 
     source = inspect.getsource(AsyncResult)
-    assert "self._children" in source, "ipyparallel's AsyncResult no longer keeps _children: see compat.py"
+    assert "self._children" in source, "ipyparallel's AsyncResult no longer keeps _children: see nbdist/compat/ipyparallel_private.py"
 
 
 def test_probe_launcher_popen():
@@ -145,7 +145,7 @@ def test_probe_lightning_ddp_launcher():
         module = importlib.import_module(name)
         source = inspect.getsource(module.DDPStrategy)
         assert hasattr(module, "_SubprocessScriptLauncher"), f"{name} no longer imports _SubprocessScriptLauncher"
-        assert "def _configure_launcher" in source, f"{name}.DDPStrategy has no _configure_launcher: see compat.py"
+        assert "def _configure_launcher" in source, f"{name}.DDPStrategy has no _configure_launcher: see nbdist/compat/lightning_private.py"
         for attr in ("self._start_method", "self._process_group_backend", "self._launcher"):
             assert attr in source, f"{name}.DDPStrategy no longer sets {attr}: see engine/adapters.py"
 

@@ -1,0 +1,211 @@
+"""Every private API of another project that nbdist relies on, in one package: one module per project it adapts
+(``ipyparallel_private``, ``ipython_private``, ``torch_private``, ``lightning_private``, ``numba_private``, and
+Python's own, ``python_private``), re-exported here, so ``compat.name`` is the one way in.
+
+Each accessor names what it reaches into, where nbdist uses it, and the versions it was
+checked against (``CHECKED``). ``tests/unit/test_compat.py`` probes every entry of
+``PRIVATE_APIS`` against the installed packages and fails, naming the entry, when a
+release moves one; it also fails when an installed version is outside ``CHECKED``, so an
+upgrade is a decision: run the suite, re-check each entry, then widen the range.
+
+This package imports nothing heavy at import time (engines and light processes load it).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from .ipyparallel_private import (
+    UNREADABLE,
+    add_control_handler,
+    add_engines,
+    async_result_children,
+    controller_engines,
+    drop_unreadable_messages,
+    io_paused,
+    launcher_popen,
+    on_engine_registration,
+    on_io_thread,
+    route_run_command,
+    send_control,
+    set_launcher_popen,
+    skip_controller_settle_sleep,
+    start_waiting,
+)
+from .ipython_private import cell_filenames, show_error
+from .lightning_private import (
+    lightning_launch_settings,
+    lightning_script_launcher,
+    lightning_set_launcher,
+    lightning_wrap_configure_launcher,
+)
+from .numba_private import numba_cached
+from .python_private import parser_actions, thread_frames
+from .torch_private import (
+    abort_process_group,
+    ddp_time_every_step,
+    ddp_timers,
+    fsdp_collective_classes,
+    group_sequence_number,
+)
+
+# package -> (lowest, highest) version the entries below are known to hold for, inclusive.
+# Probed on torch 2.13.0, ipyparallel 9.2.0 and IPython 9.18.1 (November 2026); the upper
+# bounds are what pyproject.toml admits, so a release past them fails test_compat first.
+CHECKED = {
+    "torch": ("2.13", "2.14.99"),
+    "ipyparallel": ("9.2", "9.99"),
+    "ipython": ("9.18", "9.99"),
+    "lightning": ("2.4", "2.99"),
+    "numba": ("0.60", "0.99"),
+    "python": ("3.10", "3.14"),  # probed on 2.6.6; pytorch-lightning and lightning-fabric are its twins
+}
+
+
+@dataclass(frozen=True)
+class PrivateAPI:
+    name: str  # what is reached into
+    package: str  # whose it is (a key of CHECKED)
+    used_by: str  # where nbdist uses it, and why
+
+
+PRIVATE_APIS = (
+    PrivateAPI(
+        "ipyparallel AsyncResult._children",
+        "ipyparallel",
+        "run: the per-engine results of one execute, followed one by one (output, failure, state)",
+    ),
+    PrivateAPI(
+        "ipyparallel LocalProcessLauncher._popen_process",
+        "ipyparallel",
+        "procs.exited: whether an engine process ended (launcher.state lags); pool hands a warm process over",
+    ),
+    PrivateAPI(
+        "ipyparallel.controller.app's time.sleep(0.25) in IPController.init_hub",
+        "ipyparallel",
+        "engine.controller: skip an unconditional quarter second before the controller writes its connection files",
+    ),
+    PrivateAPI(
+        "ipyparallel Client._send/_query_stream ('connection_request') and Client._update_engines",
+        "ipyparallel",
+        "world.registration: the engines the controller lists, added to a client that missed their notifications",
+    ),
+    PrivateAPI(
+        "ipyparallel IPEngine.register / IPEngine.complete_registration (wrapped)",
+        "ipyparallel",
+        "engine.steps: an engine says when it asks to register, is answered, and has its kernel and heart up",
+    ),
+    PrivateAPI(
+        "IPython CachingCompiler._filename_map",
+        "ipython",
+        "engine.runtime: which code objects are notebook cells, to report the cell line a rank waits at",
+    ),
+    PrivateAPI(
+        "torch.distributed.distributed_c10d._abort_process_group",
+        "torch",
+        "engine.runtime: break a NCCL process group so a rank blocked in a collective returns",
+    ),
+    PrivateAPI(
+        "torch DDP._set_ddp_runtime_logging_sample_rate, DDP.logger._get_ddp_logging_data",
+        "torch",
+        "parallel.instrument: DDP's own C++ timers of the gradient all-reduce, read every step on CPU",
+    ),
+    PrivateAPI(
+        "lightning DDPStrategy._configure_launcher/_start_method/_process_group_backend/_launcher, strategies.ddp."
+        "_SubprocessScriptLauncher (lightning.fabric and lightning.pytorch, and the twin packages)",
+        "lightning",
+        "engine.adapters: a fork/spawn DDP strategy gets Lightning's script launcher and runs on the world; a "
+        "process_group_backend the world lacks fails in one line (when moved, the adapter says so and steps aside)",
+    ),
+    PrivateAPI(
+        "ipyparallel LocalProcessLauncher._start_waiting",
+        "ipyparallel",
+        "launch.pool: a warm engine, forked by nbdist, is then watched by its launcher as if it had started it",
+    ),
+    PrivateAPI(
+        "ipyparallel BatchSystemLauncher._run_command (overridden)",
+        "ipyparallel",
+        "launch.hosts: sbatch's refusal in Slurm's own words (ipyparallel sends stderr to the kernel's terminal)",
+    ),
+    PrivateAPI(
+        "ipyparallel Client.log (absent) and Session.feed_identities (wrapped)",
+        "ipyparallel",
+        "world.engineset: a message the notebook's client cannot unpack is dropped, not fatal to its stream",
+    ),
+    PrivateAPI(
+        "ipyparallel Client._send_control_request, ipykernel Kernel.control_handlers",
+        "ipyparallel",
+        "breakpoint() on a rank: a line typed in the notebook reaches its debugger on the engine's control channel",
+    ),
+    PrivateAPI(
+        "ipyparallel Client._io_loop, Client._io_thread",
+        "ipyparallel",
+        "cells.watch: a cell's output callbacks are added on the client's IO thread, between two messages, so "
+        "output that came before them is taken from the store exactly once",
+    ),
+    PrivateAPI(
+        "numba Dispatcher._cache._cache_file._load_index",
+        "numba",
+        "compression.kernels / engine.warm: whether the kernels' on-disk cache is fresh (else compile in the background)",
+    ),
+    PrivateAPI(
+        "torch ProcessGroup._get_sequence_number_for_group",
+        "torch",
+        "engine.collectives: the group's collective count, DDP's C++ calls included, for %dist_where",
+    ),
+    PrivateAPI(
+        "ipykernel ZMQInteractiveShell._showtraceback",
+        "ipython",
+        "engine.exits, engine.spawned: a cell's error in one line (an exit's status, a failed child), no IPython preamble",
+    ),
+    PrivateAPI(
+        "argparse ArgumentParser._actions",
+        "python",
+        "magics.common: every option a magic's parser declares (the usage tests freeze them)",
+    ),
+    PrivateAPI(
+        "CPython sys._current_frames",
+        "python",
+        "engine.runtime: the main thread's stack, read by the rank's watcher thread for %dist_where",
+    ),
+    PrivateAPI(
+        "torch.distributed.fsdp._fully_shard._fsdp_collectives.DefaultAllGather/DefaultReduceScatter",
+        "torch",
+        "parallel.instrument: FSDP2's collectives, subclassed to time them",
+    ),
+)
+
+__all__ = [
+    "CHECKED",
+    "PRIVATE_APIS",
+    "PrivateAPI",
+    "UNREADABLE",
+    "abort_process_group",
+    "add_control_handler",
+    "add_engines",
+    "async_result_children",
+    "cell_filenames",
+    "controller_engines",
+    "ddp_time_every_step",
+    "ddp_timers",
+    "drop_unreadable_messages",
+    "fsdp_collective_classes",
+    "group_sequence_number",
+    "io_paused",
+    "launcher_popen",
+    "lightning_launch_settings",
+    "lightning_script_launcher",
+    "lightning_set_launcher",
+    "lightning_wrap_configure_launcher",
+    "numba_cached",
+    "on_engine_registration",
+    "on_io_thread",
+    "parser_actions",
+    "route_run_command",
+    "send_control",
+    "set_launcher_popen",
+    "show_error",
+    "skip_controller_settle_sleep",
+    "start_waiting",
+    "thread_frames",
+]

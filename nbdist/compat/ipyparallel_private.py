@@ -1,0 +1,168 @@
+"""ipyparallel's private names nbdist relies on (its Client, AsyncResult, launchers and controller); each
+entry is listed in ``nbdist.compat.PRIVATE_APIS``."""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+from collections.abc import Iterator
+from typing import Any
+
+
+def async_result_children(ar: Any) -> list[Any]:
+    """The per-engine futures of a multi-engine AsyncResult, in the order of its targets."""
+    return list(ar._children)
+
+
+def launcher_popen(launcher: Any) -> Any:
+    """The Popen of a local launcher's process, or None (not a local launcher, or not started)."""
+    return getattr(launcher, "_popen_process", None)
+
+
+def set_launcher_popen(launcher: Any, popen: Any) -> None:
+    """Hand a process nbdist started itself (a warm engine) to a local launcher, as its own."""
+    launcher._popen_process = popen
+
+
+def start_waiting(launcher: Any) -> None:
+    """Have a local launcher watch its process (for exit) as ``LocalProcessLauncher.start`` does itself."""
+    launcher._start_waiting()
+
+
+def route_run_command(cls: type) -> type:
+    """Make a batch launcher class submit through its ``run_command`` (ipyparallel calls ``_run_command``)."""
+    cls._run_command = cls.run_command  # type: ignore[attr-defined]
+    return cls
+
+
+_PAUSED: set[int] = set()  # clients whose IO thread ``io_paused`` holds
+
+
+@contextlib.contextmanager
+def io_paused(client: Any, timeout: float = 10.0) -> Iterator[None]:
+    """Hold the client's IO thread (where it handles every message) while the block runs, ``timeout`` at most:
+    what the block sends goes out, and what comes back is handled, after it (``_send`` hands the send to that
+    thread), so callbacks the block registers on its messages hear every reply, in order."""
+    import threading
+
+    thread, loop = getattr(client, "_io_thread", None), getattr(client, "_io_loop", None)
+    if thread is None or loop is None or not thread.is_alive() or thread is threading.current_thread():
+        loop = None
+    held, release = threading.Event(), threading.Event()
+
+    def hold() -> None:
+        held.set()
+        release.wait(timeout)
+
+    if loop is not None and id(client) not in _PAUSED:
+        loop.add_callback(hold)
+        if not held.wait(timeout):
+            raise RuntimeError(f"ipyparallel's IO thread did not run a callback within {timeout} s")
+        _PAUSED.add(id(client))
+    try:
+        yield
+    finally:
+        if held.is_set():
+            _PAUSED.discard(id(client))
+        release.set()
+
+
+def on_io_thread(client: Any, fn: Any, timeout: float = 10.0) -> Any:
+    """Run ``fn`` while the client's IO thread is held (``io_paused``), as if on that thread; what it returned."""
+    with io_paused(client, timeout):
+        return fn()
+
+
+def send_control(client: Any, engine_id: int, msg_type: str, content: dict[str, Any]) -> Any:
+    """Send one engine a ``msg_type`` message on its control channel (signed; its control thread takes it while a
+    cell runs); a future whose result is the list of replies (one)."""
+    return client._send_control_request([engine_id], msg_type, content, block=False)
+
+
+def add_control_handler(kernel: Any, msg_type: str, handler: Any) -> None:
+    """On an engine: have its kernel's control thread call ``handler(stream, idents, msg)`` for ``msg_type``."""
+    kernel.control_handlers[msg_type] = handler
+
+
+def controller_engines(client: Any, timeout: float) -> dict[int, str]:
+    """The engines the controller has registered, {engine id: uuid}, asked over the client's query channel (the
+    'connection_request' a Client sends once, when it connects). TimeoutError when it does not answer in time."""
+    future = client._send(client._query_stream, "connection_request")
+    reply = future.result(timeout=timeout)
+    return {int(eid): uuid for eid, uuid in reply["content"].get("engines", {}).items()}
+
+
+def add_engines(client: Any, engines: dict[int, str]) -> None:
+    """Make these engines known to the client, as a registration notification does: a client learns of engines
+    only from notifications after it subscribed, and misses one between (ipyparallel 9's Client._connect)."""
+    on_io_thread(client, lambda: client._update_engines({eid: uuid for eid, uuid in engines.items()}))
+
+
+def on_engine_registration(registering: Any, registered: Any, beating: Any) -> None:
+    """In an engine process: call ``registering()`` when ipyparallel's engine sends its registration request,
+    ``registered()`` when the controller's answer came (it starts its kernel), ``beating(engine_id)`` once its
+    kernel and heart are up (``IPEngine.register`` and ``complete_registration``, ipyparallel 9)."""
+    import functools
+
+    from ipyparallel.engine.app import IPEngine
+
+    register, complete = IPEngine.register, IPEngine.complete_registration
+
+    @functools.wraps(register)
+    async def _register(self: Any, *args: Any, **kwargs: Any) -> Any:
+        registering()
+        return await register(self, *args, **kwargs)
+
+    @functools.wraps(complete)
+    async def _complete(self: Any, *args: Any, **kwargs: Any) -> Any:
+        registered()
+        done = await complete(self, *args, **kwargs)
+        beating(self.id)
+        return done
+
+    IPEngine.register, IPEngine.complete_registration = _register, _complete  # type: ignore[method-assign]
+
+
+def skip_controller_settle_sleep() -> None:
+    """ipyparallel 9's controller sleeps 0.25 s in ``init_hub`` before it writes the connection files every engine
+    waits for (a quarter of a warm ``%dist_start``); nothing waits on that pause, so nbdist's controller skips it."""
+    import time as _time
+    import types
+
+    from ipyparallel.controller import app
+
+    def sleep(seconds: float) -> None:
+        if seconds != 0.25:
+            _time.sleep(seconds)
+
+    app.time = types.SimpleNamespace(**{k: getattr(_time, k) for k in dir(_time) if not k.startswith("__")})
+    app.time.sleep = sleep
+
+
+UNREADABLE = logging.getLogger("nbdist.unreadable")  # messages a client dropped; silent unless configured
+UNREADABLE.addHandler(logging.NullHandler())
+UNREADABLE.propagate = False
+
+
+def drop_unreadable_messages(client: Any) -> None:
+    """Make an ipyparallel Client drop a message it cannot unpack instead of dying on it.
+
+    ipyparallel 9.2's ``unpack_message`` lets ``Session.feed_identities``' ValueError escape, and
+    its handler for a bad signature calls ``self.log``, which ``Client`` lacks: either exception
+    ends the stream's callback, and the notebook stops hearing from the ranks. A local user can
+    send such frames to the controller's loopback ports (ZMTP 1.0 framing needs no handshake),
+    which the controller forwards (tests/shared_node/test_other_user.py). Here a message without
+    a delimiter reaches ``deserialize`` as nothing, which fails inside the try; the failure is
+    logged to ``nbdist.unreadable`` and the message dropped."""
+    if not hasattr(client, "log"):
+        client.log = UNREADABLE
+    session = client.session
+    feed = session.feed_identities
+
+    def feed_identities(msg_list: Any, copy: bool = True) -> Any:
+        try:
+            return feed(msg_list, copy=copy)
+        except ValueError:
+            return [], []
+
+    session.feed_identities = feed_identities
