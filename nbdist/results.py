@@ -64,6 +64,43 @@ class RankState(_Text):
     DEAD = "dead"  # its process is gone
 
 
+# The one vocabulary of a rank's state: its word (RankState), its colour, the phrase with its cell line, and how
+# ranks are grouped above GROUP_ABOVE. The dashboard's chips, %dist_status, %dist_where and the world panel (served
+# by server/worlds.py; js/src/panel.ts draws what it is given) all take them from here.
+STATE_COLOURS: dict[str, str] = {
+    RankState.IDLE.value: "#2e7d32",  # green: ready
+    RankState.BUSY.value: "#1565c0",  # blue: working
+    RankState.DEBUGGING.value: "#6a1b9a",  # purple: a person at its prompt
+    RankState.FAILED.value: "#c62828",  # red: its cell raised
+    RankState.EXITED.value: "#546e7a",  # blue-grey: its code exited, the rank is up
+    RankState.RESTARTING.value: "#f9a825",  # amber: coming back
+    RankState.DEAD.value: "#424242",  # dark grey: gone (restart it)
+}
+GROUP_ABOVE = 8  # ranks: up to this many, one entry per rank; above, one line per kind of rank
+
+
+def state_phrase(state: str, line: int | None = None) -> str:
+    """'busy at cell line 7', 'debugging at cell line 3', 'idle': a state as every view says it."""
+    return f"{state} at cell line {line}" if line and state in (RankState.BUSY, RankState.DEBUGGING) else str(state)
+
+
+def grouped(rows: Iterable[dict[str, Any]]) -> list[str]:
+    """The ranks as one line per kind (state phrase and what they run on), each naming its hosts:
+    'ranks 0-13,15: busy at cell line 7 on node1, node2 (cpu, gloo)'. A row: rank, state, line, host, device
+    ('cpu', 'cuda:0'), and where known backend and gpu (its card's name first)."""
+    kinds: dict[tuple[str, str], list[dict[str, Any]]] = {}
+    for row in rows:
+        card = str(row.get("gpu") or "").split(",")[0]
+        kind = (str(row.get("device") or "").split(":")[0], card if card != "busy" else "", row.get("backend") or "")
+        kinds.setdefault((state_phrase(row["state"], row.get("line")), ", ".join(x for x in kind if x)), []).append(row)
+    lines = []
+    for (phrase, what), members in kinds.items():
+        hosts = sorted({m["host"] for m in members if m.get("host")})
+        on = f" on {', '.join(hosts)}" if hosts else ""
+        lines.append(f"{ranks_text([m['rank'] for m in members])}: {phrase}{on}" + (f" ({what})" if what else ""))
+    return lines
+
+
 class Release(_Text):
     """Why nbdist interrupted the ranks still running a cell."""
 

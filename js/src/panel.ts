@@ -17,6 +17,8 @@ interface IRank {
   rank: number;
   state: string;
   line: number | null;
+  text: string; // the state as every view says it ('busy at cell line 7'), served from nbdist/results.py
+  colour: string; // its colour, from the same place
   host: string;
   device: string;
   rss_MiB: number | null;
@@ -33,15 +35,6 @@ interface IWorld {
 }
 
 const EVERY_MS = 1000;
-const COLOURS: { [state: string]: string } = {
-  idle: '#2e7d32',
-  busy: '#1565c0',
-  debugging: '#6a1b9a',
-  failed: '#c62828',
-  exited: '#ef6c00',
-  dead: '#424242',
-  restarting: '#f9a825'
-};
 
 function el(tag: string, text = '', cls = ''): HTMLElement {
   const node = document.createElement(tag);
@@ -50,12 +43,6 @@ function el(tag: string, text = '', cls = ''): HTMLElement {
     node.className = cls;
   }
   return node;
-}
-
-function stateText(rank: IRank): string {
-  return rank.line && (rank.state === 'busy' || rank.state === 'debugging')
-    ? `${rank.state} at cell line ${rank.line}`
-    : rank.state;
 }
 
 /** '812 MiB', with the GPU's where the rank has one: '812 MiB · GPU 1234 / 143771 MiB'. */
@@ -176,8 +163,8 @@ export class WorldPanel extends Widget {
         const row = el('tr', '', 'nbdist-rank');
         row.dataset.rank = String(rank.rank);
         row.dataset.state = rank.state;
-        const state = el('td', stateText(rank), 'nbdist-state');
-        state.style.color = COLOURS[rank.state] || '#555';
+        const state = el('td', rank.text || rank.state, 'nbdist-state');
+        state.style.color = rank.colour || '#555';
         const memory = memoryText(rank);
         row.append(el('td', `rank ${rank.rank}`), state, el('td', rank.host), el('td', rank.device), el('td', memory));
         table.appendChild(row);

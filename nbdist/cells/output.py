@@ -12,7 +12,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from ..results import RankState, ranks_text
+from ..results import STATE_COLOURS, RankState, ranks_text
 from .fold import Folder, Shown
 from .transcript import Transcript
 
@@ -178,7 +178,7 @@ class TaggedPrinter(Sink):
                 return
             from ..widgets.dashboard import Dashboard
 
-            self.dashboard = Dashboard(ranks=len(self.folder.ranks))
+            self.dashboard = Dashboard(ranks=len(self.folder.ranks), palette=STATE_COLOURS)
             self.dashboard.states.update(self._states)
             self.dashboard.show()
         self.dashboard.update(rank, rows)

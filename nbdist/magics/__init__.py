@@ -16,10 +16,8 @@ from IPython.core.magic_arguments import argument, magic_arguments
 from .. import cluster as api
 from ..config import BACKENDS, LAUNCHERS, RankSpec
 from ..errors import ClusterError, ConfigError
-from ..world import views
+from ..results import GROUP_ABOVE, STATE_COLOURS, grouped, state_phrase
 from .common import USAGE, call, cell_options, check_choice, names_and_ranks, parse, show
-
-GROUP_ABOVE = 8  # ranks: up to this many, %dist_status and %dist_where show one entry per rank
 
 
 @magics_class
@@ -178,12 +176,12 @@ class DistMagics(Magics):
         if cluster.engines is not None and cluster.engines.standby is not None:  # world/standby.py
             print(cluster.engines.standby.said() + ".")
         if len(rows) > GROUP_ABOVE and not args.all:
-            for text in views.summary(rows):
+            for text in grouped(rows):
                 print(text)
             print("(%dist_status --all: one row per rank)")
             return
         for r in rows:  # a busy rank's line, when it said
-            r["state"] += f" at cell line {r['line']}" if r["line"] is not None else ""
+            r["state"] = state_phrase(r["state"], r["line"])
         cols = ["rank", "engine_id", "host", "pid", "device", "backend", "state"]
         if any(r["gpu"] for r in rows):
             cols.insert(5, "gpu")
@@ -243,7 +241,7 @@ class DistMagics(Magics):
                 "the last cell logged no metrics; call nbdist.log(step=i, loss=...) in a %%distributed cell."
             )
         picked = call(lambda: parse_ranks(args.ranks, call(api.current).world_size)) if args.ranks else []
-        board = Dashboard(picked=picked, ranks=len(metrics))
+        board = Dashboard(picked=picked, ranks=len(metrics), palette=STATE_COLOURS)
         board.store.add_runs(metrics)
         return board.figure()
 

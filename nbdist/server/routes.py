@@ -25,6 +25,7 @@ from tornado import web
 
 from ..cells import pointers, transcript
 from ..cells.output import states_line
+from ..results import STATE_COLOURS
 
 KEEP = 20  # the cells a page is given, newest last
 
@@ -73,7 +74,7 @@ class Shown:
     def __init__(self, path: str) -> None:
         from ..widgets.dashboard import Dashboard
 
-        self.board = Dashboard()
+        self.board = Dashboard(palette=STATE_COLOURS)
         self.reader = transcript.Reader(path, on_metrics=self.board.store.add)
         self.out: dict[str, Any] | None = None
 

@@ -29,11 +29,10 @@ from tornado import web
 
 from .. import wire
 from ..cells import transcript
-from ..doctor import ranks_text
+from ..results import GROUP_ABOVE, STATE_COLOURS, grouped, state_phrase
 from ..world import published
 from .routes import owned, shown_store, world_of
 
-GROUP_ABOVE = 8  # ranks; above, one line per kind of rank (as %dist_status)
 HOLDS = {"compute": "compute", "comm": "communication", "data": "data wait"}
 
 
@@ -62,11 +61,13 @@ def world(kernel_id: str, notebook: str) -> dict[str, Any] | None:
         row["rss_MiB"] = round(proc.memory_info().rss / 2**20) if proc is not None else None
         row["gpu_MiB"] = row["gpu_total_MiB"] = None
     from_reports(workdir, ranks, engines)
+    for row in ranks:  # the one vocabulary (results.py): the panel draws what it is given
+        row["text"], row["colour"] = state_phrase(row["state"], row.get("line")), STATE_COLOURS.get(row["state"], "")
     return {
         "kernel": kernel_id,
         "notebook": notebook,
         "ranks": ranks,
-        "groups": groups(ranks) if len(ranks) > GROUP_ABOVE else [],
+        "groups": grouped(ranks) if len(ranks) > GROUP_ABOVE else [],
         "slowest": slowest(workdir),
     }
 
@@ -118,23 +119,6 @@ def from_reports(workdir: str, ranks: list[dict[str, Any]], engines: dict[int, p
                 proc.send_signal(signal.SIGUSR1)  # by pid, and only an engine's: its watcher writes its report
             except (psutil.Error, OSError):
                 pass
-
-
-def state_text(row: dict[str, Any]) -> str:
-    """'busy at cell line 7', 'idle', 'debugging at cell line 3'."""
-    line = row.get("line")
-    return f"{row['state']} at cell line {line}" if line and row["state"] in ("busy", "debugging") else row["state"]
-
-
-def groups(ranks: list[dict[str, Any]]) -> list[str]:
-    """One line per kind of rank: 'ranks 0-13,15: busy at cell line 7 on node1 (cpu)'."""
-    kinds: dict[tuple[str, str, str], list[int]] = {}
-    for row in ranks:
-        kinds.setdefault((state_text(row), row.get("host", ""), row.get("device", "")), []).append(row["rank"])
-    return [
-        f"{ranks_text(members)}: {state}" + (f" on {host}" if host else "") + f" ({device})"
-        for (state, host, device), members in kinds.items()
-    ]
 
 
 def slowest(workdir: str) -> dict[str, Any] | None:

@@ -91,9 +91,15 @@ class Dashboard:
     """Plots what the ranks log, live. Feed it with ``update(rank, rows)``."""
 
     def __init__(
-        self, max_points: int = 1000, refresh_s: float = 0.3, picked: Sequence[int] = (), ranks: int = 0
+        self,
+        max_points: int = 1000,
+        refresh_s: float = 0.3,
+        picked: Sequence[int] = (),
+        ranks: int = 0,
+        palette: dict[str, str] | None = None,
     ) -> None:
         self.store = MetricStore(max_points, ranks=ranks)
+        self.palette = dict(palette or {})  # a rank state's word -> its colour (results.STATE_COLOURS: given, not known)
         self.picked = list(picked)  # above figure.BAND_ABOVE ranks: ranks drawn one by one beside the spread
         self.refresh_s = refresh_s
         self.renders = 0
@@ -129,12 +135,10 @@ class Dashboard:
 
     def strip_html(self) -> str:
         """Each rank's state as a badge in its colour's row."""
-        from . import STATE_COLOURS
-
         badges = []
         for rank in sorted(self.states):
             state = self.states[rank]
-            colour = STATE_COLOURS.get(state, "#555")
+            colour = self.palette.get(str(state), "#555")
             badges.append(
                 f'<span class="nbdist-rank" style="border-left:6px solid {rank_colour(rank)};background:{colour};'
                 f'color:white;padding:1px 8px;margin-right:6px;border-radius:3px">rank {rank}: {state}</span>'

@@ -93,18 +93,3 @@ def where(engines: EngineSet, wait: float = 1.0, group: bool = False) -> list[st
         if ranks:
             lines.append(f"{ranks_text(ranks)}: {state}" + (" (run %dist_restart)" if state == RankState.DEAD else ""))
     return lines
-
-
-def summary(rows: list[dict[str, Any]]) -> list[str]:
-    """The status rows as one line per kind of rank: 'ranks 0-13,15: idle on node1, node2 (cpu, gloo)'."""
-    groups: dict[tuple[str, str, str, str], list[dict[str, Any]]] = {}
-    for row in rows:
-        kind = (row["state"], row["device"].split(":")[0], row["backend"], row["gpu"].split(",")[0])
-        groups.setdefault(kind, []).append(row)
-    lines = []
-    for (state, device, backend, card), members in groups.items():
-        hosts = sorted({m["host"] for m in members if m["host"]})
-        on = f" on {', '.join(hosts)}" if hosts else ""
-        what = ", ".join(x for x in (device, card if card and card != "busy" else "", backend) if x)
-        lines.append(f"{ranks_text([m['rank'] for m in members])}: {state}{on} ({what})")
-    return lines

@@ -102,3 +102,62 @@ def test_a_rank_that_dies_between_cells_is_dead_then_restarting_then_idle(cluste
     assert of(heard, 0) == []
     cluster.run("z = torch.ones(1)\ndist.all_reduce(z)\nproof = z.item()").raise_for_error()
     assert cluster.pull("proof") == [2.0, 2.0]
+
+
+class Chips(Sink):
+    """A cell's sink with the dashboard's chips (widgets/dashboard.py) drawn from what it is told, as in a notebook."""
+
+    def __init__(self) -> None:
+        from nbdist.results import STATE_COLOURS
+        from nbdist.widgets.dashboard import Dashboard
+
+        self.board = Dashboard(palette=STATE_COLOURS)
+
+    def state(self, rank: int, state: RankState) -> None:
+        self.board.set_state(rank, state)
+
+
+def test_the_dashboard_status_the_panel_and_the_states_say_the_same_at_the_same_moment(cluster, ip, capsys, tmp_path):
+    """One vocabulary (results.py): rank 1 fails while rank 0 still runs its cell, and the four views say so in the
+    same words and colours. The panel's rows are what its route serves (server/worlds.py), which js/src/panel.ts
+    draws as given."""
+    from nbdist.cells import pointers
+    from nbdist.results import STATE_COLOURS
+    from nbdist.server import worlds
+
+    go, here = tmp_path / "go", tmp_path / "here"
+    chips = Chips()
+    pending = cluster.run(
+        "import os, time\n"
+        "if dist.get_rank() == 1:\n"
+        "    raise ValueError('rank 1 stops here')\n"
+        f"open({str(here)!r}, 'w').close()\n"
+        f"while not os.path.exists({str(go)!r}):\n"
+        "    time.sleep(0.01)\n",
+        block=False,
+        sink=chips,
+    )
+    try:
+        wait_for(here)
+        poll(lambda: cluster.states()[1].state == FAILED, 30, every=0.02)
+        now = cluster.states(lines=True)  # the board, rank 0's line fresh
+        line = now[0].line
+        assert now[0].state == BUSY and line in (5, 6) and now[1].state == FAILED, now
+        run_cell(ip, "%dist_status")
+        status = capsys.readouterr().out
+        pointers.point(cluster.membership.workdir, "states-kernel")
+        try:
+            panel = {row["rank"]: row for row in worlds.world("states-kernel", "")["ranks"]}
+        finally:
+            pointers.unpoint(cluster.membership.workdir)
+        said = {0: f"busy at cell line {line}", 1: "failed"}
+        for rank, phrase in said.items():
+            assert phrase in status, status
+            assert panel[rank]["text"] == phrase, panel[rank]
+            assert panel[rank]["colour"] == STATE_COLOURS[str(now[rank].state)]
+    finally:
+        go.touch()
+        pending.wait(show=False)
+    # the chips of the cell's dashboard heard the same states, in the same colours, as the cell went
+    html = chips.board.strip_html()
+    assert "rank 1: failed" in html and f"background:{STATE_COLOURS['failed']}" in html, html

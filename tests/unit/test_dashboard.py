@@ -171,21 +171,39 @@ def test_log_outside_an_engine_keeps_rows_locally():
         metrics.log(step=2, loss="high")
 
 
-def test_state_strip_shows_each_rank():
-    board = Dashboard()
+def test_state_strip_shows_each_rank_in_the_colour_of_the_one_vocabulary():
+    from nbdist.results import STATE_COLOURS
+
+    board = Dashboard(palette=STATE_COLOURS)
     board.set_state(1, "failed")
     board.set_state(0, "busy")
     html = board.strip_html()
     assert html.index("rank 0: busy") < html.index("rank 1: failed")
-    assert "#c62828" in html  # failed is red
+    assert f"background:{STATE_COLOURS['failed']}" in html and f"background:{STATE_COLOURS['busy']}" in html
 
 
-def test_every_rank_state_has_a_colour():
-    """The widgets take a state as its word and import nothing of nbdist's: the two lists must agree."""
-    from nbdist.results import RankState
-    from nbdist.widgets import STATE_COLOURS
+def test_one_vocabulary_for_a_ranks_state():
+    """Word, colour, phrase and grouping are defined once (results.py); every state has a colour of its own, and
+    no view keeps a palette or a phrase of its own (the panel's TypeScript draws what the server gives it)."""
+    import pathlib
+
+    from nbdist.results import GROUP_ABOVE, STATE_COLOURS, RankState, grouped, state_phrase
 
     assert set(STATE_COLOURS) == {state.value for state in RankState}
+    assert len(set(STATE_COLOURS.values())) == len(STATE_COLOURS)
+    assert state_phrase("busy", 7) == "busy at cell line 7" and state_phrase("dead", 7) == "dead"
+    rows = [{"rank": r, "state": "busy", "line": 3, "host": "h", "device": "cpu"} for r in range(GROUP_ABOVE + 1)]
+    assert grouped(rows) == [f"ranks 0-{GROUP_ABOVE}: busy at cell line 3 on h (cpu)"]
+    root = pathlib.Path(__file__).resolve().parents[2]
+    sources = [*root.joinpath("nbdist").rglob("*.py"), *root.joinpath("js", "src").glob("*.ts")]
+    elsewhere = [
+        f"{path.relative_to(root)}: {needle}"
+        for path in sources
+        if path.name != "results.py"
+        for needle in ("at cell line ${", "#2e7d32", "#1565c0", "GROUP_ABOVE = ")
+        if needle in path.read_text()
+    ]
+    assert not elsewhere, elsewhere
 
 
 def test_rows_without_a_step_are_numbered_and_nan_free():

@@ -184,7 +184,7 @@ def test_a_failure_at_16_ranks_names_the_cause_then_one_line_for_the_released():
 
 
 def test_status_at_16_ranks_is_one_line_per_kind_of_rank():
-    from nbdist.world.views import summary
+    from nbdist.results import grouped as summary
 
     rows = [
         {"rank": r, "host": f"node{1 + r // 8}", "device": "cpu", "backend": "gloo", "gpu": "",
