@@ -157,7 +157,7 @@ def test_the_dashboard_status_the_panel_and_the_states_say_the_same_at_the_same_
             assert panel[rank]["colour"] == STATE_COLOURS[str(now[rank].state)]
     finally:
         go.touch()
-        pending.wait(show=False)
+        pending.wait()  # followed (shown), as a notebook follows it: the sink is told each rank's state
     # the chips of the cell's dashboard heard the same states, in the same colours, as the cell went
     html = chips.board.strip_html()
     assert "rank 1: failed" in html and f"background:{STATE_COLOURS['failed']}" in html, html
