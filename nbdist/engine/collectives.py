@@ -15,6 +15,7 @@ from __future__ import annotations
 import functools
 import threading
 import time
+from dataclasses import dataclass, field
 from typing import Any
 
 from .. import compat
@@ -40,7 +41,18 @@ OPS = (
     "all_gather_object",
     "broadcast_object_list",
 )
-LAST: dict[str, Any] = {"op": None, "shapes": [], "count": 0, "since": None, "done": True}
+@dataclass(slots=True)
+class Last:
+    """The last collective this rank entered (one per process: ``LAST``), as %dist_where reports it."""
+
+    op: str | None = None
+    shapes: list[Any] = field(default_factory=list)
+    count: int = 0  # collectives this rank entered through torch.distributed's Python functions
+    since: float | None = None  # when it entered it (time.time())
+    done: bool = True  # whether it returned
+
+
+LAST = Last()
 _LOCAL = threading.local()
 _RECORDED: set[Any] = set()  # the wrappers record() made (a collective is wrapped once)
 
@@ -65,13 +77,13 @@ def _recorded(name: str, fn: Any) -> Any:
     def call(*args: Any, **kwargs: Any) -> Any:
         if getattr(_LOCAL, "inside", False):  # all_gather_object calls all_gather: record the outer call
             return fn(*args, **kwargs)
-        LAST.update(op=name, shapes=_shapes(args), count=LAST["count"] + 1, since=time.time(), done=False)
+        LAST.op, LAST.shapes, LAST.count, LAST.since, LAST.done = name, _shapes(args), LAST.count + 1, time.time(), False
         _LOCAL.inside = True
         try:
             return fn(*args, **kwargs)
         finally:
             _LOCAL.inside = False
-            LAST["done"] = True
+            LAST.done = True
 
     _RECORDED.add(call)
     return call
@@ -100,10 +112,10 @@ def describe() -> dict[str, Any] | None:
             group_seq = compat.group_sequence_number(dist.group.WORLD)
     except Exception:  # a broken group
         pass
-    if LAST["op"] is None and group_seq is None:
+    if LAST.op is None and group_seq is None:
         return None
-    out = {k: LAST[k] for k in ("op", "shapes", "count", "done")}
-    out["seconds"] = round(time.time() - LAST["since"], 1) if LAST["since"] else None
+    out: dict[str, Any] = {"op": LAST.op, "shapes": LAST.shapes, "count": LAST.count, "done": LAST.done}
+    out["seconds"] = round(time.time() - LAST.since, 1) if LAST.since else None
     out["group_seq"] = group_seq
     return out
 

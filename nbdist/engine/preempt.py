@@ -38,6 +38,7 @@ import threading
 import time
 import traceback
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
 from .state import STATE
@@ -45,12 +46,39 @@ from .state import STATE
 Hook = Callable[[int | None], Any]  # hook(step): the step the ranks agreed on, None when idle
 HOOKS: list[Hook] = []
 DEFAULT: list[Hook] = []  # save_checkpoint registers "save again at this step" here
-PREEMPT: dict[str, Any] = {
-    "asked": None, "installed": False, "previous": None, "grace": 25.0, "left": False, "resize": False
-}
-# The flag exchange in flight, and when the next starts: ``countdown`` points from now (``calls`` of
-# them since the last exchange began at ``since``, a perf_counter time).
-EXCHANGE: dict[str, Any] = {"work": None, "buf": None, "group": None, "countdown": 1, "since": None, "calls": 0}
+
+
+@dataclass(slots=True)
+class Preemption:
+    """This rank's side of preemption and of a resize asked while a loop runs (one per process: ``PREEMPT``)."""
+
+    asked: float | None = None  # when SIGTERM came (time.time())
+    installed: bool = False  # the SIGTERM handler is on
+    previous: Any = None  # the handler it replaced
+    grace: float = 25.0  # seconds the hooks get before this rank leaves anyway
+    left: bool = False  # this rank is on its way out
+    resize: bool = False  # %dist_grow asked the running loop to stop at its next step boundary (SIGUSR2)
+
+
+@dataclass(slots=True)
+class Exchange:
+    """The flag exchange in flight, and when the next starts: ``countdown`` points from now (``calls`` of them
+    since the last exchange began at ``since``, a perf_counter time)."""
+
+    work: Any = None
+    buf: Any = None
+    group: Any = None
+    countdown: int = 1
+    since: float | None = None
+    calls: int = 0
+
+    def clear(self) -> None:
+        self.work = self.buf = self.group = self.since = None
+        self.countdown, self.calls = 1, 0
+
+
+PREEMPT = Preemption()
+EXCHANGE = Exchange()
 PERIOD = 0.5  # seconds between exchanges, about (the signal is acted on within about two)
 MAX_EVERY = 100_000  # points between exchanges at most
 
@@ -67,7 +95,7 @@ class Resizing(RuntimeError):
 def asking_to_resize(signum: int = 0, frame: Any = None) -> None:
     """SIGUSR2's handler (engine/runtime.py installs it): the client asks the world to change size; every
     rank stops at the next step boundary they agree on."""
-    PREEMPT["resize"] = True
+    PREEMPT.resize = True
 
 
 def on_preempt(fn: Hook | None = None, *, grace: float | None = None) -> Any:
@@ -80,7 +108,7 @@ def on_preempt(fn: Hook | None = None, *, grace: float | None = None) -> Any:
     if grace is not None:
         if grace <= 0:
             raise ValueError(f"grace ({grace!r}) must be positive seconds, such as 25.")
-        PREEMPT["grace"] = float(grace)
+        PREEMPT.grace = float(grace)
     install()
     if fn is None:
         return lambda f: on_preempt(f)
@@ -91,16 +119,16 @@ def on_preempt(fn: Hook | None = None, *, grace: float | None = None) -> Any:
 
 def install() -> None:
     """Take SIGTERM over from ipyparallel's engine (whose handler stops it; it is called at the end)."""
-    if PREEMPT["installed"] or threading.current_thread() is not threading.main_thread():
+    if PREEMPT.installed or threading.current_thread() is not threading.main_thread():
         return
-    PREEMPT["previous"] = signal.signal(signal.SIGTERM, _on_sigterm)
-    PREEMPT["installed"] = True
+    PREEMPT.previous = signal.signal(signal.SIGTERM, _on_sigterm)
+    PREEMPT.installed = True
 
 
 def _on_sigterm(signum: int, frame: Any) -> None:
-    if PREEMPT["asked"] is not None:
+    if PREEMPT.asked is not None:
         return
-    PREEMPT["asked"] = time.time()
+    PREEMPT.asked = time.time()
     threading.Thread(target=_deadline, name="nbdist-preempt", daemon=True).start()
     if STATE.busy_since is None:  # no cell: save now, then go
         _run_hooks(None)
@@ -108,23 +136,23 @@ def _on_sigterm(signum: int, frame: Any) -> None:
 
 
 def _deadline() -> None:
-    time.sleep(PREEMPT["grace"])
+    time.sleep(PREEMPT.grace)
     print(
-        f"nbdist: SIGTERM {PREEMPT['grace']:.0f} s ago and the hooks have not finished; leaving.", file=sys.__stderr__
+        f"nbdist: SIGTERM {PREEMPT.grace:.0f} s ago and the hooks have not finished; leaving.", file=sys.__stderr__
     )
     os._exit(143)
 
 
 def asked() -> bool:
-    return PREEMPT["asked"] is not None
+    return PREEMPT.asked is not None
 
 
 def point(step: int | None = None) -> None:
     """A step boundary: if any rank was sent SIGTERM, run the hooks on every rank and raise Preempted.
 
     Every rank must call it at the same steps (every k-th call holds one collective)."""
-    EXCHANGE["countdown"] -= 1
-    if EXCHANGE["countdown"] > 0:
+    EXCHANGE.countdown -= 1
+    if EXCHANGE.countdown > 0:
         return
     _act(*_exchange(start_next=True), step)
 
@@ -132,8 +160,8 @@ def point(step: int | None = None) -> None:
 def reset() -> None:
     """Forget the exchange in flight and exchange at the next point (the world was rebuilt: every rank
     starts counting afresh, whatever point each had reached when the old world broke)."""
-    EXCHANGE.update(work=None, buf=None, group=None, countdown=1, since=None, calls=0)
-    PREEMPT["resize"] = False  # asked of the world that was: the new one has its size
+    EXCHANGE.clear()
+    PREEMPT.resize = False  # asked of the world that was: the new one has its size
 
 
 def settle(step: int | None = None) -> None:
@@ -148,15 +176,15 @@ def _exchange(start_next: bool) -> tuple[list[int], bool]:
     import torch.distributed as dist
 
     if not (dist.is_available() and dist.is_initialized()) or dist.get_world_size() == 1:
-        EXCHANGE["countdown"] = 1
-        return ([0] if asked() else []), bool(PREEMPT["resize"])
+        EXCHANGE.countdown = 1
+        return ([0] if asked() else []), bool(PREEMPT.resize)
     from .control import control_group
 
     group, size, now = control_group("preempt"), dist.get_world_size(), time.perf_counter()
     signalled: list[int] = []
     resize = False
-    work, buf, of = EXCHANGE["work"], EXCHANGE["buf"], EXCHANGE["group"]
-    EXCHANGE.update(work=None, buf=None, group=None)
+    work, buf, of = EXCHANGE.work, EXCHANGE.buf, EXCHANGE.group
+    EXCHANGE.work = EXCHANGE.buf = EXCHANGE.group = None
     every = 1
     if work is not None and of is group:  # an exchange of another world (rebuilt since) is dropped
         work.wait()
@@ -166,15 +194,16 @@ def _exchange(start_next: bool) -> tuple[list[int], bool]:
         resize = bool(values[size + 1])
         every = max(1, min(MAX_EVERY, int(PERIOD / per_step))) if per_step > 0 else 1
     if start_next:
-        since, calls = EXCHANGE["since"], EXCHANGE["calls"]
+        since, calls = EXCHANGE.since, EXCHANGE.calls
         buf = torch.zeros(size + 2, dtype=torch.int64)
         buf[dist.get_rank()] = int(asked())
         buf[size] = int(1e6 * (now - since) / calls) if since is not None and calls else 0
-        buf[size + 1] = int(PREEMPT["resize"])
+        buf[size + 1] = int(PREEMPT.resize)
         work = dist.all_reduce(buf, op=dist.ReduceOp.MAX, group=group, async_op=True)
-        EXCHANGE.update(work=work, buf=buf, group=group, since=now, calls=every, countdown=every)
+        EXCHANGE.work, EXCHANGE.buf, EXCHANGE.group = work, buf, group
+        EXCHANGE.since, EXCHANGE.calls, EXCHANGE.countdown = now, every, every
     else:
-        EXCHANGE.update(since=None, calls=0, countdown=1)
+        EXCHANGE.since, EXCHANGE.calls, EXCHANGE.countdown = None, 0, 1
     return signalled, resize
 
 
@@ -208,12 +237,17 @@ def _run_hooks(step: int | None) -> str:
 
 def leave() -> None:
     """End this engine the way ipyparallel ends it on SIGTERM (once the cell is over)."""
-    if PREEMPT["left"]:
+    if PREEMPT.left:
         return
-    PREEMPT["left"] = True
-    previous = PREEMPT["previous"]
+    PREEMPT.left = True
+    previous = PREEMPT.previous
     threading.Timer(3.0, os._exit, args=(143,)).start()  # if the clean stop hangs
     if callable(previous):
         previous(signal.SIGTERM, None)
     else:
         os._exit(143)
+
+
+def forget_resize() -> None:
+    """No grow is coming (lifecycle/grow.py): a loop that never reached a step boundary forgets that one was asked."""
+    PREEMPT.resize = False

@@ -93,7 +93,7 @@ def stopped_for_it(result: RunResult) -> bool:
 def _forget_on_rank() -> None:
     from ..engine import preempt
 
-    preempt.PREEMPT["resize"] = False
+    preempt.forget_resize()
 
 
 def forget(engines: EngineSet) -> None:
