@@ -23,12 +23,26 @@ import os
 import pdb
 import queue
 import sys
+from dataclasses import dataclass, field
 from typing import Any
 
 from .. import compat, wire
 from .state import STATE
 
-SESSION: dict[str, Any] = {}  # the open debugger of this rank: {"pdb": Pdb, "out": StringIO}
+
+@dataclass(slots=True)
+class Session:
+    """The open post-mortem debugger of this rank (%dist_debug; one per process: ``SESSION``)."""
+
+    pdb: pdb.Pdb | None = None
+    out: io.StringIO = field(default_factory=io.StringIO)  # what its last command printed
+    last: str = ""  # its last command (an empty line repeats it)
+
+    def clear(self) -> None:
+        self.pdb, self.out, self.last = None, io.StringIO(), ""
+
+
+SESSION = Session()
 ENDS = {"q", "quit", "exit", "c", "cont", "continue"}  # post-mortem: nothing to continue, so these end
 
 
@@ -46,7 +60,7 @@ def open_session() -> str:
     debugger.reset()
     debugger.setup(None, tb)  # at the frame that raised, as pdb.post_mortem starts
     debugger.print_stack_entry(debugger.stack[debugger.curindex])
-    SESSION.update(pdb=debugger, out=out, last="")
+    SESSION.pdb, SESSION.out, SESSION.last = debugger, out, ""
     value = getattr(sys, "last_value", None)
     head = f"{type(value).__name__}: {value}\n" if value is not None else ""
     return head + out.getvalue()
@@ -54,15 +68,15 @@ def open_session() -> str:
 
 def command(line: str) -> tuple[str, bool]:
     """Run one pdb command; (what it printed, whether the session is over)."""
-    debugger = SESSION.get("pdb")
+    debugger = SESSION.pdb
     if debugger is None:
         return "no debugger is open on this rank; run %dist_debug again.\n", True
-    line = line.strip() or SESSION.get("last", "")  # an empty line repeats the last command, as in pdb
+    line = line.strip() or SESSION.last  # an empty line repeats the last command, as in pdb
     if line.split(" ", 1)[0] in ENDS:
         close()
         return "", True
-    SESSION["last"] = line
-    out: io.StringIO = SESSION["out"]
+    SESSION.last = line
+    out = SESSION.out
     out.seek(0)
     out.truncate()
     real_input, builtins.input = builtins.input, _no_input
@@ -82,7 +96,17 @@ def close() -> None:
 # --------------------------------------------------------------------------- live: breakpoint() in a cell
 
 LINES: queue.SimpleQueue[tuple[str, str]] = queue.SimpleQueue()  # (session, line) typed in the notebook
-LIVE: dict[str, Any] = {}  # while this rank is in its debugger: {"session": the client allowed to type}
+@dataclass(slots=True)
+class Live:
+    """While this rank is in its live debugger (breakpoint() in a cell): the one client allowed to type."""
+
+    session: str | None = None
+
+    def clear(self) -> None:
+        self.session = None
+
+
+LIVE = Live()  # one per process
 MACHINERY = {"IPython", "ipykernel", "ipyparallel", "nbdist"}  # what runs a cell: a step never stops in it
 STEPS = {"n", "next", "s", "step", "r", "return", "unt", "until", "j", "jump"}  # these stop again soon
 
@@ -141,7 +165,7 @@ class RankPdb(pdb.Pdb):
             sys.settrace(self.trace_dispatch)
 
     def interaction(self, frame: Any, tb: Any) -> None:
-        LIVE["session"] = self.session
+        LIVE.session = self.session
         STATE.debugging = True
         real_input, builtins.input = builtins.input, _no_input
         try:
@@ -229,18 +253,20 @@ def _under_cell(frame: Any) -> bool:
 def _on_line(kernel: Any, stream: Any, idents: Any, msg: dict[str, Any]) -> None:
     """On the control thread: a line typed for this rank's debugger; only its cell's client may type."""
     session = msg.get("header", {}).get("session", "")
-    if LIVE.get("session") == session:
+    if LIVE.session is not None and LIVE.session == session:
         LINES.put((session, str(msg.get("content", {}).get("line", ""))))
         reply = {"status": "ok"}
     else:
-        why = "no debugger is open on this rank" if not LIVE else "only the notebook running the cell can type here"
+        why = (
+            "no debugger is open on this rank" if LIVE.session is None else "only the notebook running the cell can type here"
+        )
         reply = {"status": "refused", "why": why}
     kernel.session.send(stream, wire.PDB_REPLY, reply, parent=msg, ident=idents)
 
 
 def cell_over() -> None:
     """The cell ended (runtime's post-cell hook): a step past its last line leaves the debugger here."""
-    if STATE.debugging or sys.gettrace() is not None and LIVE:
+    if STATE.debugging or sys.gettrace() is not None and LIVE.session is not None:
         sys.settrace(None)
         STATE.debugging = False
         LIVE.clear()

@@ -14,6 +14,7 @@ import os
 import sys
 import threading
 import time
+from dataclasses import dataclass
 from typing import Any
 
 from .. import wire
@@ -24,7 +25,13 @@ KEY = wire.METRICS
 _LOCK = threading.Lock()
 _BUFFER: list[dict[str, Any]] = []
 _LOCAL: list[dict[str, Any]] = []
-_STATE = {"last": 0.0, "seq": 0}
+@dataclass(slots=True)
+class _Sending:
+    last: float = 0.0  # when rows were last flushed (time.monotonic())
+    seq: int = 0  # rows published so far: each publication's key
+
+
+_STATE = _Sending()
 
 
 def log(step: int | None = None, **metrics: Any) -> None:
@@ -43,7 +50,7 @@ def log(step: int | None = None, **metrics: Any) -> None:
             ) from None
     with _LOCK:
         _BUFFER.append(row)
-    if threading.current_thread() is threading.main_thread() and time.monotonic() - _STATE["last"] >= FLUSH_S:
+    if threading.current_thread() is threading.main_thread() and time.monotonic() - _STATE.last >= FLUSH_S:
         flush()
 
 
@@ -52,18 +59,18 @@ def flush() -> int:
     with _LOCK:
         rows = list(_BUFFER)
         _BUFFER.clear()
-    _STATE["last"] = time.monotonic()
+    _STATE.last = time.monotonic()
     if not rows:
         return 0
     rows[-1].setdefault("memory/rss_MiB", rss_mib())  # once a batch: the memory panel needs no more
     rank = int(os.environ.get("RANK", "0"))
-    _STATE["seq"] += 1
+    _STATE.seq += 1
     data_pub = _engine_data_pub()
     if data_pub is None:  # not inside an ipyparallel engine: keep them here
         _LOCAL.extend(rows)
         del _LOCAL[:-100_000]
     else:
-        data_pub.publish_data({f"{KEY}{_STATE['seq']:09d}": {"rank": rank, "rows": rows}})
+        data_pub.publish_data({f"{KEY}{_STATE.seq:09d}": {"rank": rank, "rows": rows}})
     return len(rows)
 
 

@@ -16,19 +16,26 @@ import gc
 import itertools
 import weakref
 from collections.abc import Iterable
+from dataclasses import dataclass
 from typing import Any
 
 _MADE: weakref.WeakKeyDictionary[Any, int] = weakref.WeakKeyDictionary()  # scheduler -> order made
 _COUNT = itertools.count()
-_DONE: dict[str, bool] = {"installed": False, "swept": False}
+@dataclass(slots=True)
+class _Done:
+    installed: bool = False  # LRScheduler.__new__ notes each scheduler made
+    swept: bool = False  # the schedulers made before it were looked for
+
+
+_DONE = _Done()
 
 
 def install(first: bool = False) -> None:
     """Note every LR scheduler made from now on (once per process); ``first``: before any user code ran in
     this process (a rank's configure), so there is nothing made before to look for."""
-    if first and not _DONE["installed"]:
-        _DONE["swept"] = True
-    if _DONE["installed"]:
+    if first and not _DONE.installed:
+        _DONE.swept = True
+    if _DONE.installed:
         return
     from torch.optim.lr_scheduler import LRScheduler
 
@@ -38,14 +45,14 @@ def install(first: bool = False) -> None:
         return obj
 
     LRScheduler.__new__ = __new__  # type: ignore[method-assign,assignment]
-    _DONE["installed"] = True
+    _DONE.installed = True
 
 
 def _sweep() -> None:
     """Once: note the schedulers made before ``install`` (one pass over the heap, about 0.1 s)."""
     from torch.optim.lr_scheduler import LRScheduler
 
-    _DONE["swept"] = True
+    _DONE.swept = True
     before = -(10**12)  # made before every scheduler install() noted
     for obj in gc.get_objects():
         if issubclass(type(obj), LRScheduler) and obj not in _MADE:  # type(): no proxy's __class__ is asked
@@ -59,7 +66,7 @@ def bound(optimizer: Any, known: Iterable[Any] = ()) -> list[Any]:
     if optimizer is None:
         return []
     install()
-    if not _DONE["swept"]:
+    if not _DONE.swept:
         _sweep()
     known = list(known)
     skip = {id(o) for o in known}

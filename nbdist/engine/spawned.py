@@ -33,6 +33,7 @@ import os
 import sys
 import types
 from collections.abc import Callable
+from dataclasses import dataclass
 from multiprocessing.process import BaseProcess
 from typing import Any
 
@@ -41,7 +42,15 @@ from .adapters import world_up
 from .state import STATE
 
 ORIGINAL: dict[str, Any] = {}
-_STARTED: dict[str, int] = {"cell": -1, "count": 0}  # processes joining the world started in this cell
+@dataclass(slots=True)
+class _Started:
+    """Processes joining the world started in this cell (the k-th is rank k's)."""
+
+    cell: int = -1
+    count: int = 0
+
+
+_STARTED = _Started()
 
 
 def install() -> None:
@@ -225,10 +234,10 @@ def _start(self: BaseProcess) -> None:
         else:
             ORIGINAL["start"](self)
         return
-    if _STARTED["cell"] != STATE.cell:
-        _STARTED.update(cell=STATE.cell, count=0)
-    k, (rank, world) = _STARTED["count"], STATE.placed()
-    _STARTED["count"] += 1
+    if _STARTED.cell != STATE.cell:
+        _STARTED.cell, _STARTED.count = STATE.cell, 0
+    k, (rank, world) = _STARTED.count, STATE.placed()
+    _STARTED.count += 1
     name = _fn_name(target)
     if k >= world:
         raise ValueError(

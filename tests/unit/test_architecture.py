@@ -325,3 +325,33 @@ def _module_aliases(name: str) -> dict[str, str]:
                 if alias.name in MODULES and alias.asname:
                     out[alias.asname] = alias.name
     return out
+
+
+def _record_dicts(tree: ast.Module) -> list[str]:
+    """Module-level names bound to a dict literal with fixed string keys: a record kept as a dict."""
+    found = []
+    for node in tree.body:
+        value = node.value if isinstance(node, (ast.Assign, ast.AnnAssign)) else None
+        targets = node.targets if isinstance(node, ast.Assign) else [getattr(node, "target", None)]
+        if (
+            isinstance(value, ast.Dict)
+            and len(value.keys) >= 2
+            and all(isinstance(k, ast.Constant) and isinstance(k.value, str) for k in value.keys)
+            and 2 * sum(isinstance(v, ast.Constant) for v in value.values) >= len(value.values)  # not a registry
+        ):
+            found += [t.id for t in targets if isinstance(t, ast.Name) and t.id.isupper()]
+    return found
+
+
+def test_the_rank_side_keeps_its_state_in_typed_objects_not_dicts_of_fixed_keys():
+    """What a rank keeps between calls (peer recovery, preemption, collectives, the debugger) is a dataclass: a
+    misspelt field is a mypy error, not a KeyError on a rank in the middle of training (#57)."""
+    found = [
+        f"{name}.{var}"
+        for name, path in MODULES.items()
+        if _folder(name) in ("engine", "parallel")
+        for var in _record_dicts(ast.parse(path.read_text()))
+    ]
+    assert not found, f"module-level records kept as dicts: {found}"
+    planted = ast.parse('KEPT: dict[str, Any] = {"loader": None, "done": 0}\nNAMES = {"a": 1}\nBY = {"a": f, "b": g}\n')
+    assert _record_dicts(planted) == ["KEPT"]
