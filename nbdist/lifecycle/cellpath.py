@@ -7,8 +7,9 @@ on (engine/preempt.py's ``Resizing``); the world grows from the state of that bo
 runs again on the larger world, going on from there. A cell whose loop has no such boundary (no
 ``loader.steps()``) grows the world when it ends.
 
-Every change to who is in the world goes down to the ``Membership`` it is given (membership.py); nothing here
-is called back from below.
+Every change to who is in the world goes down to the ``Membership`` it is given (membership.py). Nothing below
+imports this module; the cell layer calls back only the two continuations it is handed with a cell (``repair``
+and ``after``), since a ``--noblock`` cell is followed by whoever waits for it.
 """
 
 from __future__ import annotations
