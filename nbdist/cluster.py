@@ -40,7 +40,7 @@ def attach(name: str | None = None) -> Cluster:
     """Reconnect this kernel to a world kept by ``start(keep=...)`` (this user's, this host's, newest or named),
     proved alive: every rank answers with its rank and pid. Variables, models and process group are as left."""
     record = kept.find(name)
-    return Cluster(StartConfig(**record.config)).adopt(record)
+    return Cluster(StartConfig.of(**record.config)).adopt(record)
 
 
 def start(
@@ -58,7 +58,7 @@ def start(
     choice = defaults.choose(n, launcher)
     if choice.ranks_per_node and not options.get("ranks_per_node"):
         options["ranks_per_node"] = choice.ranks_per_node
-    config = StartConfig(n=choice.n, backend=backend, launcher=choice.launcher, timeout=timeout, **options)
+    config = StartConfig.of(n=choice.n, backend=backend, launcher=choice.launcher, timeout=timeout, **options)
     cluster = Cluster(config, progress=progress)
     cluster.choice = choice
     return cluster.start()
@@ -70,12 +70,12 @@ class Cluster:
     def __init__(
         self, config: StartConfig | None = None, progress: Callable[[str], None] | None = None, **options: Any
     ) -> None:
-        self.config = config or StartConfig(**options)
+        self.config = config or StartConfig.of(**options)
         self.choice: defaults.Choice | None = None  # what nbdist chose when the user left n out
         self.last: RunResult | PendingRun | None = None  # the last run
         self.history = History()  # the cells that ran, for %dist_export and recovery's replay
         self.membership = Membership(self.config, self.history, progress or _print_line)  # who is in it, each change
-        self.recovery = Recovery(budget=self.config.max_restarts, peer=self.config.recover_from == "peer")
+        self.recovery = Recovery.of(self.config.recovery)
         self.cells = CellPath(self.membership, self.recovery)  # a cell's way through the ranks, with recovery
 
     # ------------------------------------------------------------------ lifecycle (lifecycle/membership.py)
@@ -208,7 +208,7 @@ class Cluster:
     @property
     def shape(self) -> views.WorldShape:
         """Backend, ranks, hosts and threads per rank: what a job script for this world needs."""
-        return views.shape(self.membership.live(), self.backend, self.config.threads or 1)
+        return views.shape(self.membership.live(), self.backend, self.config.world.threads or 1)
 
     def pids(self) -> list[int]:
         """Process ids of the controller and engines this cluster started."""

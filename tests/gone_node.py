@@ -13,8 +13,7 @@ import sys
 import textwrap
 from collections.abc import Iterator
 
-from nbdist.config import LAUNCHERS, LauncherSpec
-from nbdist.launch import registry
+from nbdist.config import LauncherSpec, launchers
 
 GONE_ENGINE = """
 import os, sys
@@ -52,9 +51,8 @@ def gone_node(tmp_path: pathlib.Path) -> Iterator[pathlib.Path]:
             engines.delay = 0.0
             return cluster
 
-    registry.register(GoneNodeLauncher)
+    launchers.register(GoneNodeLauncher)
     try:
         yield flag
     finally:
-        registry.LAUNCHER_CLASSES.pop("gone-node", None)
-        LAUNCHERS.pop("gone-node", None)
+        launchers.forget("gone-node")

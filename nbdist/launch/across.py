@@ -8,18 +8,39 @@ directory, which must be visible from the nodes (the home directory, or ``$NBDIS
 
 from __future__ import annotations
 
+import ipaddress
 import os
 import socket
+from dataclasses import dataclass
 from typing import Any
 
-from ..config import StartConfig
+from ..config import LauncherOptions, StartConfig, option
 from ..errors import ConfigError
 from . import net
-from .launchers import Launcher, build_cluster
+from .launchers import IP_HELP, Launcher, build_cluster
 
 # Engines end when the controller's heartbeat stops for HB_MISSES checks of (period + 0.5 s):
 # about 12 s after the kernel (and so the controller) is gone.
 HB_MISSES = 20
+
+
+def check_address(ip: str | None) -> None:
+    """--ip: an address (whether it is this host's is known only where the controller starts)."""
+    if ip is not None:
+        try:
+            ipaddress.ip_address(ip)
+        except ValueError:
+            raise ConfigError(f"--ip {ip!r} is not an address; name one of this host's, e.g. --ip 10.0.0.5.") from None
+
+
+@dataclass(kw_only=True)
+class HostsOptions(LauncherOptions):
+    """What every launcher of engines on several hosts takes: the address the controller listens on."""
+
+    ip: str | None = option(help=IP_HELP, metavar="ADDR")
+
+    def check(self, n: int) -> None:
+        check_address(self.ip)
 
 
 class ManyHostsLauncher(Launcher):
@@ -41,10 +62,11 @@ class ManyHostsLauncher(Launcher):
 
     def controller_ip(self, config: StartConfig) -> str:
         """``--ip`` when given (checked to be this host's), else this host's address on the route to the nodes."""
-        if config.ip:
-            if not net.is_local(config.ip):
-                raise ConfigError(f"--ip {config.ip} is not an address of this host; use one of: {net.describe()}.")
-            return config.ip
+        ip = config.options_as(HostsOptions).ip
+        if ip:
+            if not net.is_local(ip):
+                raise ConfigError(f"--ip {ip} is not an address of this host; use one of: {net.describe()}.")
+            return ip
         addrs = self.node_addresses(config)
         for addr in addrs:
             try:

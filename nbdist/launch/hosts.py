@@ -14,16 +14,18 @@ from __future__ import annotations
 
 import functools
 import os
+import re
 import shutil
 import subprocess
 import tempfile
+from dataclasses import dataclass
 from typing import Any
 
 from .. import compat
-from ..config import LAUNCHERS, StartConfig
+from ..config import LauncherSpec, StartConfig, check_plain_value, option
 from ..errors import ClusterError, ConfigError
 from . import slurm
-from .across import HB_MISSES, ManyHostsLauncher
+from .across import HB_MISSES, HostsOptions, ManyHostsLauncher
 from .launchers import IPP_LOG
 from .pool import ENGINE_CMD
 
@@ -35,6 +37,100 @@ SBATCH_TEMPLATE = """#!/bin/sh
 %(options)s
 exec srun --kill-on-bad-exit=0 {program_and_args}
 """
+
+
+# Values that reach an sbatch script: Slurm's own syntax, nothing a script line or a shell reads more in.
+SLURM_VALUES = {
+    "--partition": (
+        re.compile(r"[A-Za-z0-9_.-]+(,[A-Za-z0-9_.-]+)*"),
+        "a partition name (several: comma-separated)",
+        "gpu",
+    ),
+    "--account": (re.compile(r"[A-Za-z0-9_.-]+"), "an account name", "myproject"),
+    "--time": (
+        re.compile(r"(\d+-)?\d+(:\d+){0,2}|UNLIMITED|unlimited|INFINITE|infinite"),
+        "a Slurm time limit (minutes, H:MM:SS or D-HH)",
+        "1:00:00",
+    ),
+}
+
+
+def check_nodes(nodes: int | None, n: int) -> None:
+    if nodes is not None and not 1 <= nodes <= n:
+        raise ConfigError(f"--nodes {nodes} must be between 1 and the number of ranks ({n}).")
+
+
+def nodes_option() -> Any:
+    return option(help="nodes to spread the ranks over", metavar="K")
+
+
+@dataclass(kw_only=True)
+class SlurmOptions(HostsOptions):
+    """sbatch's options: where the job runs, for how long, on whose account, with how many GPUs."""
+
+    nodes: int | None = nodes_option()
+    partition: str | None = option(help="Slurm partition", metavar="P")
+    time: str | None = option(help="Slurm time limit, e.g. 30 or 1:00:00", metavar="T")
+    account: str | None = option(help="Slurm account", metavar="A")
+    gpus_per_node: int | None = option(help="GPUs per node", metavar="G")
+    sbatch_args: list[str] = option(
+        [], help="one more sbatch option, e.g. --sbatch-arg=--mem=8G", metavar="ARG", flag="--sbatch-arg"
+    )
+
+    def check(self, n: int) -> None:
+        """Values that go into the sbatch script or an argv: Slurm's syntax, one line each, before any is used."""
+        super().check(n)
+        given = {"--partition": self.partition, "--account": self.account, "--time": self.time}
+        for flag, value in given.items():
+            pattern, what, example = SLURM_VALUES[flag]
+            if value is not None and not pattern.fullmatch(str(value)):
+                raise ConfigError(
+                    f"{flag} {value!r} is not {what}: Slurm's syntax only, no spaces, line breaks or shell "
+                    f"characters; e.g. {flag} {example}."
+                )
+        for value in self.sbatch_args:
+            check_plain_value("--sbatch-arg", str(value), "--mem=8G")
+            if not str(value).startswith("-"):
+                raise ConfigError(
+                    f"--sbatch-arg {value!r} is not an sbatch option; give one option, e.g. --sbatch-arg --mem=8G."
+                )
+        check_nodes(self.nodes, n)
+        if self.gpus_per_node is not None and self.gpus_per_node < 0:
+            raise ConfigError(f"--gpus-per-node ({self.gpus_per_node}) must be 0 or more.")
+
+    def ranks_per_host(self, n: int) -> int:
+        return -(-n // self.nodes) if self.nodes else n
+
+
+@dataclass(kw_only=True)
+class SrunOptions(HostsOptions):
+    """srun's options inside an allocation: how many of its nodes, how many ranks on each."""
+
+    nodes: int | None = nodes_option()
+    ranks_per_node: int | None = option(help="ranks on each node, e.g. one per GPU", metavar="R")
+
+    def check(self, n: int) -> None:
+        super().check(n)
+        check_nodes(self.nodes, n)
+        if self.ranks_per_node is not None and not 1 <= self.ranks_per_node <= n:
+            raise ConfigError(
+                f"--ranks-per-node {self.ranks_per_node} must be between 1 and the number of ranks ({n})."
+            )
+
+    def ranks_per_host(self, n: int) -> int:
+        return self.ranks_per_node or (-(-n // self.nodes) if self.nodes else n)
+
+
+@dataclass(kw_only=True)
+class MpiOptions(HostsOptions):
+    """mpiexec's own options, passed as they are."""
+
+    mpi_args: list[str] = option([], help="one more mpiexec option", metavar="ARG", flag="--mpi-arg")
+
+    def check(self, n: int) -> None:
+        super().check(n)
+        for value in self.mpi_args:
+            check_plain_value("--mpi-arg", str(value), "--bind-to=none")
 
 
 class SubmitError(ClusterError):
@@ -102,7 +198,7 @@ def _engine_launchers() -> tuple[type, type]:
 class SlurmLauncher(ManyHostsLauncher):
     """Engines as one sbatch job; the controller stays with the kernel."""
 
-    spec = LAUNCHERS["slurm"]
+    spec = LauncherSpec("slurm", "sbatch a job", options=SlurmOptions)
 
     def engine_set(self) -> type:
         return _engine_launchers()[0]
@@ -113,18 +209,19 @@ class SlurmLauncher(ManyHostsLauncher):
                 "--launcher slurm needs Slurm's sbatch and squeue on this host's PATH (a login node of the "
                 "cluster); use --launcher local here."
             )
-        return slurm.node_addresses(partition=config.partition)
+        return slurm.node_addresses(partition=config.options_as(SlurmOptions).partition)
 
     def configure_engines(self, c: Any, config: StartConfig) -> None:
-        options = [f"--time={config.time}"] if config.time else []
-        if config.account:
-            options.append(f"--account={config.account}")
-        if config.partition:
-            options.append(f"--partition={config.partition}")
-        if config.gpus_per_node:
-            options.append(f"--gpus-per-node={config.gpus_per_node}")
-        c.sbatch_options = options + list(config.sbatch_args)
-        c.nodes = config.nodes or 0
+        own = config.options_as(SlurmOptions)
+        options = [f"--time={own.time}"] if own.time else []
+        if own.account:
+            options.append(f"--account={own.account}")
+        if own.partition:
+            options.append(f"--partition={own.partition}")
+        if own.gpus_per_node:
+            options.append(f"--gpus-per-node={own.gpus_per_node}")
+        c.sbatch_options = options + list(own.sbatch_args)
+        c.nodes = own.nodes or 0
 
     def job_ids(self, engine_launchers: list[Any]) -> list[str]:
         return [str(el.job_id) for el in engine_launchers if getattr(el, "job_id", "")]
@@ -148,7 +245,7 @@ class SlurmLauncher(ManyHostsLauncher):
 class SrunLauncher(ManyHostsLauncher):
     """Inside an allocation: engines as one ``srun --overlap`` step of the kernel's own job."""
 
-    spec = LAUNCHERS["srun"]
+    spec = LauncherSpec("srun", "srun --overlap inside an allocation", options=SrunOptions)
 
     def engine_set(self) -> type:
         return _engine_launchers()[1]
@@ -168,8 +265,9 @@ class SrunLauncher(ManyHostsLauncher):
         # SLURM_EXPORT_ENV=LIST to its steps, which would then start engines without PATH or NBDIST_*.
         c.mpi_cmd = ["srun"]
         c.mpi_args = ["--overlap", "--export=ALL", "--kill-on-bad-exit=0"]
-        c.nodes = config.nodes or 0
-        c.ranks_per_node = config.ranks_per_node or 0
+        own = config.options_as(SrunOptions)
+        c.nodes = own.nodes or 0
+        c.ranks_per_node = own.ranks_per_node or 0
 
     def queue(self, engine_launchers: list[Any]) -> tuple[str, list[Any]]:
         for el in engine_launchers:
@@ -183,7 +281,7 @@ class SrunLauncher(ManyHostsLauncher):
 class MpiLauncher(ManyHostsLauncher):
     """Engines through mpiexec; rank = MPI rank."""
 
-    spec = LAUNCHERS["mpi"]
+    spec = LauncherSpec("mpi", "mpiexec", options=MpiOptions)
     rank_vars = ("OMPI_COMM_WORLD_RANK", "PMIX_RANK", "PMI_RANK")
 
     def engine_set(self) -> type:
@@ -194,7 +292,7 @@ class MpiLauncher(ManyHostsLauncher):
             raise ConfigError(
                 "--launcher mpi needs mpiexec on this host's PATH (Open MPI or MPICH); use --launcher local here."
             )
-        args = list(config.mpi_args)
+        args = list(config.options_as(MpiOptions).mpi_args)
         for flag in ("--hostfile", "-hostfile", "--machinefile", "-machinefile"):
             if flag in args and args.index(flag) + 1 < len(args):
                 with open(args[args.index(flag) + 1]) as fh:
@@ -206,11 +304,11 @@ class MpiLauncher(ManyHostsLauncher):
 
     def configure_engines(self, c: Any, config: StartConfig) -> None:
         c.mpi_cmd = ["mpiexec"]
-        c.mpi_args = list(config.mpi_args)
+        c.mpi_args = list(config.options_as(MpiOptions).mpi_args)
         env = dict(c.environment)
         if os.geteuid() == 0:  # Open MPI refuses root unless told twice
             env.update(OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1")
-        if config.oversubscribe or config.n > (os.cpu_count() or 1):
+        if config.world.oversubscribe or config.world.n > (os.cpu_count() or 1):
             env["OMPI_MCA_rmaps_base_oversubscribe"] = "1"
         c.environment = env
 
@@ -224,6 +322,6 @@ def batch_script(config: StartConfig) -> str:
         launcher.configure_engines(engines, config)
         engines.engine_cmd = list(ENGINE_CMD)
         engines.engine_args = [f"--IPEngine.max_heartbeat_misses={HB_MISSES}"]
-        engines.write_batch_script(config.n)
+        engines.write_batch_script(config.world.n)
         with open(engines.batch_file) as fh:
             return fh.read().replace(tmp, "$HOME/.nbdist/nbdist-XXXX")

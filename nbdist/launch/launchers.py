@@ -5,7 +5,7 @@ launchers, the address the controller binds, the environment of the processes) a
 where rank 0's rendezvous store listens. ``Launcher`` holds the defaults for one host,
 ``build_cluster`` builds the ipyparallel cluster every launcher starts, and ``LocalLauncher``
 runs everything here on 127.0.0.1. The base for several hosts is across.py's, nbdist's own
-launchers for them are in hosts.py, and registry.py finds a launcher by its name.
+launchers for them are in hosts.py; ``launcher_for`` finds a launcher by its name (config/launchers.py).
 """
 
 from __future__ import annotations
@@ -14,10 +14,13 @@ import logging
 import os
 import secrets
 import sys
+from dataclasses import dataclass
 from typing import Any
 
 from .. import wire
-from ..config import LAUNCHERS, LauncherSpec, StartConfig
+from ..config import LauncherOptions, LauncherSpec, StartConfig, option
+from ..config.launchers import launcher_class
+from ..errors import ConfigError
 from . import pool, procs
 from .net import LOOPBACK
 from .pool import ENGINE_CMD, WarmEngineSetLauncher
@@ -31,7 +34,7 @@ IPP_LOG.setLevel(logging.ERROR)
 class Launcher:
     """How a cluster's processes start. Defaults describe one host; launchers for several override them."""
 
-    spec: LauncherSpec  # its entry in config.LAUNCHERS: name, summary, multi_host, the options it takes
+    spec: LauncherSpec  # its name, summary, whether engines may run elsewhere, the options it declares
     rank_vars: tuple[str, ...] = ()  # env vars that carry each engine's launch rank (SLURM_PROCID, ...)
 
     @property
@@ -44,7 +47,7 @@ class Launcher:
         return self.spec.multi_host
 
     def cluster(self, config: StartConfig, profile_dir: str, fresh: bool = True) -> Any:
-        """An ipyparallel.Cluster, configured but not started, for ``config.n`` engines (``fresh``: with a new
+        """An ipyparallel.Cluster, configured but not started, for ``config.world.n`` engines (``fresh``: with a new
         controller's keys; False: for engines of a controller already running on this profile)."""
         raise NotImplementedError
 
@@ -89,10 +92,27 @@ class Launcher:
         return []
 
 
+IP_HELP = "address the controller listens on (default: the one that reaches the nodes; local: 127.0.0.1 only)"
+
+
+@dataclass(kw_only=True)
+class LocalOptions(LauncherOptions):
+    """--ip is for launchers on several hosts; here it may only say what is so."""
+
+    ip: str | None = option(help=IP_HELP, metavar="ADDR")
+
+    def check(self, n: int) -> None:
+        if self.ip not in (None, LOOPBACK):
+            raise ConfigError(
+                f"--ip {self.ip} is for launchers on several hosts; the local launcher listens on {LOOPBACK} only. "
+                "Use --launcher slurm, srun, mpi or ray, or leave --ip out."
+            )
+
+
 class LocalLauncher(Launcher):
     """Controller and engines on this machine, all on 127.0.0.1; engines served warm when they can be."""
 
-    spec = LAUNCHERS["local"]
+    spec = LauncherSpec("local", "every rank on this machine, on 127.0.0.1", multi_host=False, options=LocalOptions)
 
     def __init__(self) -> None:
         self._server: int | None = None  # a fork server this start began itself (pool.py)
@@ -101,7 +121,7 @@ class LocalLauncher(Launcher):
         # No warm process for these engines yet (a script, a first start with other settings): begin
         # one now, beside the controller, so torch is imported once, not once per rank. It serves
         # %dist_restart too, and ends with this cluster (one that %load_ext began stays for the next).
-        self._server = pool.warm(config.n, config.threads or 1)
+        self._server = pool.warm(config.world.n, config.world.threads or 1)
         cluster, _ = build_cluster(
             config,
             profile_dir,
@@ -133,7 +153,7 @@ def build_cluster(
     controller_env: dict[str, str] | None = None,
 ) -> tuple[Any, Any]:
     """The ipyparallel.Cluster a launcher starts, as every launcher needs it: nbdist's controller (binding ``ip``,
-    CurveZMQ and signed messages when ``fresh``, its heartbeat, watching the kernel), ``config.n`` engines of the
+    CurveZMQ and signed messages when ``fresh``, its heartbeat, watching the kernel), ``config.world.n`` engines of the
     engine-set launcher ``engines`` running nbdist's engine command with ``engine_args``, and the environment of
     every process (threads, the kept world's lease; ``env`` adds to the engines' and the controller's,
     ``controller_env`` to the controller's). Returns the cluster, not started, and its engine-set launcher's
@@ -142,23 +162,27 @@ def build_cluster(
 
     cluster = ipp.Cluster(
         profile_dir=profile_dir,
-        n=config.n,
+        n=config.world.n,
         delay=0,
         send_engines_connection_env=False,  # engines read the 0600 connection file, not an env var
-        engine_timeout=int(config.timeout),
+        engine_timeout=int(config.world.timeout),
         controller_ip=ip,
-        controller_args=["--usethreads", f"--HeartMonitor.period={config.heartbeat_ms}"],
+        controller_args=["--usethreads", f"--HeartMonitor.period={config.world.heartbeat_ms}"],
         controller="Local",
         engines=engines,
         log=IPP_LOG,
         load_profile=False,
-        shutdown_atexit=config.keep is None,  # a kept world outlives the kernel's exit (a restart)
+        shutdown_atexit=config.world.keep is None,  # a kept world outlives the kernel's exit (a restart)
     )
     if fresh:
         secure_controller(profile_dir)
     steps = os.path.join(os.path.dirname(profile_dir), "steps")  # each engine's step on the way in
     os.makedirs(steps, mode=0o700, exist_ok=True)
-    environment = {**procs.process_env(config.threads or 1, config.keep), wire.STEPS_ENV: steps, **(env or {})}
+    environment = {
+        **procs.process_env(config.world.threads or 1, config.world.keep),
+        wire.STEPS_ENV: steps,
+        **(env or {}),
+    }
     c = cluster.config
     c.LocalControllerLauncher.controller_cmd = [sys.executable, "-m", "nbdist.engine.controller"]
     c.LocalControllerLauncher.environment = {
@@ -188,3 +212,9 @@ def secure_controller(profile_dir: str) -> None:
     fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
     with os.fdopen(fd, "w") as fh:
         fh.write(f"c.IPController.enable_curve = True\nc.Session.key = b{secrets.token_hex(32)!r}\n")
+
+
+def launcher_for(config: StartConfig) -> Launcher:
+    """A new launcher of the kind ``config.launcher`` names (StartConfig checked the name)."""
+    launcher: Launcher = launcher_class(config.launcher)()
+    return launcher

@@ -31,13 +31,15 @@ import signal
 import sys
 import threading
 import time
+from dataclasses import dataclass
 from typing import Any
 from urllib.parse import urlparse
 
 from .. import wire
-from ..config import LauncherSpec, StartConfig
+from ..config import LauncherSpec, StartConfig, option
+from ..errors import ConfigError
 from . import rayserve, rayworld
-from .across import ManyHostsLauncher
+from .across import HostsOptions, ManyHostsLauncher
 
 RAY_RANGE = ((2, 40), (3, 0))  # the Ray versions this launcher is tested with: from 2.40 up to, not with, 3.0
 RANK_VAR = rayworld.RANK_VAR
@@ -47,9 +49,24 @@ WAITING = "ray-waiting.txt"  # what the placement waits for, while it waits (Ray
 PASSED = ("NBDIST_", "IPP_", "OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS", "NUMBA_NUM_THREADS")
 
 
+@dataclass(kw_only=True)
+class RayOptions(HostsOptions):
+    """Which Ray cluster, and how many GPUs each rank's actor takes."""
+
+    address: str | None = option(
+        help="the Ray cluster, e.g. ray://HEAD:10001 (default: RAY_ADDRESS, else this node)", metavar="ADDR"
+    )
+    gpus_per_rank: float | None = option(help="GPUs Ray gives each rank", metavar="G")
+
+    def check(self, n: int) -> None:
+        super().check(n)
+        if self.gpus_per_rank is not None and not 0 <= self.gpus_per_rank <= 8:
+            raise ConfigError(f"--gpus-per-rank ({self.gpus_per_rank}) must be from 0 to 8, e.g. 1 (or 0.5 to share).")
+
+
 def ray_address(config: StartConfig) -> str:
     """``--address``, else ``RAY_ADDRESS``, else '' (the Ray node this kernel runs on)."""
-    return config.address or os.environ.get("RAY_ADDRESS", "")
+    return config.options_as(RayOptions).address or os.environ.get("RAY_ADDRESS", "")
 
 
 class RayLauncher(ManyHostsLauncher):
@@ -58,7 +75,7 @@ class RayLauncher(ManyHostsLauncher):
     spec = LauncherSpec(
         "ray",
         "Ray actors on a Ray cluster (KubeRay, or ray start): --address ray://HEAD:10001 from outside it",
-        options=("address", "gpus_per_rank"),
+        options=RayOptions,
     )
     rank_vars = (RANK_VAR,)
 
@@ -78,9 +95,14 @@ class RayLauncher(ManyHostsLauncher):
         return [host] if host else [_local_node_address()]
 
     def configure_engines(self, c: Any, config: StartConfig) -> None:
-        cpus = config.threads or 1
+        cpus = config.world.threads or 1
         c.mpi_cmd = [sys.executable, "-m", "nbdist.launch.ray", "--address", ray_address(config), "--cpus", str(cpus)]
-        c.mpi_cmd += ["--gpus", str(config.gpus_per_rank or 0), "--wait", str(config.timeout)]
+        c.mpi_cmd += [
+            "--gpus",
+            str(config.options_as(RayOptions).gpus_per_rank or 0),
+            "--wait",
+            str(config.world.timeout),
+        ]
         c.mpi_args = []
 
     def queue(self, engine_launchers: list[Any]) -> tuple[str, list[Any]]:

@@ -68,8 +68,8 @@ class CellPath:
             self.engines(),
             code,
             cfg,
-            grace=self.membership.config.grace,
-            watchdog=self.membership.config.watchdog,
+            grace=self.membership.config.recovery.grace,
+            watchdog=self.membership.config.recovery.watchdog,
             on_done=self.repair,
             sink=sink,
             then=then,
@@ -195,15 +195,15 @@ class CellPath:
         return Replay(
             membership=self.membership,
             setup=self.membership.history.setup_cells(),
-            grace=config.grace,
-            watchdog=config.watchdog,
-            timeout=config.timeout,
-            min_ranks=config.min_ranks,
+            grace=config.recovery.grace,
+            watchdog=config.recovery.watchdog,
+            timeout=config.world.timeout,
+            min_ranks=config.recovery.min_ranks,
         )
 
     def repair(self, result: RunResult, killed: list[int]) -> list[int]:
         """After a release or a broken collective, make the world usable again (``repair``)."""
-        return repair(result, killed, self.recovery, self.membership.config.auto_restart, self.membership)
+        return repair(result, killed, self.recovery, self.membership.config.recovery.auto_restart, self.membership)
 
 
 def _no_standby(engines: EngineSet) -> None:

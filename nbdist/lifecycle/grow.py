@@ -22,10 +22,10 @@ that boundary, and the cell runs again on the larger world from there (cellpath.
 
 from __future__ import annotations
 
-import dataclasses
 import time
 from typing import Any
 
+from ..config import StartConfig
 from ..errors import ClusterError, ConfigError
 from ..results import RunResult
 from ..world.engineset import EngineSet
@@ -44,7 +44,7 @@ def grow(count: int, replay: Replay) -> str:
     before = len(engines.ranks)
     check_count(count)
     try:
-        dataclasses.replace(config, n=before + count, min_ranks=None)  # the launcher's own checks: cores, hosts
+        StartConfig.of(**{**config.flat(), "n": before + count, "min_ranks": None})  # the launcher's checks: cores, hosts
     except ConfigError as exc:
         raise ConfigError(f"cannot grow the world from {before} to {before + count} ranks: {exc}") from None
     if not replay.setup:

@@ -22,7 +22,7 @@ from ..cells import pointers
 from ..cells.history import History
 from ..config import StartConfig, parse_ranks
 from ..errors import ClusterError
-from ..launch.registry import launcher_for
+from ..launch.launchers import launcher_for
 from ..results import RankState
 from ..world import kept
 from ..world.engineset import EngineSet, RankInfo

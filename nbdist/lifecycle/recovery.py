@@ -29,7 +29,7 @@ from typing import Any
 from ..cells.history import Cell
 from ..cells.output import Sink
 from ..cells.run import execute
-from ..config import RunConfig
+from ..config import RecoveryConfig, RunConfig
 from ..errors import ClusterError
 from ..results import RankStatus, RunResult
 from ..world.engineset import EngineSet
@@ -63,6 +63,11 @@ class Recovery:
     checkpoint: dict[str, Any] | None = None  # {"path": ..., "names": {"model": ..., ...}}
     peer: bool = True  # rebuild from the living ranks' memory where that is exact (peer_recovery.py)
     renumbered: dict[int, int] | None = None  # the last recovery's old rank -> new rank, when the world shrank
+
+    @classmethod
+    def of(cls, config: RecoveryConfig) -> Recovery:
+        """A world's recovery state at its start: the budget and source its config names."""
+        return cls(budget=config.max_restarts, peer=config.recover_from == "peer")
 
     @property
     def left(self) -> int:

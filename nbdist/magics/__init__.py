@@ -14,10 +14,10 @@ from IPython.core.magic import Magics, cell_magic, line_magic, magics_class, nee
 from IPython.core.magic_arguments import argument, magic_arguments
 
 from .. import cluster as api
-from ..config import BACKENDS, LAUNCHERS, RankSpec
+from ..config import BACKENDS, RankSpec, launchers
 from ..errors import ClusterError, ConfigError
 from ..results import GROUP_ABOVE, STATE_COLOURS, grouped, state_phrase
-from .common import USAGE, call, cell_options, check_choice, names_and_ranks, parse, show
+from .common import USAGE, call, cell_options, check_choice, names_and_ranks, parse, show, with_launcher_options
 
 
 @magics_class
@@ -40,13 +40,7 @@ class DistMagics(Magics):
     @argument(
         "--backend", default=None, metavar="gloo|nccl", help="gloo or nccl (default: nccl when every rank has a GPU)"
     )
-    @argument(
-        "--launcher",
-        default=None,
-        metavar="|".join(LAUNCHERS),
-        help=", ".join(f"{spec.name} ({spec.summary})" for spec in LAUNCHERS.values())
-        + "; default: srun inside a Slurm allocation when -n is left out, else local",
-    )
+    @argument("--launcher", default=None, help="filled from the launchers known when the magic runs")
     @argument("--timeout", type=float, default=45.0, metavar="S", help="seconds to wait for the world to form")
     @argument("--oversubscribe", action="store_true", help="allow more ranks than cores")
     @argument(
@@ -54,35 +48,6 @@ class DistMagics(Magics):
         dest="pin",
         action="store_false",
         help="let every rank run on every core (default: each rank its own)",
-    )
-    @argument("--nodes", type=int, default=None, metavar="K", help="nodes to spread the ranks over (slurm, srun)")
-    @argument(
-        "--ranks-per-node", type=int, default=None, metavar="R", help="ranks on each node, e.g. one per GPU (srun)"
-    )
-    @argument("--partition", default=None, metavar="P", help="Slurm partition (slurm)")
-    @argument("--time", default=None, metavar="T", help="Slurm time limit, e.g. 30 or 1:00:00 (slurm)")
-    @argument("--account", default=None, metavar="A", help="Slurm account (slurm)")
-    @argument("--gpus-per-node", type=int, default=None, metavar="G", help="GPUs per node (slurm)")
-    @argument(
-        "--sbatch-arg",
-        dest="sbatch_args",
-        action="append",
-        default=[],
-        metavar="ARG",
-        help="one more sbatch option, e.g. --sbatch-arg=--mem=8G",
-    )
-    @argument(
-        "--mpi-arg", dest="mpi_args", action="append", default=[], metavar="ARG", help="one more mpiexec option (mpi)"
-    )
-    @argument(
-        "--address", default=None, metavar="ADDR", help="the Ray cluster, e.g. ray://HEAD:10001 (ray; default: RAY_ADDRESS)"
-    )
-    @argument("--gpus-per-rank", type=float, default=None, metavar="G", help="GPUs Ray gives each rank (ray)")
-    @argument(
-        "--ip",
-        default=None,
-        metavar="ADDR",
-        help="address the controller listens on (default: the one that reaches the nodes)",
     )
     @argument(
         "--max-restarts",
@@ -121,9 +86,11 @@ class DistMagics(Magics):
     @line_magic
     def dist_start(self, line: str = "") -> None:
         """Start n ranked engines with an initialised torch.distributed world."""
-        args = parse(self.dist_start, line)
+        args = parse(with_launcher_options(self.dist_start), line)
+        if args is None:  # --help: shown
+            return None
         check_choice(args.backend, BACKENDS, "backend")
-        check_choice(args.launcher, tuple(LAUNCHERS), "launcher")
+        check_choice(args.launcher, tuple(launchers.known()), "launcher")
         try:
             old = api.current()
         except ClusterError:
@@ -132,7 +99,7 @@ class DistMagics(Magics):
             print(f"stopping the running cluster ({old.world_size} ranks) first")
             old.stop()
         try:
-            cluster = api.start(**vars(args))  # each option's dest is a StartConfig field (a test checks)
+            cluster = api.start(**vars(args))  # each option's dest is a keyword of StartConfig.of (a test checks)
         except ConfigError as exc:
             raise UsageError(str(exc)) from None
         except ClusterError as exc:
@@ -153,6 +120,8 @@ class DistMagics(Magics):
     def dist_attach(self, line: str = "") -> None:
         """Reconnect this kernel to a world kept by %dist_start --keep (yours, on this host), proved alive."""
         args = parse(self.dist_attach, line)
+        if args is None:  # --help: shown
+            return None
         cluster = call(lambda: api.attach(args.name))
         assert cluster.keeper is not None and cluster.keeper.record is not None
         print(
@@ -167,6 +136,8 @@ class DistMagics(Magics):
         """Show rank, engine id, host, pid, device (and GPU: name, memory held), backend and state of each rank;
         above GROUP_ABOVE ranks, one line per kind of rank (``--all``: every row)."""
         args = parse(self.dist_status, line)
+        if args is None:  # --help: shown
+            return None
         cluster = call(api.current)
         rows = call(cluster.status)
         if cluster.keeper is not None:
@@ -198,6 +169,8 @@ class DistMagics(Magics):
         and the rank whose position differs from the others; above GROUP_ABOVE ranks, ranks at the same
         place are one entry (``--all``: one per rank)."""
         args = parse(self.dist_where, line)
+        if args is None:  # --help: shown
+            return None
         cluster = call(api.current)
         group = cluster.world_size > GROUP_ABOVE and not args.all
         for text in call(lambda: cluster.where(group=group)):
@@ -209,6 +182,8 @@ class DistMagics(Magics):
     def dist_restart(self, line: str = "") -> None:
         """Replace the engines (all, or --ranks) and rebuild the world with the same ranks."""
         args = parse(self.dist_restart, line)
+        if args is None:  # --help: shown
+            return None
         seconds = call(lambda: api.current().restart(args.ranks))
         print(f"world rebuilt in {seconds:.1f} s; restarted ranks start with empty namespaces.")
 
@@ -220,6 +195,8 @@ class DistMagics(Magics):
         living rank's memory, and the loaders split the rest of the epoch over the larger world. Beside a --noblock
         cell that trains, at its loop's next step boundary, and the cell goes on with them."""
         args = parse(self.dist_grow, line)
+        if args is None:  # --help: shown
+            return None
         call(lambda: api.current().grow(args.count))  # its line is printed as it is said
 
     @magic_arguments()
@@ -232,6 +209,10 @@ class DistMagics(Magics):
         from ..widgets.dashboard import Dashboard
 
         args = parse(self.dist_dashboard, line)
+
+        if args is None:  # --help: shown
+
+            return None
         last = call(api.current).last
         metrics = getattr(last, "metrics", None)
         if last is not None and not metrics and hasattr(last, "wait"):
@@ -287,6 +268,8 @@ class DistMagics(Magics):
     def distributed(self, line: str, cell: str) -> Any:
         """Run the cell on every rank (or --ranks), output tagged by rank."""
         args = parse(self.distributed, line, cell=True)
+        if args is None:  # --help: shown
+            return None
         return self._run(cell, args.ranks, args)
 
     @magic_arguments()
@@ -296,6 +279,8 @@ class DistMagics(Magics):
     def rank(self, line: str, cell: str) -> Any:
         """%%rank SPEC: shorthand for %%distributed --ranks SPEC."""
         args = parse(self.rank, line, cell=True)
+        if args is None:  # --help: shown
+            return None
         return self._run(cell, args.spec, args)
 
     def _run(self, cell: str, ranks: RankSpec, args: Any) -> Any:

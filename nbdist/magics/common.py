@@ -9,7 +9,8 @@ from typing import Any, TypeVar
 from IPython.core.error import UsageError
 from IPython.core.magic_arguments import argument, parse_argstring
 
-from ..config import did_you_mean
+from .. import compat
+from ..config import did_you_mean, launchers
 from ..errors import ClusterError, ConfigError, NbdistError, RankError
 
 T = TypeVar("T")
@@ -46,6 +47,32 @@ def cell_options(func: Any) -> Any:
     return func
 
 
+def with_launcher_options(func: Any) -> Any:
+    """``func`` (%dist_start) with a flag for every option the launchers known now declare, each saying which
+    launchers take it, and ``--launcher``'s choices: a launcher installed as a plug-in brings its own."""
+    parser = func.parser
+    actions = {a.dest: a for a in compat.parser_actions(parser)}
+    launchers.load()  # a package installed since the last look
+    specs = launchers.known()
+    chosen = actions["launcher"]
+    chosen.metavar = "|".join(specs)
+    chosen.help = (
+        ", ".join(f"{spec.name} ({spec.summary})" for spec in specs.values())
+        + "; default: srun inside a Slurm allocation when -n is left out, else local"
+    )
+    for name, (opt, takers) in launchers.all_options().items():
+        text = f"{opt.help} ({', '.join(spec.name for spec in takers)})"
+        if name in actions:
+            actions[name].help = text
+        elif opt.many:
+            parser.add_argument(opt.flag, dest=name, action="append", default=[], metavar=opt.metavar, help=text)
+        elif opt.kind is bool:
+            parser.add_argument(opt.flag, dest=name, action="store_true", default=None, help=text)
+        else:
+            parser.add_argument(opt.flag, dest=name, type=opt.kind, default=None, metavar=opt.metavar, help=text)
+    return func
+
+
 def strip_comment(line: str) -> str:
     """The line without a trailing ``# comment``, as a shell reads it: ``#`` starts a comment only at the
     start of a word and outside quotes (``%dist_start -n 4  # four ranks``; ``--sbatch-arg=--comment=a#b`` stays)."""
@@ -61,7 +88,11 @@ def strip_comment(line: str) -> str:
 
 
 def parse(func: Any, line: str, cell: bool = False) -> Any:
-    """The magic's arguments; a bad line is one UsageError naming what is wrong and the usage."""
+    """The magic's arguments; a bad line is one UsageError naming what is wrong and the usage. ``-h`` or
+    ``--help`` first: the magic's help is printed and None returned (the magic does nothing more)."""
+    if strip_comment(line).split()[:1] in (["-h"], ["--help"]):
+        print(func.parser.format_help().replace("::\n\n", "", 1).strip())
+        return None
     try:
         return parse_argstring(func, strip_comment(line))
     except UsageError as exc:

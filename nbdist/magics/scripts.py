@@ -27,6 +27,8 @@ class ScriptMagics(Magics):
     def dist_run(self, line: str = "") -> Any:
         """%dist_run train.py --epochs 1: run a torchrun-style script, unchanged, on every rank as one cell."""
         args = parse(self.dist_run, line)
+        if args is None:  # --help: shown
+            return None
         if not args.script:
             raise UsageError(f"name the script to run; type {usage(self.dist_run)}")
         cluster = call(api.current)
@@ -66,6 +68,8 @@ class ScriptMagics(Magics):
     def dist_export(self, line: str = "") -> None:
         """Write the session's distributed cells as a script for torchrun, and an sbatch script beside it."""
         args = parse(self.dist_export, line)
+        if args is None:  # --help: shown
+            return None
         cluster = call(api.current)
         if args.list:
             lines = exporting.listing(cluster.history)
@@ -95,5 +99,7 @@ class ScriptMagics(Magics):
     def dist_debug(self, line: str = "") -> None:
         """Post-mortem pdb on a rank's last exception, typed here as with %debug (p, up, l, q)."""
         args = parse(self.dist_debug, line)
+        if args is None:  # --help: shown
+            return None
         cluster = call(api.current)
         call(lambda: debugging.debug(cluster, args.rank))

@@ -60,11 +60,11 @@ class EngineSet:
         profile = ProfileDir.create_profile_dir(os.path.join(self.workdir, "profile"))
         self._ipp = self.launcher.cluster(self.config, profile.location)
         self._ipp.start_controller_sync()
-        self._ipp.start_engines_sync(self.config.n)
+        self._ipp.start_engines_sync(self.config.world.n)
         self._record_jobs()
         self.client = self._ipp.connect_client_sync()
         compat.drop_unreadable_messages(self.client)
-        ids = registration.wait_for_engines(self, self.config.n, known=set(), old_launchers=set())
+        ids = registration.wait_for_engines(self, self.config.world.n, known=set(), old_launchers=set())
         self.ranks = [RankInfo(rank=i, engine_id=eid) for i, eid in enumerate(registration.in_launch_order(self, ids))]
         self.board.reset([r.rank for r in self.ranks])
         return self.ranks

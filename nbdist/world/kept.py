@@ -109,7 +109,7 @@ class Keeper:
             keep_s=self.keep_s,
             workdir=self.workdir,
             connection=found[0] if found else "",
-            config=dataclasses.asdict(config),
+            config=config.flat(),
             world=dataclasses.asdict(world),
             ranks=[dataclasses.asdict(r) for r in engines.ranks],
             procs=[
@@ -121,7 +121,7 @@ class Keeper:
             restarts=restarts,
         )
         every = [r.rank for r in engines.ranks]
-        told = engines.call(every, parentwatch.keep_world, self.workdir, self.keep_s, timeout=engines.config.timeout)
+        told = engines.call(every, parentwatch.keep_world, self.workdir, self.keep_s, timeout=engines.config.world.timeout)
         told.ordered("keeping the world", every)
         path = self.record.path
         tmp = f"{path}.{os.getpid()}.tmp"
@@ -253,9 +253,9 @@ def keep(
 ) -> Keeper | None:
     """--keep: write (again, after a restart) what %dist_attach needs and keep the lease fresh; the Keeper (None
     when the world is not kept)."""
-    if config.keep is None or engines is None or world is None:
+    if config.world.keep is None or engines is None or world is None:
         return keeper
-    keeper = keeper or Keeper(workdir, float(config.keep))
+    keeper = keeper or Keeper(workdir, float(config.world.keep))
     keeper.save(config, world, engines, restarts)
     return keeper
 

@@ -68,7 +68,7 @@ def wait_for_engines(
     reported through ``progress`` and Ctrl-C ends it (the caller cancels the job).
     """
     started = time.monotonic()
-    deadline = started + engines.config.timeout
+    deadline = started + engines.config.world.timeout
     said, said_at, asked_at, listed_at = "", 0.0, 0.0, started
     queued = ""  # the batch queue's last word on the jobs waited for ('' when none waits)
     finished: list[Any] = []
@@ -87,8 +87,8 @@ def wait_for_engines(
             waiting, finished = engines.launcher.queue(launchers)
             # A queued job does not count against the timeout, but for a replacement that the world can go on
             # without (--min-ranks): its node may be gone for good, so the wait is bounded.
-            if waiting and not (known and engines.config.min_ranks):
-                deadline = max(deadline, now + engines.config.timeout)
+            if waiting and not (known and engines.config.recovery.min_ranks):
+                deadline = max(deadline, now + engines.config.world.timeout)
             if waiting and now - started >= 2 and (waiting != said or now - said_at >= 15):
                 engines.progress(f"{waiting}; waited {now - started:.0f} s (Ctrl-C cancels it)")
                 said, said_at = waiting, now
@@ -105,9 +105,9 @@ def wait_for_engines(
             why = (
                 f"{len(exited)} engine process(es) exited while starting"
                 if exited
-                else f"{queued} for {engines.config.timeout:.0f} s"
+                else f"{queued} for {engines.config.world.timeout:.0f} s"
                 if queued
-                else f"they did not register within {engines.config.timeout:.0f} s"
+                else f"they did not register within {engines.config.world.timeout:.0f} s"
             )
             logs = exited or (launchers if engines.launcher.multi_host else [])
             tail = _log_tail(getattr(logs[0], "output_file", "")) if logs else ""
@@ -195,7 +195,7 @@ def in_launch_order(engines: Registering, ids: list[int]) -> list[int]:
 
     answers = engines.call_each(
         {eid: (launch_rank, (list(engines.launcher.rank_vars),), {}) for eid in ids},
-        timeout=engines.config.timeout,
+        timeout=engines.config.world.timeout,
         by_engine=True,
     )
     ranks = answers.ordered("the engines' launch ranks", ids, who="engine")

@@ -125,13 +125,13 @@ def configure_ranks(engines: EngineSet, ranks: list[RankInfo], *, pin: bool, tim
                 local_rank=r.local_rank,
                 local_world_size=r.local_world_size,
                 master_addr=master_addr,
-                threads=config.threads,
+                threads=config.world.threads,
                 report_dir=engines.workdir,
                 cpus=r.cpus,
                 node_rank=r.node_rank,
                 interface=engines.launcher.multi_host,
-                max_restarts=config.max_restarts,
-                peer=config.max_restarts > 0 and config.recover_from == "peer",
+                max_restarts=config.recovery.max_restarts,
+                peer=config.recovery.max_restarts > 0 and config.recovery.recover_from == "peer",
             ),
         )
         for r in ranks
@@ -207,14 +207,14 @@ def build_world(
 def form_world(engines: EngineSet, ranks: list[RankInfo], config: StartConfig, restarts: int) -> World:
     """Configure these ranks' engines (new ones: all, or those restarted), choose the backend, and build the
     world on every rank; the ``World``."""
-    master_addr = configure_ranks(engines, ranks, pin=config.pin, timeout=config.timeout)
-    backend = choose_backend(config.backend, [r.gpu for r in engines.ranks])
+    master_addr = configure_ranks(engines, ranks, pin=config.world.pin, timeout=config.world.timeout)
+    backend = choose_backend(config.world.backend, [r.gpu for r in engines.ranks])
     return _build(engines, backend, master_addr, config, restarts)
 
 
 def reform_world(engines: EngineSet, world: World, config: StartConfig, restarts: int) -> World:
     """Tear the process group down on every rank and build a new one on the same backend and address."""
-    leave_world(engines, timeout=min(config.timeout, 30.0))
+    leave_world(engines, timeout=min(config.world.timeout, 30.0))
     return _build(engines, world.backend, world.master_addr, config, restarts)
 
 
@@ -223,9 +223,9 @@ def _build(engines: EngineSet, backend: str, master_addr: str, config: StartConf
         engines,
         backend=backend,
         master_addr=master_addr,
-        timeout=min(config.timeout, 30.0),
-        pg_timeout=config.pg_timeout,
-        debug=config.debug_collectives,
+        timeout=min(config.world.timeout, 30.0),
+        pg_timeout=config.world.pg_timeout,
+        debug=config.world.debug_collectives,
         restarts=restarts,
     )
 

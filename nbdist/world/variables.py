@@ -18,12 +18,12 @@ def push(engines: EngineSet, mapping: dict[str, Any], ranks: list[int]) -> None:
     """Send variables to these ranks' namespaces (docs/faults.md, row 8: unpicklable values named)."""
     for name, value in mapping.items():
         _check_picklable(name, value)
-    engines.call(ranks, _set, mapping, timeout=engines.config.timeout).ordered("sending variables", ranks)
+    engines.call(ranks, _set, mapping, timeout=engines.config.world.timeout).ordered("sending variables", ranks)
 
 
 def pull(engines: EngineSet, name: str, ranks: list[int]) -> list[Any]:
     """A variable's value on each of these ranks, in rank order."""
-    got = engines.call(ranks, _get, name, timeout=engines.config.timeout)
+    got = engines.call(ranks, _get, name, timeout=engines.config.world.timeout)
     for rank, exc in sorted(got.errors.items()):
         raise _pull_error(engines, name, rank, engines.ranks[rank].engine_id, exc)
     return got.ordered(f"fetching {name!r}", ranks)
@@ -35,7 +35,7 @@ def _pull_error(engines: EngineSet, name: str, rank: int, eid: int, exc: BaseExc
         return ClusterError(
             f"rank {rank} (engine {eid}) has no variable {name!r}; define it in a %%distributed cell first."
         )
-    asked = engines.call([rank], _type_name, name, timeout=engines.config.timeout)
+    asked = engines.call([rank], _type_name, name, timeout=engines.config.world.timeout)
     kind = str(asked.values.get(rank, "unknown"))
     hint = " Move it to the CPU first (.cpu())." if "cuda" in kind.lower() else ""
     return ClusterError(

@@ -131,8 +131,8 @@ def test_the_hub_values_and_the_raycluster_name_the_same_things():
     reach back: the head's service and port, the labels the policies select, the Ray version, the GPUs per pod,
     the worlds' directory at the same path on both sides; and the overlay keeps the base's /dev/shm."""
     from nbdist.config import StartConfig
+    from nbdist.launch.launchers import launcher_for
     from nbdist.launch.ray import check_version
-    from nbdist.launch.registry import launcher_for
 
     docs = _kube_docs()
     ray, policy, claim = docs["RayCluster"], docs["NetworkPolicy"], docs["PersistentVolumeClaim"]
@@ -157,7 +157,7 @@ def test_the_hub_values_and_the_raycluster_name_the_same_things():
 
     # the notebook names the head's service and its Ray Client port, the one the head listens on
     address = overlay["extraEnv"]["RAY_ADDRESS"]
-    config = StartConfig(launcher="ray", address=address)
+    config = StartConfig.of(launcher="ray", address=address)
     assert launcher_for(config).node_addresses(config) == [f"{name}-head-svc"]
     head = spec["headGroupSpec"]["template"]["spec"]["containers"][0]
     client = next(p["containerPort"] for p in head["ports"] if p["name"] == "client")

@@ -277,14 +277,14 @@ def test_status_lists_ranks(cluster, ip, capsys):
 
 
 def test_fault10_default_watchdog_releases_a_rank_left_alone_in_a_collective(cluster):
-    old = cluster.config.watchdog
-    cluster.config.watchdog = 2.0
+    old = cluster.config.recovery.watchdog
+    cluster.config.recovery.watchdog = 2.0
     try:
         tic = time.perf_counter()
         r = cluster.run("if dist.get_rank() == 0:\n    dist.all_reduce(torch.ones(1))")  # rank 1 skips it
         took = time.perf_counter() - tic
     finally:
-        cluster.config.watchdog = old
+        cluster.config.recovery.watchdog = old
     assert r.released == "watchdog" and r[0].status == "timeout" and r[1].status == "ok"
     assert any("rank 0 was at cell line 2, in all_reduce" in n for n in r.notes)
     assert took < HANG_S
@@ -294,12 +294,12 @@ def test_fault10_default_watchdog_releases_a_rank_left_alone_in_a_collective(clu
 
 
 def test_watchdog_leaves_legitimate_work_alone(cluster):
-    old = cluster.config.watchdog
-    cluster.config.watchdog = 0.5
+    old = cluster.config.recovery.watchdog
+    cluster.config.recovery.watchdog = 0.5
     try:
         r = cluster.run("import time\nif dist.get_rank() == 0:\n    time.sleep(2.0)\ndone_sleeping = True")
     finally:
-        cluster.config.watchdog = old
+        cluster.config.recovery.watchdog = old
     assert r.ok and r.released is None
 
 

@@ -256,7 +256,7 @@ def test_a_grow_the_launcher_cannot_give_says_so_and_the_world_goes_on(tmp_path,
         cores = os.cpu_count() or 2
         with pytest.raises(ConfigError, match=f"from 2 to {cores + 1} ranks: n \\({cores + 1}\\) is more than this"):
             c.grow(cores - 1)  # beyond the host's slots: its cores
-        c.config.oversubscribe = True
+        c.config.world.oversubscribe = True
         with pytest.raises(ConfigError, match="no cell is marked %%distributed --setup"):
             c.grow(1)
         c.run(f"PROGRESS = {str(tmp_path / 'progress')!r}\n{SETUP}", setup=True).raise_for_error()

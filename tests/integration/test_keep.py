@@ -138,10 +138,10 @@ def test_keep_that_does_not_parse_is_named_with_an_example():
     from nbdist.config import StartConfig
 
     with pytest.raises(ConfigError, match=r"--keep '5x' is not a duration; write e.g. --keep 30m"):
-        StartConfig(keep="5x")
+        StartConfig.of(keep="5x")
     with pytest.raises(ConfigError, match=r"--keep '0' must be more than 0 and at most a week"):
-        StartConfig(keep="0")
-    assert StartConfig(keep="1h30m").keep == 5400.0
+        StartConfig.of(keep="0")
+    assert StartConfig.of(keep="1h30m").world.keep == 5400.0
 
 
 def test_attach_proves_the_world_alive_rank_by_rank_instead_of_trusting_its_record(kept_dir):

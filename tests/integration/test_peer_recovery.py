@@ -166,7 +166,7 @@ def test_recover_from_names_its_choices(value):
     from nbdist.errors import ConfigError
 
     with pytest.raises(ConfigError, match=rf"recover_from \({value!r}\) must be one of peer, checkpoint"):
-        StartConfig(n=1, recover_from=value)
+        StartConfig.of(n=1, recover_from=value)
 
 
 FSDP_SETUP = """

@@ -48,9 +48,9 @@ def test_parse_ranks_rejects_with_fix(spec, fragment):
 
 
 def test_start_config_defaults_share_cores():
-    cfg = StartConfig(n=2, cores=2)
-    assert cfg.threads == 1
-    assert StartConfig(n=2, cores=8).threads == 4
+    cfg = StartConfig.of(n=2, cores=2)
+    assert cfg.world.threads == 1
+    assert StartConfig.of(n=2, cores=8).world.threads == 4
     assert default_threads(3, 2) == 1
 
 
@@ -68,7 +68,7 @@ def test_start_config_defaults_share_cores():
 )
 def test_start_config_errors_name_value_and_fix(kwargs, fragment):
     with pytest.raises(ConfigError) as info:
-        StartConfig(**kwargs)
+        StartConfig.of(**kwargs)
     assert fragment in str(info.value)
 
 
@@ -83,13 +83,13 @@ def test_start_config_errors_name_value_and_fix(kwargs, fragment):
 )
 def test_min_ranks_is_checked_in_one_line(kwargs, fragment):
     with pytest.raises(ConfigError) as info:
-        StartConfig(n=4, oversubscribe=True, **kwargs)
+        StartConfig.of(n=4, oversubscribe=True, **kwargs)
     assert fragment in str(info.value) and "\n" not in str(info.value)
-    assert StartConfig(n=4, oversubscribe=True, max_restarts=3, min_ranks=2).min_ranks == 2
+    assert StartConfig.of(n=4, oversubscribe=True, max_restarts=3, min_ranks=2).recovery.min_ranks == 2
 
 
 def test_oversubscribe_allows_more_ranks_than_cores():
-    assert StartConfig(n=4, cores=2, oversubscribe=True).threads == 1
+    assert StartConfig.of(n=4, cores=2, oversubscribe=True).world.threads == 1
 
 
 def test_did_you_mean_lists_choices_when_nothing_is_close():
@@ -173,4 +173,31 @@ def test_max_restarts_must_be_a_whole_number_and_the_error_says_how(bad):
     with pytest.raises(
         ConfigError, match=r"max_restarts .* must be a whole number, 0 or more, such as --max-restarts 1"
     ):
-        StartConfig(n=2, max_restarts=bad)
+        StartConfig.of(n=2, max_restarts=bad)
+
+
+def test_a_launcher_is_found_by_name_whatever_was_imported_before():
+    """No import order matters: a fresh process that imports only the config finds every launcher by name, and
+    a launcher's options land in its own section, typed by the class it declared."""
+    import subprocess
+    import sys
+
+    code = (
+        "import sys\n"
+        "from nbdist.config import StartConfig\n"
+        "assert not [m for m in sys.modules if m.startswith('nbdist.launch')]\n"
+        "c = StartConfig.of(n=2, launcher='ray', address='ray://h:10001', gpus_per_rank=0.5)\n"
+        "print(c.launcher, type(c.options).__name__, c.options.address, c.world.n, c.recovery.max_restarts)\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.split() == ["ray", "RayOptions", "ray://h:10001", "2", "0"]
+
+
+def test_flat_keywords_round_trip_through_the_sections():
+    """A kept world's record is the flat keywords; StartConfig.of takes them back to the same config."""
+    config = StartConfig.of(n=4, launcher="slurm", nodes=2, cores=16, partition="gpu", max_restarts=2, keep="30m")
+    assert (config.world.threads, config.world.keep, config.recovery.max_restarts) == (8, 1800.0, 2)
+    assert StartConfig.of(**config.flat()) == config
+    with pytest.raises(ConfigError, match=r"'nodse' is not an option of nbdist.start; did you mean 'nodes'\?"):
+        StartConfig.of(n=2, launcher="slurm", nodse=2)

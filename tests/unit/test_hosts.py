@@ -17,7 +17,10 @@ from nbdist.world.rendezvous import plan_local_ranks, plan_node_ranks
     "options, message",
     [
         ({"launcher": "local", "ip": "10.0.0.1"}, "--ip 10.0.0.1 is for launchers on several hosts"),
-        ({"launcher": "local", "partition": "gpu"}, "--partition 'gpu' needs --launcher slurm (sbatch a job); this is 'local'"),
+        (
+            {"launcher": "local", "partition": "gpu"},
+            "--partition 'gpu' needs --launcher slurm (sbatch a job); this is 'local'",
+        ),
         ({"launcher": "mpi", "time": "10"}, "--time '10' needs --launcher slurm"),
         ({"launcher": "srun", "sbatch_args": ["--mem=1G"]}, "--sbatch-arg"),
         ({"launcher": "slurm", "mpi_args": ["-x"]}, "--mpi-arg ['-x'] needs --launcher mpi"),
@@ -29,13 +32,13 @@ from nbdist.world.rendezvous import plan_local_ranks, plan_node_ranks
 )
 def test_options_for_several_hosts_name_their_launcher(options, message):
     with pytest.raises(ConfigError) as info:
-        StartConfig(n=2, **options)
+        StartConfig.of(n=2, **options)
     assert message in str(info.value)
 
 
 def test_many_ranks_on_few_nodes_are_not_refused_for_this_hosts_cores():
-    cfg = StartConfig(n=64, launcher="slurm", nodes=8, cores=16)
-    assert cfg.threads == 2  # 8 ranks per node share its 16 cores
+    cfg = StartConfig.of(n=64, launcher="slurm", nodes=8, cores=16)
+    assert cfg.world.threads == 2  # 8 ranks per node share its 16 cores
 
 
 def test_node_and_local_ranks_follow_slurms_block_and_cyclic_layouts():
@@ -127,11 +130,11 @@ def test_srun_places_ranks_per_node_with_overcommit():
     args = steps.find_args()
     assert args[:6] == ["srun", "--nodes=2", "--ntasks-per-node=2", "--distribution=block", "--overcommit", "-n"]
     with pytest.raises(ConfigError, match="--ranks-per-node 2 needs --launcher srun .*; this is .local."):
-        StartConfig(n=2, ranks_per_node=2)
+        StartConfig.of(n=2, ranks_per_node=2)
 
 
 def test_the_batch_script_carries_every_option_and_runs_engines_through_srun():
-    cfg = StartConfig(
+    cfg = StartConfig.of(
         n=4,
         launcher="slurm",
         nodes=2,
@@ -155,7 +158,7 @@ def test_the_batch_script_carries_every_option_and_runs_engines_through_srun():
     assert "exec srun --kill-on-bad-exit=0" in text and "-m nbdist.engine" in text
     assert "--IPEngine.max_heartbeat_misses=" in text
     # a restart of one rank asks for one node, not two
-    one = batch_script(StartConfig(n=1, launcher="slurm", nodes=1))
+    one = batch_script(StartConfig.of(n=1, launcher="slurm", nodes=1))
     assert "#SBATCH --nodes=1" in one
 
 
@@ -195,16 +198,22 @@ def test_a_rank_that_cannot_reach_master_addr_says_so_in_one_line():
 
 
 def test_one_list_of_launchers_names_each_class_the_checks_and_the_help():
-    """config.LAUNCHERS is the one list: a class per entry, each carrying its entry, and the magic's help from it."""
-    from nbdist.config import LAUNCHERS
-    from nbdist.launch.registry import LAUNCHER_CLASSES
+    """config/launchers.py is the one list: a class per entry, each carrying its spec; StartConfig takes each
+    launcher's options from its class, and %dist_start's flags and help from the same list."""
+    from nbdist.config import launchers
+    from nbdist.config.launchers import options_of
+    from nbdist.launch.launchers import launcher_for
     from nbdist.magics import DistMagics
+    from nbdist.magics.common import with_launcher_options
 
-    assert set(LAUNCHER_CLASSES) == set(LAUNCHERS)
-    for name, cls in LAUNCHER_CLASSES.items():
-        assert cls.spec is LAUNCHERS[name] and cls().name == name
-    help_text = DistMagics.dist_start.parser.format_help()
-    for spec in LAUNCHERS.values():
-        assert spec.name in help_text and spec.summary in " ".join(help_text.split())
-    taken = {option for spec in LAUNCHERS.values() for option in spec.options}
-    assert taken <= set(StartConfig.__dataclass_fields__), taken - set(StartConfig.__dataclass_fields__)
+    specs = launchers.known()
+    assert set(specs) >= {"local", "slurm", "srun", "mpi", "ray"}
+    for name, spec in specs.items():
+        launcher = launcher_for(StartConfig.of(n=1, launcher=name))
+        assert launcher.spec is spec and launcher.name == name
+    help_text = " ".join(with_launcher_options(DistMagics.dist_start).parser.format_help().split())
+    for spec in specs.values():
+        assert spec.name in help_text and spec.summary in help_text
+        for opt in options_of(spec.options):
+            assert opt.flag in help_text and opt.help in help_text, opt
+    assert "--nodes K nodes to spread the ranks over (slurm, srun)" in help_text

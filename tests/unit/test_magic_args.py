@@ -86,8 +86,10 @@ def test_dist_where_without_a_cluster_says_how_to_start(ip, monkeypatch):
 # Every option each magic takes, frozen (as torchtitan's test_no_new_cli_options.py does): adding or
 # removing one is a deliberate change here, in the docs, and in the notebooks that teach it.
 FROZEN = {
-    "dist_start": "-n --backend --launcher --timeout --oversubscribe --no-pin --nodes --ranks-per-node --partition "
-    "--time --account --gpus-per-node --sbatch-arg --mpi-arg --address --gpus-per-rank --ip --max-restarts --recover-from --min-ranks --debug-collectives --keep",
+    # then each launcher's own options, in the order the launchers declare them (config/launchers.py)
+    "dist_start": "-n --backend --launcher --timeout --oversubscribe --no-pin --max-restarts --recover-from "
+    "--min-ranks --debug-collectives --keep --ip --nodes --partition --time --account --gpus-per-node --sbatch-arg "
+    "--ranks-per-node --mpi-arg --address --gpus-per-rank",
     "distributed": "--ranks --timeout --noblock --quiet --each --setup",
     "rank": "spec --timeout --noblock --quiet --each --setup",
     "dist_restart": "--ranks",
@@ -104,13 +106,20 @@ FROZEN = {
 
 def _magics():
     from nbdist.magics import DistMagics
+    from nbdist.magics.common import with_launcher_options
     from nbdist.magics.scripts import ScriptMagics
 
-    return {name: getattr(DistMagics, name, None) or getattr(ScriptMagics, name) for name in FROZEN}
+    found = {name: getattr(DistMagics, name, None) or getattr(ScriptMagics, name) for name in FROZEN}
+    with_launcher_options(found["dist_start"])
+    return found
 
 
 def _options(func) -> list[str]:
-    return [a.option_strings[0] if a.option_strings else a.dest for a in compat.parser_actions(func.parser) if a.dest != "help"]
+    return [
+        a.option_strings[0] if a.option_strings else a.dest
+        for a in compat.parser_actions(func.parser)
+        if a.dest != "help"
+    ]
 
 
 def test_no_magic_gains_or_loses_an_option_unnoticed():
@@ -136,18 +145,24 @@ def test_the_usage_a_bad_line_shows_lists_every_option(ip):
 
 
 def test_each_dist_start_option_lands_on_its_start_config_field():
-    """%dist_start hands its parsed options to nbdist.start as they are: each dest is a StartConfig field."""
-    from nbdist.config import StartConfig
+    """%dist_start hands its parsed options to nbdist.start as they are: each dest is a keyword StartConfig.of
+    sorts into a section (the world, recovery, or a launcher's own options)."""
+    from nbdist.config import RECOVERY, WORLD, StartConfig, launchers
     from nbdist.magics import DistMagics
+    from nbdist.magics.common import with_launcher_options
 
-    parser = DistMagics.dist_start.parser
+    parser = with_launcher_options(DistMagics.dist_start).parser
     dests = {a.dest for a in compat.parser_actions(parser) if a.dest != "help"}
-    assert dests <= set(StartConfig.__dataclass_fields__), dests - set(StartConfig.__dataclass_fields__)
+    keywords = {*WORLD, *RECOVERY, "launcher", *launchers.all_options()}
+    assert dests <= keywords, dests - keywords
+    assert set(launchers.all_options()) <= dests
     args = parser.parse_args(
         "-n 3 --oversubscribe --no-pin --launcher slurm --partition gpu --sbatch-arg=--mem=1G --time 5".split()
     )
-    config = StartConfig(**{k: v for k, v in vars(args).items() if v is not None})
-    assert (config.n, config.pin, config.partition, config.sbatch_args, config.time) == (3, False, "gpu", ["--mem=1G"], "5")
+    config = StartConfig.of(**{k: v for k, v in vars(args).items() if v is not None})
+    own = config.options
+    assert (config.world.n, config.world.pin, config.launcher) == (3, False, "slurm")
+    assert (own.partition, own.sbatch_args, own.time) == ("gpu", ["--mem=1G"], "5")  # type: ignore[attr-defined]
     assert parser.parse_args([]).pin is True
 
 

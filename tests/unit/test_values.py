@@ -40,7 +40,7 @@ SLURM = {"launcher": "slurm", "n": 2}
 )
 def test_a_value_that_would_change_the_batch_script_is_refused_in_one_line(kwargs, fragment):
     with pytest.raises(ConfigError) as info:
-        StartConfig(**kwargs)
+        StartConfig.of(**kwargs)
     assert fragment in str(info.value)
     assert "\n" not in str(info.value), "one line, the value shown escaped"
     assert "e.g." in str(info.value), "the error shows a value that works"
@@ -67,7 +67,7 @@ def test_nbdist_start_refuses_before_starting_anything():
     ],
 )
 def test_slurms_own_syntax_still_reaches_the_script(kwargs, lines):
-    text = batch_script(StartConfig(**SLURM, **kwargs))
+    text = batch_script(StartConfig.of(**SLURM, **kwargs))
     for line in lines:
         assert line in text.splitlines()
 
