@@ -3,8 +3,9 @@
  * nbdist/api/worlds (the server reads what the kernel wrote, so it answers while a cell runs): every
  * rank's state (idle, busy at which cell line, in its debugger, failed, dead, restarting), host, device
  * and memory, grouped above 8 ranks; the slowest rank and what holds it. Actions, each usable while a
- * cell runs: interrupt the cell; restart the dead ranks and stop the world (each runs as soon as the
- * running cell has stopped: the kernel takes one request at a time); the cell's dashboard as a tab.
+ * cell runs: interrupt the cell (Jupyter's own route); restart the dead ranks and stop the world (the
+ * server's action route: done as soon as the running cell has stopped, as the kernel takes one request at a
+ * time, and answered with the result); the cell's dashboard as a tab.
  */
 import { JupyterFrontEnd } from '@jupyterlab/application';
 import { MainAreaWidget } from '@jupyterlab/apputils';
@@ -140,7 +141,7 @@ export class WorldPanel extends Widget {
     if (dead.length) {
       actions.appendChild(
         this.button(`Restart ${dead.length === 1 ? 'rank ' + dead[0] : dead.length + ' dead ranks'}`, 'restart the dead ranks', () =>
-          this.execute(world, `%dist_restart --ranks ${dead.join(',')}`, `restarting rank(s) ${dead.join(',')}`)
+          this.act(world, 'restart', dead, `restarting rank(s) ${dead.join(', ')}`)
         )
       );
     }
@@ -192,43 +193,30 @@ export class WorldPanel extends Widget {
 
   private async stop(world: IWorld): Promise<void> {
     await this.interrupt(world);
-    await this.execute(world, '%dist_stop', 'stopping the world');
+    await this.act(world, 'stop', null, 'stopping the world');
   }
 
-  /** Runs a magic in the world's kernel: at once when it is idle, else right after the running cell. */
-  private async execute(world: IWorld, code: string, doing: string): Promise<void> {
-    const kernels = this.app.serviceManager.kernels;
-    const model = Array.from(kernels.running()).find(k => k.id === world.kernel);
-    if (!model) {
-      this.say(world, 'the kernel is gone');
-      return;
-    }
-    const kernel = kernels.connectTo({ model });
+  /**
+   * Asks the server to do a panel action in the world's kernel (nbdist/api/kernels/<id>/actions): done at once
+   * when the kernel is idle, else right after the running cell; the answer is its result, shown as it is.
+   */
+  private async act(world: IWorld, action: string, ranks: number[] | null, doing: string): Promise<void> {
     this.say(world, `${doing} (after the running cell, if one runs)`);
+    const url = URLExt.join(this.settings.baseUrl, 'nbdist/api/kernels', world.kernel, 'actions');
     try {
-      // A cell that fails makes the kernel abort the requests queued behind it (the interrupted
-      // cell does): then the kernel is free, and the request is sent again.
-      for (let attempt = 0; attempt < 3; attempt++) {
-        const future = kernel.requestExecute({ code, silent: false, store_history: false });
-        let failed = '';
-        future.onIOPub = msg => {
-          const content = msg.content as any;
-          if (msg.header.msg_type === 'error') {
-            failed = String(content.evalue);
-          } else if (msg.header.msg_type === 'stream' && String(content.text).startsWith('UsageError')) {
-            failed = String(content.text).trim(); // IPython prints a magic's usage error, it raises nothing
-          }
-        };
-        const reply = await future.done;
-        if (reply.content.status === 'aborted') {
-          continue;
-        }
-        this.say(world, failed ? `${code}: ${failed}` : `${code}: done`);
+      const response = await ServerConnection.makeRequest(
+        url,
+        { method: 'POST', body: JSON.stringify({ action, ranks }) },
+        this.settings
+      );
+      const answer = await response.json();
+      if (!response.ok) {
+        this.say(world, `${doing}: refused: ${answer.message || response.status}`);
         return;
       }
-      this.say(world, `${code}: the kernel aborted it; run it in the notebook`);
-    } finally {
-      kernel.dispose();
+      this.say(world, answer.ok ? answer.line : `${doing}: ${answer.line}`);
+    } catch (reason) {
+      this.say(world, `${doing}: ${reason}`);
     }
   }
 

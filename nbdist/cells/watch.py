@@ -109,6 +109,8 @@ class Watch:
         finally:
             ctrl_c.restore()
         self._finish_output(stream)
+        if stream:  # the last replies' states: the loop ends on them, before it reports them
+            self._report_states()
         result = replies.collect(
             self.children,
             self.engines,
@@ -122,6 +124,8 @@ class Watch:
         )
         recover = self.on_done(result, killed)
         self._over()
+        if stream:  # what the cell's end made of each rank (failed -> idle, unanswered -> dead): the chips say it too
+            self._report_states()
         if interrupted:
             for note in result.notes:
                 print(note, file=sys.stderr)

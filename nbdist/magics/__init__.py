@@ -209,9 +209,7 @@ class DistMagics(Magics):
         from ..widgets.dashboard import Dashboard
 
         args = parse(self.dist_dashboard, line)
-
         if args is None:  # --help: shown
-
             return None
         last = call(api.current).last
         metrics = getattr(last, "metrics", None)

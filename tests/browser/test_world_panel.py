@@ -159,7 +159,7 @@ def test_sixteen_ranks_a_killed_rank_and_the_actions_while_a_cell_runs(tmp_path)
             page.click("#nbdist-worlds button:has-text('Restart rank 5')")
             _wait(page, lambda states: set(states.values()) == {"idle"}, 120)
             page.wait_for_function(
-                "() => document.getElementById('nbdist-worlds').innerText.includes('%dist_restart --ranks 5: done')",
+                "() => document.getElementById('nbdist-worlds').innerText.includes('rank(s) 5 restarted: world rebuilt in')",
                 timeout=30_000,
             )
             [world] = _worlds(base, token)

@@ -112,9 +112,13 @@ class Chips(Sink):
         from nbdist.widgets.dashboard import Dashboard
 
         self.board = Dashboard(palette=STATE_COLOURS)
+        self.heard = ""  # every strip the chips showed, in order
+        self.shown = ""
 
     def state(self, rank: int, state: RankState) -> None:
         self.board.set_state(rank, state)
+        self.shown += self.board.strip_html()
+        self.heard += f"rank {rank}: {state}\n"
 
 
 def test_the_dashboard_status_the_panel_and_the_states_say_the_same_at_the_same_moment(cluster, ip, capsys, tmp_path):
@@ -160,4 +164,9 @@ def test_the_dashboard_status_the_panel_and_the_states_say_the_same_at_the_same_
         pending.wait()  # followed (shown), as a notebook follows it: the sink is told each rank's state
     # the chips of the cell's dashboard heard the same states, in the same colours, as the cell went
     html = chips.board.strip_html()
-    assert "rank 1: failed" in html and f"background:{STATE_COLOURS['failed']}" in html, html
+    assert "rank 1: failed" in chips.heard and f"background:{STATE_COLOURS['failed']}" in chips.shown, chips.heard
+    # and once the cell is over, the chips say what the board (so %dist_status and the panel) says then
+    final = {rank: str(now.state) for rank, now in cluster.states().items()}
+    assert final == {0: "idle", 1: "idle"}, final
+    for rank, state in final.items():
+        assert f"rank {rank}: {state}" in html, html
