@@ -14,6 +14,7 @@ from collections import deque
 from typing import Any
 
 from .. import wire
+from ..results import KeptRows
 from . import replies
 from .output import Sink
 
@@ -26,7 +27,7 @@ class Heard:
     def __init__(self, children: list[Any], ranks: list[int], sink: Sink, wake: queue.SimpleQueue[int]) -> None:
         self.children, self.ranks, self.sink, self.wake = children, ranks, sink, wake
         self.seen = [_Seen() for _ in children]
-        self.metrics: dict[int, list[dict[str, Any]]] = {r: [] for r in ranks}
+        self.metrics: dict[int, KeptRows] = {r: KeptRows() for r in ranks}  # bounded, however long the cell
         # What each rank wrote and displayed, message by message, in order (ipyparallel keeps each stream's
         # text and the displays apart): (stream, text) or ("display", content), appended by its IO thread.
         self.order: list[deque[tuple[str, Any]]] = [deque() for _ in children]
@@ -71,10 +72,11 @@ class Heard:
                 seen.result = True
                 self.sink.result(rank, md["execute_result"])
             data = md.get("data") or {}
-            for key in sorted(k for k in data if k.startswith(wire.METRICS) and k not in seen.data):
-                seen.data.add(key)
-                rows = data[key].get("rows", [])
-                self.metrics[rank].extend(rows)
+            # each batch once, then out of ipyparallel's store, which would keep every row of the cell; list(): the
+            # IO thread adds batches meanwhile
+            for key in sorted(k for k in list(data) if k.startswith(wire.METRICS)):
+                rows = data.pop(key).get("rows", [])
+                self.metrics[rank].add(rows)
                 call_sink(self.sink, "metrics", rank, rows)
 
     def _emit_streams(self, i: int, md: dict[str, Any], rank: int, seen: _Seen, last: bool = False) -> None:
@@ -113,13 +115,12 @@ class Heard:
 class _Seen:
     """How much of one rank's output has been handed to the sink."""
 
-    __slots__ = ("chars", "outputs", "result", "data")
+    __slots__ = ("chars", "outputs", "result")
 
     def __init__(self) -> None:
         self.chars = {"stdout": 0, "stderr": 0}
         self.outputs = 0
         self.result = False
-        self.data: set[str] = set()
 
 
 def call_sink(sink: Any, method: str, *args: Any) -> None:

@@ -119,7 +119,7 @@ class Watch:
             killed=killed,
             released=policy.released,
             reports=self.reports,
-            metrics=self.out.metrics,
+            metrics={rank: kept.rows() for rank, kept in self.out.metrics.items()},
             started=self.tic,
         )
         recover = self.on_done(result, killed)

@@ -5,7 +5,12 @@ ipyparallel ``data_message`` (the engine's datapub, over IOPub) tagged with the
 running cell, and once more when the cell ends; the last row of each batch carries the
 rank's resident memory (``memory/rss_MiB``). A call costs a dict, a lock and a
 clock read; sending happens on the main thread, between training steps, never inside
-a collective. Outside an engine the rows stay in ``local_rows()``.
+a collective. Outside an engine the rows stay in ``local_rows()`` (the last 100,000).
+
+Bad input costs one line on the rank's stderr, once per cell, and loses nothing else: a value that is not a
+number is left out of the row; a metric name beyond the first MAX_NAMES of the rank is left out (a name made
+per step would otherwise grow every store that keeps a series per name); a step smaller than the last is kept,
+and said (the dashboard's x axis is the step).
 """
 
 from __future__ import annotations
@@ -14,7 +19,7 @@ import os
 import sys
 import threading
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from .. import wire
@@ -25,13 +30,25 @@ KEY = wire.METRICS
 _LOCK = threading.Lock()
 _BUFFER: list[dict[str, Any]] = []
 _LOCAL: list[dict[str, Any]] = []
+MAX_NAMES = 256  # metric names a rank logs, in all: the dashboard draws a fixed set
+
+
 @dataclass(slots=True)
 class _Sending:
     last: float = 0.0  # when rows were last flushed (time.monotonic())
     seq: int = 0  # rows published so far: each publication's key
+    names: set[str] = field(default_factory=set)  # the metric names logged (at most MAX_NAMES)
+    step: float | None = None  # the last step logged in this cell
+    told: set[str] = field(default_factory=set)  # what this cell was told about its input (once each)
 
 
-_STATE = _Sending()
+STATE = _Sending()
+
+
+def _say_once(what: str, text: str) -> None:
+    if what not in STATE.told:
+        STATE.told.add(what)
+        print(text, file=sys.stderr, flush=True)
 
 
 def log(step: int | None = None, **metrics: Any) -> None:
@@ -41,17 +58,50 @@ def log(step: int | None = None, **metrics: Any) -> None:
     torch = sys.modules.get("torch")
     if torch is not None and torch.cuda.is_initialized():  # never initialises CUDA itself
         row["memory/gpu_MiB"] = gpu.memory_mib()
+    if step is not None:
+        try:
+            at = float(step)
+        except (TypeError, ValueError):
+            _say_once("step type", f"nbdist.log: step={step!r} is not a number; the row is kept without its step.")
+            row["step"] = None
+        else:
+            if STATE.step is not None and at < STATE.step:
+                _say_once(
+                    "step",
+                    f"nbdist.log: step {step} comes after step {STATE.step:g} on this rank; kept, but the dashboard's "
+                    "x axis is the step, so its lines run back. Log a step that keeps counting "
+                    "(epoch * steps_per_epoch + i).",
+                )
+            STATE.step = at
     for key, value in metrics.items():
+        if key not in STATE.names:
+            if len(STATE.names) >= MAX_NAMES:
+                _say_once(
+                    "names",
+                    f"nbdist.log: {key!r} would be this rank's metric name {MAX_NAMES + 1}; it and later new names "
+                    "are left out. Log a fixed set of names (loss=..., not loss_{step}=...).",
+                )
+                continue
+            STATE.names.add(key)
         try:
             row[key] = float(value)
         except (TypeError, ValueError):
-            raise TypeError(
-                f"nbdist.log: {key}={value!r} is not a number; log numbers (use .item() on a tensor)."
-            ) from None
+            _say_once(
+                f"value {key}",
+                f"nbdist.log: {key}={value!r} is not a number; it is left out of the row (and later rows). Log "
+                "numbers: use .item() on a tensor.",
+            )
     with _LOCK:
         _BUFFER.append(row)
-    if threading.current_thread() is threading.main_thread() and time.monotonic() - _STATE.last >= FLUSH_S:
+    if threading.current_thread() is threading.main_thread() and time.monotonic() - STATE.last >= FLUSH_S:
         flush()
+
+
+def cell_over() -> None:
+    """The cell is over: what it logged since the last batch is sent; the next cell's input is checked afresh."""
+    flush()
+    STATE.step = None
+    STATE.told.clear()
 
 
 def flush() -> int:
@@ -59,18 +109,18 @@ def flush() -> int:
     with _LOCK:
         rows = list(_BUFFER)
         _BUFFER.clear()
-    _STATE.last = time.monotonic()
+    STATE.last = time.monotonic()
     if not rows:
         return 0
     rows[-1].setdefault("memory/rss_MiB", rss_mib())  # once a batch: the memory panel needs no more
     rank = int(os.environ.get("RANK", "0"))
-    _STATE.seq += 1
+    STATE.seq += 1
     data_pub = _engine_data_pub()
     if data_pub is None:  # not inside an ipyparallel engine: keep them here
         _LOCAL.extend(rows)
         del _LOCAL[:-100_000]
     else:
-        data_pub.publish_data({f"{KEY}{_STATE.seq:09d}": {"rank": rank, "rows": rows}})
+        data_pub.publish_data({f"{KEY}{STATE.seq:09d}": {"rank": rank, "rows": rows}})
     return len(rows)
 
 

@@ -165,9 +165,9 @@ def _install_cell_hooks() -> None:
             except Exception as exc:
                 print(f"nbdist: {exc}", file=sys.stderr, flush=True)
         STATE.busy_since = None
-        from .metrics import flush
+        from .metrics import cell_over
 
-        flush()  # what the cell logged since the last batch
+        cell_over()  # what the cell logged since the last batch; the next cell's input checked afresh
         if preempt.asked():  # this rank was sent SIGTERM; the cell is over, so it goes now
             preempt.leave()
 

@@ -167,8 +167,42 @@ def test_log_outside_an_engine_keeps_rows_locally():
     metrics.log(step=1, loss=0.5)
     metrics.flush()
     assert metrics.local_rows()[-1]["loss"] == 0.5
-    with pytest.raises(TypeError, match="is not a number"):
-        metrics.log(step=2, loss="high")
+
+
+def test_bad_input_to_log_is_one_line_each_and_loses_nothing_else(capsys, monkeypatch):
+    """A string as a value, NaN, a step that goes back, a new metric name every step: one line on stderr each,
+    once per cell; the rows are kept with what is good in them, and the names stay bounded."""
+    import math
+
+    from nbdist.engine import metrics
+
+    metrics.cell_over()
+    monkeypatch.setattr(metrics.STATE, "names", set())
+    for step in range(3):
+        metrics.log(step=step, loss="high", acc=0.5, lr=float("nan"))
+    metrics.log(step=1, loss=0.25)  # back
+    for step in range(2 * metrics.MAX_NAMES):
+        metrics.log(step=10 + step, **{f"loss_{step}": 1.0})
+    metrics.log(step="ten", acc=0.75)
+    metrics.flush()
+    said = capsys.readouterr().err.splitlines()
+    assert said == [
+        "nbdist.log: loss='high' is not a number; it is left out of the row (and later rows). Log numbers: use "
+        ".item() on a tensor.",
+        "nbdist.log: step 1 comes after step 2 on this rank; kept, but the dashboard's x axis is the step, so its "
+        "lines run back. Log a step that keeps counting (epoch * steps_per_epoch + i).",
+        f"nbdist.log: 'loss_{metrics.MAX_NAMES - 3}' would be this rank's metric name {metrics.MAX_NAMES + 1}; it "
+        "and later new names are left out. Log a fixed set of names (loss=..., not loss_{step}=...).",
+        "nbdist.log: step='ten' is not a number; the row is kept without its step.",
+    ], said
+    rows = metrics.local_rows()
+    first = rows[-(3 + 1 + 2 * metrics.MAX_NAMES + 1)]
+    assert first["acc"] == 0.5 and "loss" not in first and math.isnan(first["lr"])
+    assert len(metrics.STATE.names) == metrics.MAX_NAMES
+    assert rows[-1]["step"] is None and rows[-1]["acc"] == 0.75
+    metrics.cell_over()  # the next cell is told again
+    metrics.log(step=0, loss="x")
+    assert "is not a number" in capsys.readouterr().err
 
 
 def test_state_strip_shows_each_rank_in_the_colour_of_the_one_vocabulary():
@@ -355,3 +389,20 @@ def test_a_world_that_grows_waits_for_the_new_rank_each_step_and_marks_the_step(
     assert [a.text for a in fig.layout.annotations if a.x == 4] and all(
         a.text == "4 ranks" for a in fig.layout.annotations if a.x == 4
     )
+
+
+def test_a_cells_kept_rows_stay_bounded_with_the_whole_run_and_the_last_steps_exact():
+    from nbdist.results import EXACT_ROWS, KEPT_ROWS, KeptRows
+
+    kept = KeptRows()
+    for start in range(0, 1_000_000, 2_500):  # batches, as the ranks send them
+        kept.add([{"step": s} for s in range(start, start + 2_500)])
+        assert len(kept.older) + len(kept.tail) <= KEPT_ROWS
+    steps = [r["step"] for r in kept.rows()]
+    assert steps[0] == 0 and steps[-EXACT_ROWS:] == list(range(1_000_000 - EXACT_ROWS, 1_000_000))
+    older = steps[:-EXACT_ROWS]
+    assert len({b - a for a, b in zip(older, older[1:], strict=False)}) == 1  # evenly thinned: one stride
+    assert older[-1] > 1_000_000 - EXACT_ROWS - 2 * kept.stride and len(older) > (KEPT_ROWS - EXACT_ROWS) // 2
+    short = KeptRows()
+    short.add([{"step": s} for s in range(KEPT_ROWS)])
+    assert [r["step"] for r in short.rows()] == list(range(KEPT_ROWS))  # a short cell keeps every row
