@@ -52,30 +52,19 @@ def dir_mib(path: str) -> float:
 
 def probe(ranks: int, steps: int, trace: bool) -> dict:
     """In a fresh process: one kernel, one world, one logging cell; the figures."""
-    from jupyter_client.manager import start_new_kernel
+    sys.path.insert(0, str(HERE))
+    from tests.helpers import NotebookKernel
 
-    km, kc = start_new_kernel(kernel_name="python3", env={**os.environ, "OMP_NUM_THREADS": "1"})
+    kernel = NotebookKernel()
+    run = kernel.run
     out: dict = {"ranks": ranks, "steps": steps}
-
-    def run(code: str, expr: str = "") -> str:
-        reply = kc.execute_interactive(
-            code, timeout=3600, output_hook=lambda msg: None, user_expressions={"r": expr} if expr else None
-        )
-        assert reply["content"]["status"] == "ok", reply["content"]
-        return reply["content"]["user_expressions"]["r"]["data"]["text/plain"] if expr else ""
-
     try:
-        kernel = int(run("import os", "os.getpid()"))
         run(f"%load_ext nbdist\n%dist_start -n {ranks} --oversubscribe --timeout 180")
-        info = json.loads(
-            eval(
-                run(
-                    "import json, nbdist.cluster as _c\n_w = _c.current()",
-                    "json.dumps({'pids': [r.pid for r in _w.ranks], 'dir': _w.membership.workdir, "
-                    "'nbdist': __import__('nbdist').__file__})",
-                )
-            )
+        info = run(
+            "import json, nbdist, nbdist.cluster as _c\n_w = _c.current()",
+            "json.dumps({'pids': [r.pid for r in _w.ranks], 'dir': _w.membership.workdir, 'nbdist': nbdist.__file__})",
         )
+        assert isinstance(info, dict)
         out["nbdist"] = os.path.dirname(info["nbdist"])
         run("%%distributed\nimport nbdist\nnbdist.log(step=0, loss=1.0)")  # everything imported, first row shown
         if trace:
@@ -86,7 +75,7 @@ def probe(ranks: int, steps: int, trace: bool) -> dict:
         def sample() -> None:
             while not done.is_set():
                 samples.append(
-                    (time.perf_counter(), rss_mib(kernel), [rss_mib(p) for p in info["pids"]], dir_mib(info["dir"]))
+                    (time.perf_counter(), rss_mib(kernel.pid), [rss_mib(p) for p in info["pids"]], dir_mib(info["dir"]))
                 )
                 done.wait(0.5)
 
@@ -110,17 +99,15 @@ def probe(ranks: int, steps: int, trace: bool) -> dict:
         out["world_dir_MiB"] = {"start": round(first[3], 2), "end": round(last[3], 2)}
         out["kernel_KiB_per_1000_steps"] = round((last[1] - first[1]) * 1024 / steps * 1000, 2)
         if trace:
-            top = run(
+            out["kernel_top"] = run(
                 "import tracemalloc as _t\n_s = _t.take_snapshot().filter_traces([_t.Filter(False, _t.__file__)])\n"
                 "_top = ['%.1f MiB %s' % (st.size / 2**20, ' <- '.join(f'{f.filename.split(\"site-packages/\")[-1]}:"
                 "{f.lineno}' for f in st.traceback[:4])) for st in _s.statistics('traceback')[:8]]",
                 "_top",
             )
-            out["kernel_top"] = eval(top)
         run("%dist_stop")
     finally:
-        kc.stop_channels()
-        km.shutdown_kernel(now=False)
+        kernel.close()
     return out
 
 

@@ -8,7 +8,6 @@ dashboard's strip and ``%dist_status``), ``Release`` why nbdist interrupted rank
 from __future__ import annotations
 
 import re
-from collections import deque
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from enum import Enum
@@ -191,39 +190,6 @@ class RankResult:
         return bool(self.error and _DIST_ERROR.search(self.error.get("evalue") or ""))
 
 
-KEPT_ROWS = 4_000  # nbdist.log rows a cell's result keeps per rank, at most
-EXACT_ROWS = 1_000  # ... of which the last this many are every row
-
-
-class KeptRows:
-    """A rank's nbdist.log rows of one cell, bounded however long the cell runs: the last EXACT_ROWS rows as they
-    came, and of the older ones every ``stride``-th (the first among them), the stride doubling whenever they
-    would be more than KEPT_ROWS - EXACT_ROWS: the whole run, evenly thinned, and the last steps exactly."""
-
-    __slots__ = ("older", "tail", "seen", "stride")
-
-    def __init__(self) -> None:
-        self.older: list[tuple[int, dict[str, Any]]] = []  # (row number, row), every stride-th
-        self.tail: deque[tuple[int, dict[str, Any]]] = deque()
-        self.seen = 0
-        self.stride = 1
-
-    def add(self, rows: list[dict[str, Any]]) -> None:
-        for row in rows:
-            self.tail.append((self.seen, row))
-            self.seen += 1
-            if len(self.tail) > EXACT_ROWS:
-                number, old = self.tail.popleft()
-                if number % self.stride == 0:
-                    self.older.append((number, old))
-                    if len(self.older) > KEPT_ROWS - EXACT_ROWS:
-                        self.stride *= 2
-                        self.older = [(n, r) for n, r in self.older if n % self.stride == 0]
-
-    def rows(self) -> list[dict[str, Any]]:
-        return [r for _, r in self.older] + [r for _, r in self.tail]
-
-
 @dataclass(slots=True)
 class RunResult:
     """Per-rank results of one cell, plus what nbdist did about failures."""
@@ -233,7 +199,7 @@ class RunResult:
     notes: list[str] = field(default_factory=list)
     released: Release | None = None  # why ranks were interrupted, if they were
     reports: dict[int, dict[str, Any]] = field(default_factory=dict)  # where each released rank waited
-    # nbdist.log rows by rank: all of a short cell's; a long one's thinned (KeptRows), the last 1,000 exact
+    # nbdist.log rows by rank: all of a short cell's; a long one's thinned (cells/rows.py), the last 1,000 exact
     metrics: dict[int, list[dict[str, Any]]] = field(default_factory=dict)
     checkpoint: dict[str, Any] | None = None  # the cell's last save_checkpoint: path, variable names
     recovered: list[str] = field(default_factory=list)  # what automatic recovery did, a line each time

@@ -173,3 +173,43 @@ class Kernel:
         self.kc.stop_channels()
         self.km.shutdown_kernel(now=True)
         self.km.cleanup_resources()
+
+
+class NotebookKernel:
+    """A real ipykernel as the Jupyter server starts one (its connection file is kernel-<id>.json, so nbdist keeps
+    its cells' transcripts), driven by a jupyter_client; ``run`` executes a cell as a page does, discarding its
+    output, and gives the JSON value of ``expr`` (a user expression) when asked. Ends the kernel on ``close``."""
+
+    def __init__(self, env: dict[str, str] | None = None) -> None:
+        import uuid
+
+        from jupyter_client import KernelManager
+        from jupyter_core.paths import jupyter_runtime_dir
+
+        os.makedirs(jupyter_runtime_dir(), exist_ok=True)
+        path = os.path.join(jupyter_runtime_dir(), f"kernel-{uuid.uuid4()}.json")
+        self.km = KernelManager(kernel_name="python3", connection_file=path)
+        self.km.start_kernel(env={**os.environ, "OMP_NUM_THREADS": "1", **(env or {})})
+        self.kc = self.km.client()
+        self.kc.start_channels()
+        self.kc.wait_for_ready(timeout=120)
+        self.pid = int(self.run("import os", "os.getpid()"))
+
+    def run(self, code: str, expr: str = "", timeout: float = 3600) -> object:
+        import json
+
+        reply = self.kc.execute_interactive(
+            code, timeout=timeout, output_hook=lambda msg: None, user_expressions={"r": expr} if expr else None
+        )
+        assert reply["content"]["status"] == "ok", reply["content"]
+        if not expr:
+            return None
+        value = reply["content"]["user_expressions"]["r"]
+        assert value["status"] == "ok", value
+        return json.loads(eval(value["data"]["text/plain"])) if expr.startswith("json.dumps") else eval(
+            value["data"]["text/plain"]
+        )
+
+    def close(self) -> None:
+        self.kc.stop_channels()
+        self.km.shutdown_kernel(now=False)

@@ -14,9 +14,9 @@ from collections import deque
 from typing import Any
 
 from .. import wire
-from ..results import KeptRows
 from . import replies
 from .output import Sink
+from .rows import KeptRows
 
 _SHOWN_TYPES = ("stream", "display_data", "execute_result", "error", "data_message")
 

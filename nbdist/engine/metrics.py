@@ -26,6 +26,12 @@ from .. import wire
 from . import gpu
 
 FLUSH_S = 0.4  # at most 2.5 batches a second: each costs the rank a message and the kernel its handling
+# At most this many rows a batch: a loop that logs faster (a tight loop logs 50,000 steps a second) sends its
+# last BATCH_EXACT rows as they are and every k-th of the rest, so a rank never sends the kernel more rows than it
+# handles as they come (8 ranks at full speed outran it, and the rows waiting held a gigabyte for a while,
+# which the kernel's allocator then kept). The dashboard, the transcript and the result thin long runs anyway.
+BATCH_ROWS = 2_000
+BATCH_EXACT = 1_000
 KEY = wire.METRICS
 _LOCK = threading.Lock()
 _BUFFER: list[dict[str, Any]] = []
@@ -105,7 +111,7 @@ def cell_over() -> None:
 
 
 def flush() -> int:
-    """Send what is buffered now; returns the number of rows sent."""
+    """Send what is buffered now (``thinned``); returns the number of rows logged since the last batch."""
     with _LOCK:
         rows = list(_BUFFER)
         _BUFFER.clear()
@@ -120,8 +126,18 @@ def flush() -> int:
         _LOCAL.extend(rows)
         del _LOCAL[:-100_000]
     else:
-        data_pub.publish_data({f"{KEY}{STATE.seq:09d}": {"rank": rank, "rows": rows}})
+        data_pub.publish_data({f"{KEY}{STATE.seq:09d}": {"rank": rank, "rows": thinned(rows)}})
     return len(rows)
+
+
+def thinned(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """A batch as it is sent: at most BATCH_ROWS rows, the last BATCH_EXACT as they are, every k-th of the rest
+    (the first among them), the last row (with the memory) always."""
+    if len(rows) <= BATCH_ROWS:
+        return rows
+    older = rows[:-BATCH_EXACT]
+    stride = -(-len(older) // (BATCH_ROWS - BATCH_EXACT))
+    return older[::stride] + rows[-BATCH_EXACT:]
 
 
 _PAGE = os.sysconf("SC_PAGE_SIZE") if hasattr(os, "sysconf") else 4096

@@ -392,17 +392,33 @@ def test_a_world_that_grows_waits_for_the_new_rank_each_step_and_marks_the_step(
 
 
 def test_a_cells_kept_rows_stay_bounded_with_the_whole_run_and_the_last_steps_exact():
-    from nbdist.results import EXACT_ROWS, KEPT_ROWS, KeptRows
+    from nbdist.cells.rows import EXACT_ROWS, KEPT_ROWS, KeptRows
 
     kept = KeptRows()
     for start in range(0, 1_000_000, 2_500):  # batches, as the ranks send them
         kept.add([{"step": s} for s in range(start, start + 2_500)])
-        assert len(kept.older) + len(kept.tail) <= KEPT_ROWS
+        assert len(kept) <= KEPT_ROWS
     steps = [r["step"] for r in kept.rows()]
     assert steps[0] == 0 and steps[-EXACT_ROWS:] == list(range(1_000_000 - EXACT_ROWS, 1_000_000))
     older = steps[:-EXACT_ROWS]
-    assert len({b - a for a, b in zip(older, older[1:], strict=False)}) == 1  # evenly thinned: one stride
-    assert older[-1] > 1_000_000 - EXACT_ROWS - 2 * kept.stride and len(older) > (KEPT_ROWS - EXACT_ROWS) // 2
+    gaps = [b - a for a, b in zip(older, older[1:], strict=False)]
+    # evenly thinned on a stride (the rows aged since the last thinning not yet), no hole wider than it
+    assert set(gaps[: len(gaps) // 3]) == {kept.stride} and max(gaps) <= kept.stride
+    assert len(older) > (KEPT_ROWS - EXACT_ROWS) // 2 and kept.stride <= 2 * 1_000_000 / ((KEPT_ROWS - EXACT_ROWS) // 2)
     short = KeptRows()
-    short.add([{"step": s} for s in range(KEPT_ROWS)])
-    assert [r["step"] for r in short.rows()] == list(range(KEPT_ROWS))  # a short cell keeps every row
+    short.add([{"t": 1.5, "step": s, "loss": 1.0 / (s + 1)} for s in range(KEPT_ROWS - 1)])
+    short.add([{"t": 2.5, "step": None, "acc": 0.5}])
+    rows = short.rows()  # a short cell keeps every row, as it came
+    assert rows[:-1] == [{"t": 1.5, "step": s, "loss": 1.0 / (s + 1)} for s in range(KEPT_ROWS - 1)]
+    assert rows[-1] == {"t": 2.5, "step": None, "acc": 0.5} and isinstance(rows[5]["step"], int)
+
+
+def test_a_batch_a_rank_sends_is_bounded_with_its_last_rows_exact():
+    from nbdist.engine.metrics import BATCH_EXACT, BATCH_ROWS, thinned
+
+    few = [{"step": s} for s in range(BATCH_ROWS)]
+    assert thinned(few) is few  # a loop at training speed: every row
+    many = [{"step": s} for s in range(23_000)]  # a tight loop's 0.4 s
+    sent = [r["step"] for r in thinned(many)]
+    assert len(sent) <= BATCH_ROWS and sent[0] == 0 and sent[-BATCH_EXACT:] == list(range(22_000, 23_000))
+    assert len({b - a for a, b in zip(sent[:-BATCH_EXACT], sent[1:-BATCH_EXACT], strict=False)}) == 1  # evenly
