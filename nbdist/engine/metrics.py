@@ -30,7 +30,7 @@ FLUSH_S = 0.4  # at most 2.5 batches a second: each costs the rank a message and
 # last BATCH_EXACT rows as they are and every k-th of the rest, so a rank never sends the kernel more rows than it
 # handles as they come (8 ranks at full speed outran it, and the rows waiting held a gigabyte for a while,
 # which the kernel's allocator then kept). The dashboard, the transcript and the result thin long runs anyway.
-BATCH_ROWS = 2_000
+BATCH_ROWS = 1_200
 BATCH_EXACT = 1_000
 KEY = wire.METRICS
 _LOCK = threading.Lock()
