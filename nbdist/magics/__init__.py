@@ -17,7 +17,17 @@ from .. import cluster as api
 from ..config import BACKENDS, RankSpec, launchers
 from ..errors import ClusterError, ConfigError
 from ..results import GROUP_ABOVE, STATE_COLOURS, grouped, state_phrase
-from .common import USAGE, call, cell_options, check_choice, names_and_ranks, parse, show, with_launcher_options
+from .common import (
+    USAGE,
+    call,
+    cell_options,
+    check_choice,
+    given_options,
+    names_and_ranks,
+    parse,
+    show,
+    with_launcher_options,
+)
 
 
 @magics_class
@@ -99,7 +109,8 @@ class DistMagics(Magics):
             print(f"stopping the running cluster ({old.world_size} ranks) first")
             old.stop()
         try:
-            cluster = api.start(**vars(args))  # each option's dest is a keyword of StartConfig.of (a test checks)
+            # each option's dest is a keyword of StartConfig.of (a test checks)
+            cluster = api.start(**given_options(self.dist_start, args))
         except ConfigError as exc:
             raise UsageError(str(exc)) from None
         except ClusterError as exc:

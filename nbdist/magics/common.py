@@ -60,7 +60,9 @@ def with_launcher_options(func: Any) -> Any:
         ", ".join(f"{spec.name} ({spec.summary})" for spec in specs.values())
         + "; default: srun inside a Slurm allocation when -n is left out, else local"
     )
+    added = getattr(func, "__func__", func).__dict__.setdefault("launcher_options", set())  # for given_options
     for name, (opt, takers) in launchers.all_options().items():
+        added.add(name)
         text = f"{opt.help} ({', '.join(spec.name for spec in takers)})"
         if name in actions:
             actions[name].help = text
@@ -71,6 +73,13 @@ def with_launcher_options(func: Any) -> Any:
         else:
             parser.add_argument(opt.flag, dest=name, type=opt.kind, default=None, metavar=opt.metavar, help=text)
     return func
+
+
+def given_options(func: Any, args: Any) -> dict[str, Any]:
+    """The parsed options to hand to nbdist.start: a launcher's option only when it was given on the line (the
+    parser keeps the flag of a launcher that was known once and is not now: its empty default is no option)."""
+    made = getattr(func, "__func__", func).__dict__.get("launcher_options", set())
+    return {k: v for k, v in vars(args).items() if k not in made or v not in (None, [])}
 
 
 def strip_comment(line: str) -> str:

@@ -154,3 +154,19 @@ def _parent(pid: int) -> str:
         return " ".join(psutil.Process(pid).parent().cmdline())
     except Exception:
         return ""
+
+
+def test_the_magic_outlives_a_launcher_that_is_gone(installed):
+    """%dist_start's parser is shared by the session: a plug-in's flag, made while it was known, stays in it. Once
+    the plug-in is gone, %dist_start without that flag works as before, and with it says it is not an option."""
+    from nbdist.magics import DistMagics
+    from nbdist.magics.common import given_options, parse, with_launcher_options
+
+    StartConfig.of(n=1, launcher="cold")  # known now: its --spacing goes into the magic's parser
+    func = with_launcher_options(DistMagics.dist_start)
+    assert "--spacing" in func.parser.format_help()
+    launchers.forget("cold")
+    config = StartConfig.of(**given_options(func, parse(func, "-n 2")))
+    assert (config.world.n, config.launcher) == (2, "local")
+    with pytest.raises(ConfigError, match="'spacing' is not an option of nbdist.start"):
+        StartConfig.of(**given_options(func, parse(func, "-n 2 --spacing 0.5")))
