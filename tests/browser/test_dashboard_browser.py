@@ -67,9 +67,20 @@ def _write_notebook(path: pathlib.Path, cells: list[str]) -> None:
 
 
 @contextlib.contextmanager
-def _server(tmp_path: pathlib.Path, app: str):
-    """JupyterLab (app 'jupyterlab') or Notebook 7 ('notebook') on 127.0.0.1 with a token: (base url, token)."""
+def _server(tmp_path: pathlib.Path, app: str, settings: dict[str, dict] | None = None):
+    """JupyterLab (app 'jupyterlab') or Notebook 7 ('notebook') on 127.0.0.1 with a token: (base url, token).
+    ``settings``: user settings by plugin id (``{"@jupyterlab/docmanager-extension:plugin": {"autosave": False}}``),
+    in a settings directory of the test's own."""
     port, token = free_port(), secrets.token_hex(16)
+    env = dict(os.environ)
+    if settings:
+        root = tmp_path / "lab-settings"
+        for plugin, values in settings.items():
+            package, _, name = plugin.partition(":")
+            where = root / package
+            where.mkdir(parents=True, exist_ok=True)
+            (where / f"{name}.jupyterlab-settings").write_text(json.dumps(values))
+        env["JUPYTERLAB_SETTINGS_DIR"] = str(root)
     cmd = [
         sys.executable,
         "-m",
@@ -88,7 +99,7 @@ def _server(tmp_path: pathlib.Path, app: str):
         *(["--allow-root"] if os.geteuid() == 0 else []),
     ]
     log = open(tmp_path / f"{app}.log", "w")
-    proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, cwd=tmp_path)
+    proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, cwd=tmp_path, env=env)
     base = f"http://127.0.0.1:{port}"
     try:
         deadline = time.monotonic() + 90
