@@ -99,7 +99,12 @@ elif what == "restart":
         c.run("pass", **quiet)
         pid = c.engines.ranks[1].pid
         os.kill(pid, signal.SIGKILL)
-        while os.path.exists(f"/proc/{pid}") and open(f"/proc/{pid}/stat").read().split()[2] != "Z":
+        def running(pid):
+            try:  # gone, or a zombie: it has died (it may be reaped between two looks)
+                return open(f"/proc/{pid}/stat").read().split()[2] != "Z"
+            except FileNotFoundError:
+                return False
+        while running(pid):
             time.sleep(0.005)
         tic = time.perf_counter()
         c.restart([1])
@@ -112,7 +117,10 @@ FIGURES = ("start", "cell_2", "cell_16", "failure_to_next", "kill_to_progress", 
 
 def once(tree: pathlib.Path, what: str) -> float:
     env = {**os.environ, "PYTHONPATH": str(tree), "OMP_NUM_THREADS": "1"}
-    done = subprocess.run([sys.executable, "-c", PROBE, what], env=env, capture_output=True, text=True, timeout=600)
+    # run in the tree: ``python -c`` puts the working directory first on sys.path, before PYTHONPATH
+    done = subprocess.run(
+        [sys.executable, "-c", PROBE, what], env=env, capture_output=True, text=True, timeout=600, cwd=tree
+    )
     line = next((ln for ln in done.stdout.splitlines() if ln.startswith("RESULT ")), None)
     if line is None:
         raise RuntimeError(f"{what} on {tree} failed:\n{done.stdout[-2000:]}\n{done.stderr[-3000:]}")
