@@ -102,7 +102,7 @@ elif what == "restart":
         def running(pid):
             try:  # gone, or a zombie: it has died (it may be reaped between two looks)
                 return open(f"/proc/{pid}/stat").read().split()[2] != "Z"
-            except FileNotFoundError:
+            except OSError:  # FileNotFoundError, or ESRCH while it is reaped
                 return False
         while running(pid):
             time.sleep(0.005)
