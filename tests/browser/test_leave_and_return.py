@@ -115,14 +115,14 @@ HOLD_RUNNING_TRANSCRIPTS = """
 """
 
 
-def _open(browser, base: str, token: str, app: str, init_script: str = ""):
+def _open(browser, base: str, token: str, app: str, init_script: str = "", notebook: str = "live.ipynb"):
     """A page on the notebook (``browser``: a browser, or a context of one: another browser's storage)."""
     page = browser.new_page(
         **({"viewport": {"width": 1400, "height": 1000}} if hasattr(browser, "new_context") else {})
     )
     if init_script:
         page.add_init_script(init_script)
-    page.goto(f"{base}/{'lab/tree' if app == 'jupyterlab' else 'notebooks'}/live.ipynb?token={token}")
+    page.goto(f"{base}/{'lab/tree' if app == 'jupyterlab' else 'notebooks'}/{notebook}?token={token}")
     page.wait_for_selector(".jp-Notebook .jp-Cell", timeout=90_000)
     return page
 
