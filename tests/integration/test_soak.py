@@ -43,6 +43,7 @@ def test_a_long_logging_cell_leaves_the_kernel_as_it_found_it():
             "'transcripts': len(__import__('nbdist.cells.transcript', fromlist=['cells']).cells(_w.membership.workdir))})",
         )
         assert isinstance(held, dict)
+        print(f"kernel grew {grown / 2**20:.1f} MiB over the cell; holds {held['held'] / 2**20:.1f} MiB after it")
         assert grown < GROWN_MIB * 2**20, f"the kernel grew by {grown / 2**20:.1f} MiB over the cell"
         assert held["held"] < HELD_MIB * 2**20, f"the kernel still holds {held['held'] / 2**20:.1f} MiB after the cell"
         assert all(EXACT_ROWS <= n <= KEPT_ROWS for n in held["rows"].values()), held["rows"]
