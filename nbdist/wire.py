@@ -26,21 +26,21 @@ PEER_ENV = "NBDIST_PEER_RECOVERY"  # "1" on a rank of a world that recovers from
 # mypy finds, not a KeyError on a rank in the middle of a recovery; versioned, so that a rank of another nbdist
 # is said, not misread.
 
-HOLDING_VERSION = 1
+HOLDING_VERSION = 2  # 2: several models and optimizers, every loader
 
 
 @dataclass(frozen=True, slots=True)
 class Names:
     """The variables of a rank's namespace that hold its training state, by their names there."""
 
-    model: str | None = None
-    optimizer: str | None = None
-    loader: str | None = None
+    models: tuple[str | None, ...] = ()  # each optimizer's module (each once)
+    optimizers: tuple[str | None, ...] = ()
+    loader: str | None = None  # the loader the loop runs over (its step is the loop's)
     extra: str = ""  # the extra= dict of the last save_checkpoint
     state: dict[str, str] = field(default_factory=dict)  # the state= objects of the last save_checkpoint: key -> name
 
     def complete(self) -> bool:
-        return bool(self.model and self.optimizer and self.loader)
+        return bool(self.models and self.optimizers and self.loader and all(self.models) and all(self.optimizers))
 
 
 @dataclass(frozen=True, slots=True)

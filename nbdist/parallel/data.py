@@ -77,6 +77,10 @@ class ShardedLoader:
         self.epoch, self.batch, self.offset = epoch, 0, 0
 
     def __iter__(self) -> Iterator[Any]:
+        # With --max-restarts: what a lost rank would be rebuilt from, kept at each step boundary (parallel/peer.py);
+        # the first before the DataLoader draws its seed, as a pass restored to this place will.
+        peer.watch(self)
+        peer.boundary(self, first=True)
         self.sampler.set_epoch(self.epoch)
         if (self.batch or self.offset) and self._epoch_rng is not None:
             # Mid-epoch: skip what was read, and let the DataLoader draw its seed from the RNG
@@ -91,8 +95,11 @@ class ShardedLoader:
             self.batch, self.offset = 0, 0
             self._epoch_rng = torch.get_rng_state()
             it = iter(self.loader)
-        clock = time.perf_counter
+        clock, first = time.perf_counter, True
         while True:
+            if not first:
+                peer.boundary(self)  # before the next batch is read
+            first = False
             tic = clock()
             try:
                 item = next(it)
@@ -114,10 +121,8 @@ class ShardedLoader:
         step never waits for); a SIGTERM to any rank then saves on every rank at the same
         step and ends the loop with Preempted.
         """
-        peer.watch(self)  # with --max-restarts: what a lost rank would be rebuilt from (parallel/peer.py)
         it, fresh = iter(self), False
         while self.step < total:
-            peer.boundary()  # this rank's own part, as this step begins (parallel/peer.py)
             if preemptible:
                 preempt.point(self.step)  # before the next batch is read: the step count is what is done
             try:

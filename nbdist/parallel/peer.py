@@ -3,21 +3,27 @@ the living ranks hold, so no file is read and no finished step is computed again
 
 What a checkpoint would hold comes in two parts, kept as training goes:
 
-- **what every rank holds alike** (the model's parameters, the optimizer, its LR schedulers, the
+- **what every rank holds alike** (the models' parameters, the optimizers, their LR schedulers, the
   ``state=`` objects and ``extra=`` of the last ``save_checkpoint``): the living ranks have it in
   memory. Parameters change only in ``optimizer.step()``; hooks count the steps begun and completed,
   so a rank knows it sits after its k-th step, or that the world broke inside one (then it gives nothing).
-- **what each rank holds alone** (its RNG states, its loader's position, its buffers): a living rank
-  takes its own at each step boundary of ``loader.steps()`` (``boundary``). A dead rank's must have left
+- **what each rank holds alone** (its RNG states, its loaders' positions, its buffers): a living rank
+  takes its own at the step boundaries of any loop over a ``shard`` loader (``boundary``: before a batch
+  is read, where an optimizer stepped since the last one, and as each pass begins). A dead rank's must have left
   its process in time: at every ``optimizer.step()`` each rank sends it, without waiting, to its *buddy*
   (``buddy``: a rank of another host where there is one) over nbdist's own gloo group
   (``control.control_group("peer")``, never a GPU), which keeps the last one received. It is taken just
   before the step, when the batch is read and the backward done: what the next step begins with, as long
   as nothing draws random numbers between ``optimizer.step()`` and the next batch.
 
+Several optimizers (a GAN's two) step in turn within one batch: only the batch's last step sends a part (the
+optimizers that stepped in the batch before tell which is last). Before each earlier one the optimizer, its
+parameters and its schedulers are copied (``Undo``), so a world that breaks between two steps of one batch
+goes back to the batch's beginning on the living ranks, where every rank kept its part.
+
 Only with ``--max-restarts`` (and not ``--recover-from checkpoint``: ``wire.PEER_ENV``) and more than one rank. The objects are
-found, when ``loader.steps()`` begins, in the rank's namespace: the one optimizer there, the module
-whose parameters it holds, the LR schedulers bound to it (engine/schedulers.py), the loader; and the
+found, as a pass over a loader begins (``watch``), in the rank's namespace: every optimizer there, the module
+whose parameters each holds, the LR schedulers bound to them (engine/schedulers.py), every ``shard`` loader; and the
 ``state=`` and ``extra=`` names the last ``save_checkpoint`` remembered (``saved``).
 """
 
@@ -37,7 +43,7 @@ import torch
 import torch.distributed as dist
 
 from .. import wire
-from ..engine import control
+from ..engine import control, schedulers
 from . import peer_part
 
 AFTER_S = 0.2  # seconds a living rank waits, after a death, for a part already on its way
@@ -58,15 +64,51 @@ class Held:
 
 
 @dataclass(slots=True)
+class Undo:
+    """An optimizer as it was before a step that is not its batch's last: its parameters, its state, its schedulers."""
+
+    optimizer: Any
+    params: list[torch.Tensor]
+    state: dict[str, Any]
+    schedulers: list[dict[str, Any]]
+
+    @classmethod
+    def take(cls, optimizer: Any) -> Undo:
+        params = [p.detach().clone() for group in optimizer.param_groups for p in group["params"]]
+        return cls(
+            optimizer,
+            params,
+            copy.deepcopy(optimizer.state_dict()),
+            [copy.deepcopy(s.state_dict()) for s in schedulers.bound(optimizer)],
+        )
+
+    def put_back(self) -> None:
+        with torch.no_grad():
+            mine = [p for group in self.optimizer.param_groups for p in group["params"]]
+            for p, saved in zip(mine, self.params, strict=True):
+                p.copy_(saved)
+        self.optimizer.load_state_dict(self.state)
+        for sched, state in zip(schedulers.bound(self.optimizer), self.schedulers, strict=False):
+            sched.load_state_dict(state)
+
+
+@dataclass(slots=True)
 class Kept:
     """A rank's side of recovery from a live peer, kept as training goes (one per process: ``KEPT``)."""
 
-    loader: Any = None  # the ShardedLoader of the loop that runs
+    loader: Any = None  # the loader in whose pass an optimizer last stepped: its step is the loop's step
+    passing: Any = None  # the loader whose pass began last
+    loaders: dict[str, Any] = field(default_factory=dict)  # every shard loader of the namespace, by name, at that
     hooked: weakref.WeakSet = field(default_factory=weakref.WeakSet)  # optimizers whose hooks are on (not by id)
-    optimizer: Any = None
-    model: Any = None
+    optimizers: list[Any] = field(default_factory=list)  # every optimizer of the namespace, as the last pass began
+    models: dict[str, Any] = field(default_factory=dict)  # the module whose parameters each holds, by name (each once)
+    lacking: str = ""  # an optimizer whose parameters no module of the namespace holds: why nothing can be given
     begun: int = 0  # optimizer steps begun / completed since the hooks went on
     done: int = 0
+    at: int = 0  # steps completed at the last exact part
+    stepped: list[Any] = field(default_factory=list)  # optimizers that stepped since the last exact part
+    looped: list[Any] = field(default_factory=list)  # those that stepped between the two exact parts before
+    undo: list[Undo] = field(default_factory=list)  # the optimizers as they were at the last exact part
     # This rank's own part by the optimizer steps completed when the loop is at it: (exact, part); exact at a
     # step boundary, taken just before the step otherwise (what the next boundary will be, but for extra=).
     parts: dict[int, tuple[bool, bytes]] = field(default_factory=dict)
@@ -88,11 +130,27 @@ class Kept:
 
     def new_loop(self) -> None:
         """Nothing kept so far counts: a new optimizer's loop, a world that grows, or a restore that was made."""
-        self.begun, self.done, self.parts, self.mirrors, self.exchange = 0, 0, {}, {}, None
+        self.begun, self.done, self.at, self.parts, self.mirrors, self.exchange = 0, 0, 0, {}, {}, None
+        self.stepped, self.looped, self.undo = [], [], []
         self.generation += 1
+
+    def complete(self) -> bool:
+        """Every optimizer of the batch before stepped in this one (so a step now is past the batch's last)."""
+        return bool(self.looped) and all(_among(o, self.stepped) for o in self.looped)
+
+    def roll_back(self) -> None:
+        """Between two steps of one batch (a GAN's): the optimizers that stepped go back to the last exact part."""
+        for undo in reversed(self.undo):
+            undo.put_back()
+        self.begun = self.done = self.at
+        self.stepped, self.undo = [], []
 
 
 KEPT = Kept()
+
+
+def _among(obj: Any, objs: list[Any]) -> bool:
+    return any(o is obj for o in objs)
 
 
 def enabled() -> bool:
@@ -105,37 +163,52 @@ def enabled() -> bool:
 
 
 def watch(loader: Any) -> None:
-    """``loader.steps()`` begins: find the optimizer and its model in the namespace, hook the optimizer."""
+    """A pass over a ``shard`` loader begins: find the optimizers, their models and the loaders in the namespace,
+    hook the optimizers not hooked yet."""
     if not enabled():
         return
-    optimizer, model = find(namespace())
-    KEPT.loader, KEPT.optimizer, KEPT.model = loader, optimizer, model
-    if optimizer is None:
-        return  # none, or several: hold() says so and recovery falls back to the checkpoint
-    if optimizer not in KEPT.hooked:
-        KEPT.hooked.add(optimizer)
+    ns = namespace()
+    optimizers, models, lacking = find(ns)
+    KEPT.optimizers, KEPT.models, KEPT.lacking = optimizers, models, lacking
+    KEPT.loaders = {k: v for k, v in ns.items() if isinstance(v, type(loader)) and not k.startswith("_")}
+    KEPT.passing = loader
+    fresh = [o for o in optimizers if o not in KEPT.hooked]
+    if fresh:
         KEPT.new_loop()
+    for optimizer in fresh:
+        KEPT.hooked.add(optimizer)
         optimizer.register_step_pre_hook(_before_step)
         optimizer.register_step_post_hook(_after_step)
 
 
-def find(ns: dict[str, Any]) -> tuple[Any, Any]:
-    """The one optimizer in the namespace and the module whose parameters it holds (the smallest: not a wrapper
-    around more); (None, None) when there is no optimizer, or several."""
+def find(ns: dict[str, Any]) -> tuple[list[Any], dict[str, Any], str]:
+    """Every optimizer in the namespace, the modules whose parameters they hold by their names (for each the
+    smallest: not a wrapper around more; each module once), and why not, in a few words, when one's module is
+    not there."""
     optimizers = [v for k, v in ns.items() if isinstance(v, torch.optim.Optimizer) and not k.startswith("_")]
     optimizers = list({id(o): o for o in optimizers}.values())
-    if len(optimizers) != 1:
-        return None, None
-    params = {id(p) for group in optimizers[0].param_groups for p in group["params"]}
-    models = [v for v in ns.values() if isinstance(v, torch.nn.Module) and params <= {id(p) for p in v.parameters()}]
-    return optimizers[0], min(models, key=lambda m: len(list(m.parameters())), default=None)
+    modules = [(k, v) for k, v in ns.items() if isinstance(v, torch.nn.Module) and not k.startswith("_")]
+    models: dict[str, Any] = {}
+    for optimizer in optimizers:
+        params = {id(p) for group in optimizer.param_groups for p in group["params"]}
+        holding = [(k, m) for k, m in modules if params <= {id(p) for p in m.parameters()}]
+        if not holding:
+            return optimizers, {}, f"no module of the namespace holds the parameters of {name_of(optimizer)}"
+        name, model = min(holding, key=lambda km: len(list(km[1].parameters())))
+        if not _among(model, list(models.values())):
+            models[name] = model
+    return optimizers, models, ""
 
 
-def boundary() -> None:
-    """A step boundary of ``loader.steps()`` (before the next batch is read): keep this rank's own part, exact,
-    and send it to the buddy without waiting (it has the whole step to arrive)."""
-    if KEPT.optimizer is None or not enabled():
+def boundary(loader: Any, first: bool = False) -> None:
+    """A step boundary of a pass over ``loader`` (before its next batch is read; ``first``: before the pass reads
+    anything): keep this rank's own part, exact, and send it to the buddy without waiting (it has the whole step to
+    arrive). Only where an optimizer stepped since the last one, or a pass begins: between two steps of gradient
+    accumulation the gradients summed so far are in no part."""
+    if not KEPT.optimizers or not enabled() or not (first or KEPT.stepped):
         return
+    KEPT.looped = KEPT.stepped or KEPT.looped
+    KEPT.stepped, KEPT.undo, KEPT.at = [], [], KEPT.done
     data = own_part(with_extra=True)
     _keep(KEPT.parts, KEPT.done, (True, data))
     _send(KEPT.done, True, data, wait=False)
@@ -147,13 +220,19 @@ def saved(names: dict[str, Any]) -> None:
 
 
 def _before_step(optimizer: Any, args: Any, kwargs: Any) -> None:
-    """Just before the step: this rank's part as the next boundary will be (``extra=`` not yet updated for
-    this step, so left out), sent to the buddy; the step waits until it has left, and is not taken when it
+    """Just before the batch's last step: this rank's part as the next boundary will be (``extra=`` not yet updated
+    for this step, so left out), sent to the buddy; the step waits until it has left, and is not taken when it
     could not leave (the buddy died): a rank that took its step left its part behind, and a rank whose
-    buddy died stays with the dead rank, at the step whose boundary part it sent."""
-    if optimizer is not KEPT.optimizer or not enabled():
+    buddy died stays with the dead rank, at the step whose boundary part it sent. Before an earlier step of the
+    batch (or any step of the loop's first batch): the optimizer as it is, to go back to."""
+    if not _among(optimizer, KEPT.optimizers) or not enabled():
         return
     after = KEPT.begun + 1
+    if not (KEPT.looped and all(_among(o, [*KEPT.stepped, optimizer]) for o in KEPT.looped)):
+        if not any(u.optimizer is optimizer for u in KEPT.undo):
+            KEPT.undo.append(Undo.take(optimizer))
+        KEPT.begun = after
+        return
     data = own_part(with_extra=False)
     sent = _send(after, False, data, wait=True)
     if not sent.wait(SEND_WAIT_S) or KEPT.failed is sent:
@@ -166,8 +245,12 @@ def _before_step(optimizer: Any, args: Any, kwargs: Any) -> None:
 
 
 def _after_step(optimizer: Any, args: Any, kwargs: Any) -> None:
-    if optimizer is KEPT.optimizer:
+    if _among(optimizer, KEPT.optimizers):
         KEPT.done += 1
+        if not _among(optimizer, KEPT.stepped):
+            KEPT.stepped.append(optimizer)
+        if KEPT.passing is not None:
+            KEPT.loader = KEPT.passing
 
 
 def _send(index: int, exact: bool, data: bytes, wait: bool) -> threading.Event:
@@ -213,7 +296,9 @@ def _keep(kept: dict[int, Any], index: int, value: Any) -> None:
 def own_part(with_extra: bool) -> bytes:
     """What this rank alone holds, as the next step will begin with it (peer_part.py)."""
     extra = namespace().get(KEPT.saved_extra or "") if with_extra else None
-    return peer_part.take(KEPT.loader, KEPT.model, copy.deepcopy(extra) if isinstance(extra, dict) else None)
+    main = KEPT.loader if KEPT.loader is not None else KEPT.passing
+    step = main.step if main is not None else 0
+    return peer_part.take(KEPT.loaders, KEPT.models, copy.deepcopy(extra) if isinstance(extra, dict) else None, step)
 
 
 def buddy(rank: int, size: int) -> int:

@@ -25,14 +25,15 @@ def hold(now: bool = False) -> Holding:
     will be replaced when the setup cells run again) and say what it can give (``wire.Holding``): the optimizer
     steps it completed, a checksum of what every rank holds alike, its own parts and the parts it keeps for others
     (each by steps completed); ``why`` when it can give nothing. ``now``: between cells, before the world grows:
-    the state as it is, of the optimizer, its model and the loader in the namespace (step index 0)."""
+    the state as it is, of the optimizers, their models and the loaders in the namespace (step index 0)."""
     if now:
         ns = namespace()
-        optimizer, model = find(ns)
-        loaders = list({id(v): v for v in ns.values() if isinstance(v, ShardedLoader)}.values())
-        KEPT.optimizer, KEPT.model, KEPT.loader = optimizer, model, loaders[0] if len(loaders) == 1 else None
+        KEPT.optimizers, KEPT.models, KEPT.lacking = find(ns)
+        KEPT.loaders = {k: v for k, v in ns.items() if isinstance(v, ShardedLoader) and not k.startswith("_")}
+        if KEPT.loader is None or not any(v is KEPT.loader for v in KEPT.loaders.values()):
+            KEPT.loader = next(iter(KEPT.loaders.values())) if len(KEPT.loaders) == 1 else None
         KEPT.new_loop()
-        if None not in (optimizer, model, KEPT.loader):
+        if KEPT.optimizers and KEPT.models and KEPT.loader is not None:
             KEPT.parts = {0: (True, own_part(with_extra=True))}
     else:
         last = KEPT.last_sent
@@ -40,24 +41,29 @@ def hold(now: bool = False) -> Holding:
             last.wait(AFTER_S)  # the sender thread is done with what it had
         finish(wait=False)
         KEPT.generation += 1  # what the sender thread still waits for in the broken world: let it go
-    optimizer, model, loader = KEPT.optimizer, KEPT.model, KEPT.loader
+    optimizers, models, loader = KEPT.optimizers, KEPT.models, KEPT.loader
     rank = STATE.rank if STATE.rank is not None else int(os.environ.get("RANK", "0"))
-    if optimizer is None or model is None or loader is None:
+    if KEPT.lacking:
+        return Holding(rank, why=KEPT.lacking)
+    if not optimizers or not models or loader is None:
         return Holding(
             rank,
-            why="the namespace holds no single optimizer with its model and loader of nbdist.parallel.shard" if now
-            else "no loader.steps() loop with one optimizer and its model ran on this rank",
+            why="the namespace holds no optimizer with its model and one loader of nbdist.parallel.shard" if now
+            else "no optimizer stepped in a loop over a loader of nbdist.parallel.shard on this rank",
         )
-    if _sharded(model):
+    sharded = next((m for m in models.values() if _sharded(m)), None)
+    if sharded is not None:
         return Holding(rank, why="the model is sharded (FSDP): each rank holds only its own shard, which died with it")
-    done = KEPT.done
-    if KEPT.begun != done:
+    if KEPT.begun != KEPT.done:
         return Holding(rank, why=f"rank {rank} was stopped inside optimizer.step(): its parameters are half updated")
+    if KEPT.done != KEPT.at and not KEPT.complete():
+        KEPT.roll_back()  # between two optimizers' steps of one batch: back to where it began
+    done = KEPT.done
     ns = namespace()
     shared = {
-        "model": model.state_dict(),
-        "optimizer": optimizer.state_dict(),
-        "schedulers": [s.state_dict() for s in schedulers.bound(optimizer)],
+        "models": [m.state_dict() for m in models.values()],
+        "optimizers": [o.state_dict() for o in optimizers],
+        "schedulers": [[s.state_dict() for s in schedulers.bound(o)] for o in optimizers],
         "state": {key: ns[name].state_dict() for key, name in KEPT.saved_state.items() if name in ns},
     }
     parts = dict(KEPT.parts)
@@ -68,15 +74,16 @@ def hold(now: bool = False) -> Holding:
             peer_part.with_extra(parts[done][1], copy.deepcopy(extra) if isinstance(extra, dict) else None),
         )
     KEPT.held = Held(shared=shared, parts=parts, mirrors=dict(KEPT.mirrors))
+    params = [p for m in models.values() for p in m.parameters()]
     return Holding(
         rank,
         done=done,
         steps={index: peer_part.step_of(data) for index, (_, data) in parts.items()},
-        checksum=checksum({"parameters": list(model.parameters()), "optimizer": shared["optimizer"]}),  # not buffers
+        checksum=checksum({"parameters": params, "optimizers": shared["optimizers"]}),  # not buffers
         keeps={index: (source, exact) for index, (source, exact, _) in KEPT.mirrors.items()},
         names=Names(
-            model=name_of(model),
-            optimizer=name_of(optimizer),
+            models=tuple(models),
+            optimizers=tuple(name_of(o) for o in optimizers),
             loader=name_of(loader),
             extra=KEPT.saved_extra or "",
             state=dict(KEPT.saved_state),
@@ -131,21 +138,39 @@ def give(done: int, source: int, names: Names, parts_from: dict[int, int], joine
     else:
         mine = peer_part.decode(held.parts[done][1] if rank not in parts_from else everyone[parts_from[rank]][rank])
     ns = namespace()
-    assert names.model and names.optimizer and names.loader  # decide() gives no plan without them
-    model, optimizer, loader = ns[names.model], ns[names.optimizer], ns[names.loader]
+    assert names.complete()  # decide() gives no plan without them
+    models, optimizers = [ns[n] for n in names.models if n], [ns[n] for n in names.optimizers if n]
     shared = box[0]
     assert shared is not None
-    model.load_state_dict(shared["model"])
-    optimizer.load_state_dict(shared["optimizer"])
-    for sched, state in zip(schedulers.bound(optimizer), shared["schedulers"], strict=False):
-        sched.load_state_dict(state)
+    for model, state in zip(models, shared["models"], strict=True):
+        model.load_state_dict(state)
+    for optimizer, state, scheds in zip(optimizers, shared["optimizers"], shared["schedulers"], strict=True):
+        optimizer.load_state_dict(state)
+        for sched, sched_state in zip(schedulers.bound(optimizer), scheds, strict=False):
+            sched.load_state_dict(sched_state)
     for key, name in names.state.items():
         if key in shared["state"] and name in ns:
             ns[name].load_state_dict(shared["state"][key])
     if names.extra and isinstance(ns.get(names.extra), dict) and mine.get("extra") is not None:
         ns[names.extra].clear()
         ns[names.extra].update(mine["extra"])  # into the dict the setup cells made, as load_checkpoint(extra=)
-    ckpt_rank.put_back_own(mine, model, loader)
+    _put_back_own(mine, dict(zip(names.models, models, strict=True)), ns)
     KEPT.held = None
     KEPT.new_loop()
-    return int(mine["loader"]["step"])
+    return int(mine["step"])
+
+
+def _put_back_own(mine: dict[str, Any], models: dict[str | None, Any], ns: dict[str, Any]) -> None:
+    """This rank's own part back: RNG states (but on a rank new to a grown world), each model's buffers, each
+    loader's position (those of the setup cells, by name)."""
+    if mine.get("rng") is not None:
+        ckpt_rank.set_rng_states(mine["rng"])
+    with torch.no_grad():
+        for key, model in models.items():
+            buffers = mine["buffers"].get(key, {})
+            for name, buffer in model.named_buffers():
+                if name in buffers:
+                    buffer.copy_(buffers[name])
+    for name, position in mine["loaders"].items():
+        if isinstance(ns.get(name), ShardedLoader):
+            ns[name].load_state_dict(position)

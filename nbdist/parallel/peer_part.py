@@ -1,9 +1,9 @@
-"""A rank's own part (what ``ckpt_rank`` keeps per rank: RNG states, loader position, buffers, ``extra=``),
+"""A rank's own part (what ``ckpt_rank`` keeps per rank: RNG states, loaders' positions, buffers, ``extra=``),
 taken and turned into bytes fast enough to do twice a step (parallel/peer.py).
 
 ``torch.save`` and ``torch.load`` cost about 0.6 and 0.4 ms for these 20 KB, as much as the small
 models' whole step; the tensors here are flat bytes instead (dtype and shape beside them), and the
-rest is plain values, so ``pickle`` takes about 10 us. ``decode`` gives ``ckpt_rank.put_back_own``'s layout.
+rest is plain values, so ``pickle`` takes about 10 us. ``decode`` gives the tensors back.
 """
 
 from __future__ import annotations
@@ -16,8 +16,9 @@ from typing import Any
 import torch
 
 
-def take(loader: Any, model: Any, extra: dict | None) -> bytes:
-    """This rank's own part now, as bytes."""
+def take(loaders: dict[str, Any], models: dict[str, Any], extra: dict | None, step: int) -> bytes:
+    """This rank's own part now, as bytes: the positions of ``loaders`` and the buffers of ``models``, by name,
+    and ``step``, the loop's step (of the loader it runs over)."""
     rng: dict[str, Any] = {"torch": _raw(torch.get_rng_state()), "random": random.getstate()}
     if torch.cuda.is_available() and torch.cuda.is_initialized():
         rng["cuda"] = [_raw(s) for s in torch.cuda.get_rng_state_all()]
@@ -25,19 +26,20 @@ def take(loader: Any, model: Any, extra: dict | None) -> bytes:
     if np is not None:
         kind, keys, pos, has_gauss, gauss = np.random.get_state()
         rng["numpy"] = (kind, keys.tobytes(), pos, has_gauss, gauss)
-    position = None
-    if loader is not None:
+    positions = {}
+    for name, loader in loaders.items():
         position = dict(loader.state_dict())
         if isinstance(position.get("epoch_rng"), torch.Tensor):
             position["epoch_rng"] = _raw(position["epoch_rng"])
-    buffers = {name: _raw(b) for name, b in model.named_buffers()} if model is not None else {}
-    part = {"rng": rng, "loader": position, "buffers": buffers, "extra": extra}
+        positions[name] = position
+    buffers = {key: {name: _raw(b) for name, b in model.named_buffers()} for key, model in models.items()}
+    part = {"rng": rng, "loaders": positions, "buffers": buffers, "extra": extra, "step": step}
     return pickle.dumps(part, protocol=pickle.HIGHEST_PROTOCOL)
 
 
 def step_of(data: bytes) -> int:
-    """The loop step the part's loader goes on from."""
-    return int(pickle.loads(data)["loader"]["step"])
+    """The loop step the part goes on from."""
+    return int(pickle.loads(data)["step"])
 
 
 def with_extra(data: bytes, extra: dict | None) -> bytes:
@@ -47,7 +49,8 @@ def with_extra(data: bytes, extra: dict | None) -> bytes:
 
 
 def decode(data: bytes) -> dict[str, Any]:
-    """The part as ``ckpt_rank.put_back_own`` takes it (and ``extra``)."""
+    """The part with its tensors back: ``rng`` as ``ckpt_rank.set_rng_states`` takes it, ``loaders`` (by name),
+    ``buffers`` (by model), ``extra`` and ``step``."""
     part = pickle.loads(data)
     rng = dict(part["rng"])
     rng["torch"] = _tensor(rng["torch"])
@@ -64,11 +67,12 @@ def decode(data: bytes) -> dict[str, Any]:
             has_gauss,
             gauss,
         )
-    position = part["loader"]
-    if position is not None and isinstance(position.get("epoch_rng"), tuple):
-        position = dict(position, epoch_rng=_tensor(position["epoch_rng"]))
-    buffers = {name: _tensor(raw) for name, raw in part["buffers"].items()}
-    return {"rng": rng, "loader": position, "buffers": buffers, "extra": part["extra"]}
+    loaders = {
+        name: dict(p, epoch_rng=_tensor(p["epoch_rng"])) if isinstance(p.get("epoch_rng"), tuple) else p
+        for name, p in part["loaders"].items()
+    }
+    buffers = {key: {name: _tensor(raw) for name, raw in mine.items()} for key, mine in part["buffers"].items()}
+    return {"rng": rng, "loaders": loaders, "buffers": buffers, "extra": part["extra"], "step": part["step"]}
 
 
 def _raw(t: torch.Tensor) -> tuple[str, tuple[int, ...], bytes]:

@@ -11,7 +11,7 @@ import pytest
 from nbdist.lifecycle.peer_recovery import decide
 from nbdist.wire import HOLDING_VERSION, Holding, Names
 
-NAMES = Names(model="model", optimizer="opt", loader="loader")
+NAMES = Names(models=("model",), optimizers=("opt",), loader="loader")
 
 
 def _said(rank: int, done: int, keeps: dict[int, tuple[int, bool]] | None = None, checksum: str = "abc", **more) -> Holding:
