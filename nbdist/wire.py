@@ -51,6 +51,7 @@ class Holding:
     why: str = ""  # why it can give nothing ('' when it can)
     done: int = 0  # optimizer steps it completed
     steps: dict[int, int] = field(default_factory=dict)  # its own parts: steps completed -> the loop step after them
+    passes: dict[int, int] = field(default_factory=dict)  # and -> the passes over the loop's loader the cell finished
     checksum: str = ""  # of what every rank holds alike (parameters, optimizer), bit for bit
     keeps: dict[int, tuple[int, bool]] = field(default_factory=dict)  # parts kept for others: steps -> (whose, exact)
     names: Names = field(default_factory=Names)

@@ -114,7 +114,7 @@ class CellPath:
         line = ""
         try:
             ended = [r.rank for r in result.ranks if r.rank in dead and (r.error or {}).get("ename") == "Killed"]
-            line = self.recovery.recover(dead, self.replay(), self.say, ended) if dead else ""
+            line = self.recovery.recover(dead, self.replay(), self.say, ended, code) if dead else ""
         except ClusterError as exc:
             result.notes.append(str(exc))
         if not line:

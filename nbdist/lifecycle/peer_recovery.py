@@ -11,6 +11,7 @@ from dataclasses import dataclass
 from ..errors import ClusterError
 from ..wire import HOLDING_VERSION, Holding, Names
 from ..world.engineset import EngineSet
+from . import rerun
 
 
 @dataclass(frozen=True, slots=True)
@@ -20,6 +21,7 @@ class Plan:
 
     done: int
     step: int
+    passes: int  # over the loop's loader, that the cell had finished (rerun.py)
     source: int
     names: Names
     parts_from: dict[int, int]
@@ -51,7 +53,9 @@ def ask(engines: EngineSet, dead: list[int], timeout: float, now: bool = False) 
         return None, str(exc)
 
 
-def decide(said: list[Holding], dead: list[int], renumbered: dict[int, int] | None = None) -> tuple[Plan | None, str]:
+def decide(
+    said: list[Holding], dead: list[int], renumbered: dict[int, int] | None = None, code: str = ""
+) -> tuple[Plan | None, str]:
     """From what each living rank said (parallel/peer_give.hold): go on after the fewest optimizer steps any
     living rank completed (a rank can be one step ahead: it passed the step whose exchange failed on
     another); the source completed exactly those, every living rank kept its own part for that point,
@@ -102,9 +106,16 @@ def decide(said: list[Holding], dead: list[int], renumbered: dict[int, int] | No
     names = next(s.names for s in said if s.rank == source)
     if not names.complete():
         return None, f"the model, optimizer or loader has no variable name on rank {source} ({names})"
+    passes = next(s.passes.get(done, 0) for s in said if s.rank == source)
+    outer = rerun.starts_over(code, names.loader or "") if passes and code else ""
+    if outer:
+        return None, (
+            f"the cell runs again from its first line, and its `{outer}` would begin again although it had "
+            f"finished {passes} pass(es) over {names.loader}: {rerun.fix(outer, names.loader or '')}"
+        )
     if renumbered:
         source, parts_from = renumbered[source], {renumbered.get(r, r): renumbered[k] for r, k in parts_from.items()}
-    return Plan(done=done, step=steps.pop(), source=source, names=names, parts_from=parts_from), ""
+    return Plan(done=done, step=steps.pop(), passes=passes, source=source, names=names, parts_from=parts_from), ""
 
 
 def give(engines: EngineSet, chosen: Plan, timeout: float, joined: int = 0) -> int:

@@ -79,11 +79,13 @@ class Recovery:
             return []
         return sorted(r.rank for r in result.ranks if r.status == RankStatus.DEAD and r.rank not in killed)
 
-    def recover(self, dead: list[int], replay: Replay, say: Callable[[str], None], ended: Sequence[int] = ()) -> str:
+    def recover(
+        self, dead: list[int], replay: Replay, say: Callable[[str], None], ended: Sequence[int] = (), code: str = ""
+    ) -> str:
         """Restart ``dead`` (or, with --min-ranks, go on without them when they cannot be replaced), rebuild the
         world, replay the setup cells, restore from a living rank or the checkpoint; return what was done as one
         line (``say`` gets it too). ``ended``: those of ``dead`` that nbdist ended because they did not stop after
-        the release (cells/release.py), said apart. Raises ClusterError naming the step that failed."""
+        the release (cells/release.py), said apart; ``code``: the cell that runs again after. Raises ClusterError naming the step that failed."""
         self.used += 1
         self.renumbered = None
         tic = time.perf_counter()
@@ -106,7 +108,7 @@ class Recovery:
                 what.append(replay.engines.standby.said())
         chosen = None
         if said is not None:
-            chosen, not_peer = peer_recovery.decide(said, [] if renumbered else dead, renumbered)
+            chosen, not_peer = peer_recovery.decide(said, [] if renumbered else dead, renumbered, code)
         replay_setup(replay, "automatic recovery")
         if replay.setup:
             what.append(f"replayed {len(replay.setup)} setup cell(s)")

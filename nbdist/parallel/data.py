@@ -12,6 +12,7 @@ import torch.distributed as dist
 from torch.utils.data import DataLoader, Dataset, DistributedSampler
 
 from ..engine import preempt
+from ..engine.state import STATE
 from ..errors import ConfigError
 from . import instrument, peer
 
@@ -72,11 +73,19 @@ class ShardedLoader:
         self.step = 0  # batches handed out in all
         self.offset = 0  # places of this epoch's order read by an earlier world of another size (``load_state_dict``)
         self._epoch_rng: torch.Tensor | None = None  # the RNG when this epoch's pass began
+        self.began: tuple[int, int] = (-1, 0)  # the cell (engine/state.py's count) of its last pass, and its epoch then
+
+    def passes(self) -> int:
+        """Passes over this loader the running cell finished (a cell run again from its first line would repeat
+        a loop around the loader, ``for epoch in range(3)``, that many times more)."""
+        return self.epoch - self.began[1] if self.began[0] == STATE.cell else 0
 
     def set_epoch(self, epoch: int) -> None:
         self.epoch, self.batch, self.offset = epoch, 0, 0
 
     def __iter__(self) -> Iterator[Any]:
+        if self.began[0] != STATE.cell:
+            self.began = (STATE.cell, self.epoch)
         # With --max-restarts: what a lost rank would be rebuilt from, kept at each step boundary (parallel/peer.py);
         # the first before the DataLoader draws its seed, as a pass restored to this place will.
         peer.watch(self)

@@ -297,8 +297,8 @@ def own_part(with_extra: bool) -> bytes:
     """What this rank alone holds, as the next step will begin with it (peer_part.py)."""
     extra = namespace().get(KEPT.saved_extra or "") if with_extra else None
     main = KEPT.loader if KEPT.loader is not None else KEPT.passing
-    step = main.step if main is not None else 0
-    return peer_part.take(KEPT.loaders, KEPT.models, copy.deepcopy(extra) if isinstance(extra, dict) else None, step)
+    at = (main.step, main.passes()) if main is not None else (0, 0)
+    return peer_part.take(KEPT.loaders, KEPT.models, copy.deepcopy(extra) if isinstance(extra, dict) else None, *at)
 
 
 def buddy(rank: int, size: int) -> int:

@@ -78,7 +78,8 @@ def hold(now: bool = False) -> Holding:
     return Holding(
         rank,
         done=done,
-        steps={index: peer_part.step_of(data) for index, (_, data) in parts.items()},
+        steps={index: peer_part.step_of(data)[0] for index, (_, data) in parts.items()},
+        passes={index: peer_part.step_of(data)[1] for index, (_, data) in parts.items()},
         checksum=checksum({"parameters": params, "optimizers": shared["optimizers"]}),  # not buffers
         keeps={index: (source, exact) for index, (source, exact, _) in KEPT.mirrors.items()},
         names=Names(

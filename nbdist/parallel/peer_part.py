@@ -16,9 +16,9 @@ from typing import Any
 import torch
 
 
-def take(loaders: dict[str, Any], models: dict[str, Any], extra: dict | None, step: int) -> bytes:
+def take(loaders: dict[str, Any], models: dict[str, Any], extra: dict | None, step: int, passes: int) -> bytes:
     """This rank's own part now, as bytes: the positions of ``loaders`` and the buffers of ``models``, by name,
-    and ``step``, the loop's step (of the loader it runs over)."""
+    ``step``, the loop's step (of the loader it runs over), and the ``passes`` over it the running cell finished."""
     rng: dict[str, Any] = {"torch": _raw(torch.get_rng_state()), "random": random.getstate()}
     if torch.cuda.is_available() and torch.cuda.is_initialized():
         rng["cuda"] = [_raw(s) for s in torch.cuda.get_rng_state_all()]
@@ -33,13 +33,14 @@ def take(loaders: dict[str, Any], models: dict[str, Any], extra: dict | None, st
             position["epoch_rng"] = _raw(position["epoch_rng"])
         positions[name] = position
     buffers = {key: {name: _raw(b) for name, b in model.named_buffers()} for key, model in models.items()}
-    part = {"rng": rng, "loaders": positions, "buffers": buffers, "extra": extra, "step": step}
+    part = {"rng": rng, "loaders": positions, "buffers": buffers, "extra": extra, "step": step, "passes": passes}
     return pickle.dumps(part, protocol=pickle.HIGHEST_PROTOCOL)
 
 
-def step_of(data: bytes) -> int:
-    """The loop step the part goes on from."""
-    return int(pickle.loads(data)["step"])
+def step_of(data: bytes) -> tuple[int, int]:
+    """The loop step the part goes on from, and the passes over its loader the running cell had finished."""
+    part = pickle.loads(data)
+    return int(part["step"]), int(part["passes"])
 
 
 def with_extra(data: bytes, extra: dict | None) -> bytes:

@@ -1,0 +1,61 @@
+"""What a cell run again from its first line repeats: recovery goes on from a step inside the cell's loop and runs
+the whole cell again, so a loop around the loop over the loader (``for epoch in range(3):``) begins at its first
+value again. A restored loader goes on mid-epoch; the epochs the cell had finished would be trained once more
+unless that loop begins where the loader is (``range(loader.epoch, 3)``, as a torchrun script begins at the
+epoch its checkpoint holds). Read from the cell's code, never run.
+"""
+
+from __future__ import annotations
+
+import ast
+
+
+def starts_over(code: str, loader: str) -> str:
+    """The header of the first loop around a loop over ``loader`` (a plain ``for``, ``enumerate(loader)``, ...)
+    that does not begin at ``loader.epoch``, as written; '' when there is none or the code does not parse."""
+    try:
+        tree = ast.parse(code)
+    except SyntaxError:
+        return ""
+    parents: dict[ast.AST, ast.AST] = {}
+    for node in ast.walk(tree):
+        for child in ast.iter_child_nodes(node):
+            parents[child] = node
+    for node in ast.walk(tree):
+        if not isinstance(node, (ast.For, ast.AsyncFor)) or not _reads(node.iter, loader, parents):
+            continue
+        outer = parents.get(node)
+        while outer is not None:
+            if isinstance(outer, (ast.For, ast.AsyncFor)) and not _from_epoch(outer.iter, loader):
+                return f"for {ast.unparse(outer.target)} in {ast.unparse(outer.iter)}"
+            outer = parents.get(outer)
+    return ""
+
+
+def fix(header: str, loader: str) -> str:
+    """The header begun where the loader is: ``range(3)`` or ``range(0, 3)`` -> ``range(loader.epoch, 3)``."""
+    try:
+        loop = ast.parse(header + ": pass").body[0]
+    except SyntaxError:
+        return f"begin it at {loader}.epoch"
+    assert isinstance(loop, ast.For)
+    call = loop.iter
+    if isinstance(call, ast.Call) and isinstance(call.func, ast.Name) and call.func.id == "range" and call.args:
+        stop = call.args[0] if len(call.args) == 1 else call.args[1]
+        return f"write `for {ast.unparse(loop.target)} in range({loader}.epoch, {ast.unparse(stop)})`"
+    return f"begin it at {loader}.epoch"
+
+
+def _reads(expr: ast.expr, loader: str, parents: dict[ast.AST, ast.AST]) -> bool:
+    """The loader itself is iterated (not one of its attributes, as ``loader.steps(n)``, which counts steps)."""
+    return any(
+        isinstance(n, ast.Name) and n.id == loader and not isinstance(parents.get(n), ast.Attribute)
+        for n in ast.walk(expr)
+    )
+
+
+def _from_epoch(expr: ast.expr, loader: str) -> bool:
+    return any(
+        isinstance(n, ast.Attribute) and n.attr == "epoch" and isinstance(n.value, ast.Name) and n.value.id == loader
+        for n in ast.walk(expr)
+    )
