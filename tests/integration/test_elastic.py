@@ -97,7 +97,11 @@ THEN = f"""
 saved = torch.load(SAVED)
 net.load_state_dict(saved["model"]); opt.load_state_dict(saved["opt"])
 per_epoch = len(batches(order(0), 0, BEFORE))  # the steps of an epoch the first world read
-train(plan(AFTER, STOP // per_epoch, STOP % per_epoch * BEFORE * {B}, STEPS - STOP))
+epoch, places = STOP // per_epoch, STOP % per_epoch * BEFORE * {B}
+left = STEPS - STOP  # loader.steps(STEPS); a loop over epochs: the rest of this one, then whole ones
+if EPOCHS:
+    left = len(batches(order(epoch)[places:], 0, AFTER)) + (EPOCHS - 1 - epoch) * len(batches(order(0), 0, AFTER))
+train(plan(AFTER, epoch, places, left))
 final = [p.detach().clone() for p in model.parameters()]
 """
 
@@ -145,17 +149,25 @@ def _progress(path: str, rank: int) -> int:
         return -1
 
 
+# The loop people write: epochs of a plain for over the loader (3 epochs: 36 steps with 4 ranks).
+EPOCHS = 3
+PLAIN = TRAIN.replace(
+    f"for step, (x, y) in loader.steps({STEPS}):\n",
+    f"for epoch in range(loader.epoch, {EPOCHS}):\n  for x, y in loader:\n    step = loader.step - 1\n",
+)
+
 # The same loop saving a checkpoint every 4 steps, for --recover-from checkpoint.
 SAVING = TRAIN.replace(
     "opt.step()\n", "opt.step()\n    if step % 4 == 3: save_checkpoint(CKPT, model, opt, step + 1, loader=loader)\n"
 )
 
 
-@pytest.mark.parametrize("source", ["peer", "checkpoint", "fsdp"])
+@pytest.mark.parametrize("source", ["peer", "plain", "checkpoint", "fsdp"])
 def test_a_lost_node_shrinks_the_world_and_training_goes_on_as_by_hand(tmp_path, gone_launcher, source):
-    """From the living ranks' memory (the default), or from the last checkpoint: each rank then loads the part it
-    saved under its old number, and the loader splits the rest of the epoch over the 3 ranks left. A sharded
-    (FSDP) model has no copy on a peer: the checkpoint, resharded by DCP to 3 ranks."""
+    """From the living ranks' memory (the default; "plain": a plain for over the loader, in epochs), or from the last
+    checkpoint: each rank then loads the part it saved under its old number, and the loader splits the rest of the
+    epoch over the 3 ranks left. A sharded (FSDP) model has no copy on a peer: the checkpoint, resharded by DCP to 3
+    ranks."""
     rng = random.Random(PICK)
     victim, after = rng.choice([0, 1, 2, 3]), rng.randrange(5, 10)
     print(f"seed {PICK}: rank {victim} and its node lost after step {after}")
@@ -183,7 +195,7 @@ def test_a_lost_node_shrinks_the_world_and_training_goes_on_as_by_hand(tmp_path,
 
         thread = threading.Thread(target=killer, daemon=True)
         thread.start()
-        train = TRAIN if source == "peer" else SAVING
+        train = {"peer": TRAIN, "plain": PLAIN}.get(source, SAVING)
         if source == "fsdp":
             train = train.replace("final = [p.detach().clone() for p in model.parameters()]", FULL)
         result = c.run(train).raise_for_error()  # the cell succeeds with 3 ranks
@@ -192,7 +204,7 @@ def test_a_lost_node_shrinks_the_world_and_training_goes_on_as_by_hand(tmp_path,
         print(line)
         assert line.startswith(f"rank(s) {victim} died during the cell; could not replace them ("), line
         assert "continuing with 3 of 4 ranks" in line, line
-        if source == "peer":
+        if source in ("peer", "plain"):
             assert " memory (nothing recomputed)" in line, line
             stop = int(re.search(r"rebuilt step (\d+) from rank (\d+)'s (\(was rank (\d+)\) )?memory", line)[1])
             assert after <= stop <= after + 2, (after, stop)  # the step the kill interrupted, not an earlier one
@@ -208,18 +220,21 @@ def test_a_lost_node_shrinks_the_world_and_training_goes_on_as_by_hand(tmp_path,
     for rank in (1, 2):
         assert all(torch.equal(a, b) for a, b in zip(elastic[0], elastic[rank], strict=True))
 
-    reference = _by_hand(tmp_path, stop, 4, 3, fsdp=source == "fsdp")
+    reference = _by_hand(tmp_path, stop, 4, 3, fsdp=source == "fsdp", epochs=EPOCHS if source == "plain" else 0)
     assert all(torch.equal(a, b) for a, b in zip(elastic[0], reference, strict=True)), (
         "the world that went on with 3 ranks differs from the same training done by hand"
     )
 
 
-def _by_hand(tmp_path, stop: int, before: int, after: int, fsdp: bool = False) -> list[torch.Tensor]:
+def _by_hand(tmp_path, stop: int, before: int, after: int, fsdp: bool = False, epochs: int = 0) -> list[torch.Tensor]:
     """The same training by hand: ``before`` ranks to step ``stop``, saved; ``after`` ranks load it and go on
-    (``fsdp``: sharded, saved and loaded with DCP, which reshards)."""
+    (``fsdp``: sharded, saved and loaded with DCP, which reshards), to STEPS in all or to the end of ``epochs``."""
     saved = str(tmp_path / "by-hand.pt")
     model = FSDP_MODEL if fsdp else MODEL
-    common = f"STEPS, STOP, SAVED, BEFORE, AFTER = {STEPS}, {stop}, {saved!r}, {before}, {after}\n{model}\n{BY_HAND}"
+    common = (
+        f"STEPS, STOP, SAVED, BEFORE, AFTER, EPOCHS = {STEPS}, {stop}, {saved!r}, {before}, {after}, {epochs}\n"
+        f"{model}\n{BY_HAND}"
+    )
     with nbdist.start(before, oversubscribe=True) as c:
         c.run(common + (FIRST_FSDP if fsdp else FIRST)).raise_for_error()
     with nbdist.start(after, oversubscribe=True) as c:
