@@ -62,7 +62,9 @@ class ShardedLoader:
     It also knows its position (``epoch``, ``batch`` read in this epoch, ``step`` in
     all), which ``save_checkpoint(..., loader=)`` stores and ``load_checkpoint`` restores:
     the next pass then continues mid-epoch with the batches an uninterrupted run would
-    have read. ``steps(total)`` is the loop that survives a restart.
+    have read. ``steps(total)`` counts steps across epochs; any loop over the loader (a plain ``for``,
+    ``enumerate``) survives a rank's death under ``--max-restarts`` (parallel/peer.py). A loop around it that
+    counts epochs begins where the loader is: ``for epoch in range(loader.epoch, 3)``.
     """
 
     def __init__(self, loader: DataLoader, sampler: DistributedSampler) -> None:
