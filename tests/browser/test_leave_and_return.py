@@ -253,3 +253,83 @@ def test_two_pages_at_once_the_running_one_keeps_its_own_output(tmp_path):
                     urllib.request.urlopen(req)
             except OSError:
                 pass
+
+
+ATTACH_CELLS = [
+    "%load_ext nbdist\n%dist_start -n 2 --keep 10m",
+    SLOW_CELLS[1],
+    "%load_ext nbdist\n%dist_attach",
+]
+
+
+def test_a_new_kernel_attached_to_the_kept_world_shows_the_run_in_a_page_reopened_after_the_end(
+    tmp_path, monkeypatch
+):
+    """The cell ends while no page is open and nothing was saved; then the notebook's kernel is gone (its session
+    shut down: the next page gets a kernel with a new id, as after a server restart, which knows no world). The
+    world was kept (``--keep``): in the reopened page ``%dist_attach`` ties the new kernel to it, and within the
+    page's next look (5 s while idle) the cell shows every line and its final dashboard, and the next save
+    holds them."""
+    monkeypatch.setenv("NBDIST_KEPT_DIR", str(tmp_path / "kept"))  # the server's kernels inherit it
+    _write_notebook(tmp_path / "live.ipynb", ATTACH_CELLS)
+    written = (tmp_path / "live.ipynb").read_text()
+    with _server(tmp_path, "jupyterlab", settings=NO_AUTOSAVE) as (base, token), _browser() as browser:
+        try:
+            page = _open(browser, base, token, "jupyterlab")
+            try:
+                page.click(".jp-Dialog button:has-text('Select')", timeout=10_000)
+            except Exception:
+                pass
+            page.wait_for_selector(".jp-Notebook-ExecutionIndicator[data-status='idle']", timeout=60_000)
+            page.click(".jp-Notebook .jp-Cell >> nth=0")
+            page.keyboard.press("Shift+Enter")  # the first two cells only: start the kept world, train
+            page.keyboard.press("Shift+Enter")
+            page.wait_for_function("() => document.body.innerText.includes('STEP 15')", timeout=120_000)
+            _close_unsaved(page)
+            deadline = time.monotonic() + 120
+            while any(c["running"] for c in _kernel_cells(base, token)) and time.monotonic() < deadline:
+                time.sleep(0.5)
+            assert not any(c["running"] for c in _kernel_cells(base, token)), "the cell did not end"
+            for session in json.load(urllib.request.urlopen(f"{base}/api/sessions?token={token}")):
+                req = urllib.request.Request(f"{base}/api/sessions/{session['id']}?token={token}", method="DELETE")
+                urllib.request.urlopen(req)  # the kernel is shut down; the kept world stays
+            assert (tmp_path / "live.ipynb").read_text() == written, "no page saved the notebook"
+
+            page = _open(browser, base, token, "jupyterlab")
+            try:
+                page.click(".jp-Dialog button:has-text('Select')", timeout=10_000)
+            except Exception:
+                pass
+            page.wait_for_selector(".jp-Notebook-ExecutionIndicator[data-status='idle']", timeout=60_000)
+            time.sleep(6)  # the page's first look and one more: the new kernel knows no world yet
+            assert _steps_shown(page) == [], "before %dist_attach the new kernel has no world to show"
+            page.click(".jp-Notebook .jp-Cell >> nth=2")
+            page.keyboard.press("Shift+Enter")  # %dist_attach in the new kernel
+            page.wait_for_function("() => document.body.innerText.includes('attached to')", timeout=60_000)
+            page.wait_for_function(f"() => document.body.innerText.includes('STEP {STEPS - 5}')", timeout=30_000)
+            page.wait_for_selector(".js-plotly-plot .gtitle", timeout=30_000)
+            _dismiss_news(page)
+            page.screenshot(path=str(ARTIFACTS / "reopened-after-attach.png"), full_page=True)
+            assert _steps_shown(page) == EXPECTED  # the complete output, once
+            assert _longest_trace(page) == STEPS  # the final dashboard: every logged step
+            page.keyboard.press("Control+s")
+            saved_path = tmp_path / "live.ipynb"
+            deadline = time.monotonic() + 30
+            while f"STEP {STEPS - 5}" not in saved_path.read_text() and time.monotonic() < deadline:
+                time.sleep(0.5)
+            outputs = json.loads(saved_path.read_text())["cells"][1]["outputs"]
+            text = "".join("".join(o.get("text", "")) for o in outputs if o["output_type"] == "stream")
+            assert re.findall(r"STEP \d+", text) == EXPECTED  # the saved notebook holds them
+        finally:
+            try:
+                import nbdist
+
+                nbdist.attach().stop()  # the kept world, from this process (its record names it)
+            except Exception as exc:
+                print(f"no kept world to stop: {exc}")
+            try:
+                for kernel in json.load(urllib.request.urlopen(f"{base}/api/kernels?token={token}")):
+                    req = urllib.request.Request(f"{base}/api/kernels/{kernel['id']}?token={token}", method="DELETE")
+                    urllib.request.urlopen(req)
+            except OSError:
+                pass
