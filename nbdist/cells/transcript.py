@@ -53,6 +53,7 @@ class Transcript:
     _dropped: int = 0
     _rows: dict[int, int] = field(default_factory=dict)
     _seen: dict[int, int] = field(default_factory=dict)
+    _head: dict[str, Any] = field(default_factory=dict)  # the header line, to begin the file again if it is deleted
 
     @classmethod
     def open(cls, workdir: str, cell: dict[str, Any]) -> Transcript:
@@ -64,7 +65,7 @@ class Transcript:
         names = sorted(n for n in os.listdir(where) if n.endswith(".jsonl"))
         last = os.path.join(where, names[-1]) if names else ""
         if last and cell.get("id") and _header(last) == (cell["id"], cell.get("count")):
-            t = cls(last, open(last, "a", encoding="utf-8"))  # noqa: SIM115 (closed by end)
+            t = cls(last, open(last, "a", encoding="utf-8"), _head={"cell": _first(last)})  # noqa: SIM115 (closed by end)
             t._kept = os.path.getsize(last)  # the bound holds for the whole run of the cell
             t._line({"resume": time.time()})
             t.flush()
@@ -74,8 +75,8 @@ class Transcript:
             os.unlink(os.path.join(where, old))
         path = os.path.join(where, f"{number:06d}.jsonl")
         fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-        t = cls(path, os.fdopen(fd, "w", encoding="utf-8"))
-        t._line({"cell": {**cell, "started": time.time()}})
+        t = cls(path, os.fdopen(fd, "w", encoding="utf-8"), _head={"cell": {**cell, "started": time.time()}})
+        t._line(t._head)
         t.flush()
         return t
 
@@ -117,8 +118,8 @@ class Transcript:
         if self._fh is None or not self._pending:
             return
         try:
-            if not os.path.exists(self.path):  # an open file whose directory was deleted takes writes into the void
-                raise FileNotFoundError(self.path)
+            if not os.path.exists(self.path):  # an open file that was deleted takes writes into the void
+                self._again()
             self._fh.write("\n".join(self._pending) + "\n")
             self._fh.flush()
         except (OSError, ValueError):  # the world's directory went away, or its disk is full
@@ -129,6 +130,24 @@ class Transcript:
             )
         self._pending.clear()
         self._flushed = time.monotonic() if now is None else now
+
+    def _again(self) -> None:
+        """The file was deleted while the cell ran: begin it again in the world's directory (FileNotFoundError when
+        that is gone too), its header and a line saying what went missing, and say so once."""
+        fd = os.open(self.path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+        self._fh.close()
+        self._fh = os.fdopen(fd, "w", encoding="utf-8")
+        gap = f"... nbdist: this cell's transcript was deleted at {time.strftime('%H:%M:%S')}; what it showed before is gone\n"
+        self._pending[:0] = [
+            json.dumps(self._head or {"cell": {}}, default=str),
+            json.dumps({"out": {"output_type": "stream", "name": "stderr", "text": gap}}),
+        ]
+        self._kept = sum(map(len, self._pending))
+        print(
+            f"nbdist: {self.path} (this cell's transcript) was deleted while the cell ran; kept again from here, "
+            "so a page opened later shows what the cell shows from now on",
+            file=sys.stderr,
+        )
 
     def end(self, result: Any = None) -> None:
         """The cell is over (``result``: its RunResult): its error as the magic raises it, what was not
@@ -238,14 +257,20 @@ def read(path: str) -> Cell | None:
     return reader.cell if reader.header is not None else None
 
 
-def _header(path: str) -> tuple[str, Any] | None:
-    """(cell id, count) of a transcript, from its first line."""
+def _first(path: str) -> dict[str, Any]:
+    """A transcript's header: its cell (id, count, code, started); {} when it has none."""
     try:
         with open(path, encoding="utf-8") as fh:
             head = json.loads(fh.readline())["cell"]
-        return str(head.get("id") or ""), head.get("count")
+        return head if isinstance(head, dict) else {}
     except (OSError, ValueError, KeyError, TypeError):
-        return None
+        return {}
+
+
+def _header(path: str) -> tuple[str, Any] | None:
+    """(cell id, count) of a transcript, from its first line."""
+    head = _first(path)
+    return (str(head.get("id") or ""), head.get("count")) if head else None
 
 
 def _add_output(outputs: list[dict[str, Any]], out: dict[str, Any]) -> None:

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import stat
 
 from nbdist.cells import pointers as P
@@ -90,9 +91,29 @@ def test_a_world_keeps_its_last_cells(tmp_path, monkeypatch):
     assert [T.read(p).id for p in T.cells(str(tmp_path))] == ["c2", "c3", "c4"]
 
 
+def test_a_transcript_deleted_mid_run_begins_again_says_so_once_and_keeps_what_follows(tmp_path, capsys):
+    kept = _open(tmp_path)
+    kept.output({"output_type": "stream", "name": "stdout", "text": "earlier\n"})
+    kept.flush()
+    os.unlink(kept.path)  # by hand, or a clean-up script, while the cell runs
+    kept.output({"output_type": "stream", "name": "stdout", "text": "a\n"})
+    kept.metrics(0, [{"step": 5, "loss": 1.0}])
+    kept.flush()
+    kept.output({"output_type": "stream", "name": "stdout", "text": "b\n"})
+    kept.end()
+    err = capsys.readouterr().err
+    assert err.count("was deleted while the cell ran; kept again from here") == 1 and kept.path in err
+    cell = T.read(kept.path)
+    assert cell is not None and cell.id == "c1" and not cell.running  # a page finds it by its id, and its end
+    text = "".join(o.get("text", "") for o in cell.outputs)
+    assert "transcript was deleted at" in text and "a\nb\n" in text and "earlier" not in text
+    assert cell.metrics[0] == [{"step": 5, "loss": 1.0}]
+    assert stat.S_IMODE(os.stat(kept.path).st_mode) == 0o600
+
+
 def test_a_deleted_world_directory_is_said_once_and_the_cell_goes_on(tmp_path, capsys):
     kept = _open(tmp_path)
-    os.unlink(kept.path)
+    shutil.rmtree(os.path.dirname(kept.path))
     kept.output({"output_type": "stream", "name": "stdout", "text": "a\n"})
     kept.flush()
     kept.output({"output_type": "stream", "name": "stdout", "text": "b\n"})
