@@ -28,6 +28,7 @@ const IDLE_MS = 5000;
 class Follower {
   private seen = new Map<string, number>();
   private ranHere = new Set<string>(); // ids of the cells this page itself ran
+  private filled = new Set<string>(); // ids of the cells this page filled from a transcript
   private timer: number | undefined;
   private stopped = false;
 
@@ -77,7 +78,16 @@ class Follower {
     if (!kernel || !model) {
       return false;
     }
-    const url = URLExt.join(this.settings.baseUrl, 'nbdist/api/kernels', kernel.id, 'cells');
+    // The distributed cells this page shows nothing for, or filled from a transcript: the server looks for them in
+    // other kernels' worlds too (a notebook renamed or moved while its cell ran is opened with a new kernel).
+    const empty = Array.from(model.cells)
+      .filter(c => c.type === 'code' && !this.ranHere.has(c.id))
+      .filter(c => (c as any).outputs.length === 0 || this.filled.has(c.id))
+      .filter(c => c.sharedModel.getSource().includes('%dist'))
+      .map(c => c.id)
+      .slice(0, 200);
+    const query = empty.length ? `?ids=${encodeURIComponent(empty.join(','))}` : '';
+    const url = URLExt.join(this.settings.baseUrl, 'nbdist/api/kernels', kernel.id, 'cells') + query;
     const response = await ServerConnection.makeRequest(url, {}, this.settings);
     if (!response.ok) {
       return false;
@@ -115,6 +125,7 @@ class Follower {
       }
       code.executionCount = shown.count;
       this.seen.set(run, shown.version);
+      this.filled.add(cell.id);
     }
     return running;
   }

@@ -64,7 +64,7 @@ class Transcript:
         os.makedirs(where, mode=0o700, exist_ok=True)
         names = sorted(n for n in os.listdir(where) if n.endswith(".jsonl"))
         last = os.path.join(where, names[-1]) if names else ""
-        if last and cell.get("id") and _header(last) == (cell["id"], cell.get("count")):
+        if last and cell.get("id") and header(last) == (cell["id"], cell.get("count")):
             t = cls(last, open(last, "a", encoding="utf-8"), _head={"cell": _first(last)})  # noqa: SIM115 (closed by end)
             t._kept = os.path.getsize(last)  # the bound holds for the whole run of the cell
             t._line({"resume": time.time()})
@@ -267,7 +267,7 @@ def _first(path: str) -> dict[str, Any]:
         return {}
 
 
-def _header(path: str) -> tuple[str, Any] | None:
+def header(path: str) -> tuple[str, Any] | None:
     """(cell id, count) of a transcript, from its first line."""
     head = _first(path)
     return (str(head.get("id") or ""), head.get("count")) if head else None

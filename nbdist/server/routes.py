@@ -28,6 +28,7 @@ from ..cells.output import states_line
 from ..results import STATE_COLOURS
 
 KEEP = 20  # the cells a page is given, newest last
+MAX_IDS = 200  # the page's cells looked for in other kernels' worlds, at most
 
 
 class CellsHandler(APIHandler):
@@ -36,17 +37,47 @@ class CellsHandler(APIHandler):
     @web.authenticated
     @authorized
     def get(self, kernel_id: str) -> None:
+        """``?ids=a,b``: the page's cells with nothing shown; those this kernel's world did not run are looked for
+        in the worlds of this server's other kernels (the notebook was renamed or moved while its cell ran)."""
         if kernel_id not in self.kernel_manager:
             raise web.HTTPError(404, f"no kernel {kernel_id} on this server")
         workdir = world_of(kernel_id)
-        if workdir is None:
-            self.finish(json.dumps({"cells": []}))
-            return
-        if not owned(workdir):
+        if workdir is not None and not owned(workdir):
             raise web.HTTPError(403, f"{workdir} is not this user's world (its directory must be yours, mode 0700)")
-        paths = transcript.cells(workdir)[-KEEP:]
-        self.finish(json.dumps({"cells": [c for c in map(shown, paths) if c]}))
-        forget([p for p in SHOWN if p in paths or not p.startswith(transcript.directory(workdir))])
+        paths = transcript.cells(workdir)[-KEEP:] if workdir is not None else []
+        cells = [c for c in map(shown, paths) if c]
+        ids = {i for i in self.get_argument("ids", "").split(",")[:MAX_IDS] if i} - {c["id"] for c in cells}
+        if ids:
+            others = [k for k in self.kernel_manager.list_kernel_ids() if k != kernel_id]
+            cells += elsewhere(ids, others, kernel_id, workdir)
+        self.finish(json.dumps({"cells": cells}))
+        if workdir is not None:
+            forget([p for p in SHOWN if p in paths or not p.startswith(transcript.directory(workdir))])
+
+
+def elsewhere(ids: set[str], kernels: list[str], mine: str, workdir: str | None) -> list[dict[str, Any]]:
+    """The newest run of each of the cells ``ids`` in the worlds of ``kernels`` (this user's own), each with a
+    first line saying which kernel ran it: a notebook renamed or moved while its cell ran is opened with a new
+    kernel, and the one that ran the cell keeps its world."""
+    found: dict[str, dict[str, Any]] = {}
+    for kernel in kernels:
+        world = world_of(kernel)
+        if world is None or world == workdir or not owned(world):
+            continue
+        for path in transcript.cells(world)[-KEEP:]:
+            head = transcript.header(path)
+            if head is None or head[0] not in ids:
+                continue
+            cell = shown(path)
+            if cell is None:
+                continue
+            said = (
+                f"nbdist: kernel {kernel[:8]} ran this cell, not this page's kernel ({mine[:8]}): the notebook was "
+                "renamed or moved since, or opened with another kernel; that kernel holds the world it ran on\n"
+            )
+            note = {"output_type": "stream", "name": "stderr", "text": said}
+            found[head[0]] = {**cell, "outputs": [note, *cell["outputs"]]}
+    return list(found.values())
 
 
 def world_of(kernel_id: str) -> str | None:

@@ -333,3 +333,59 @@ def test_a_new_kernel_attached_to_the_kept_world_shows_the_run_in_a_page_reopene
                     urllib.request.urlopen(req)
             except OSError:
                 pass
+
+
+def test_a_notebook_moved_while_its_cell_runs_shows_the_run_where_it_went(tmp_path):
+    """The page is closed mid-run and the notebook moved to another folder under another name (the contents API,
+    as another page's file browser does): its session keeps the old path, so the page opened at the new one gets a
+    new kernel. The cells are found by their ids in the world of the kernel that ran them: every line, the final
+    dashboard, and one line saying which kernel ran it."""
+    _write_notebook(tmp_path / "live.ipynb", SLOW_CELLS)
+    with _server(tmp_path, "jupyterlab", settings=NO_AUTOSAVE) as (base, token), _browser() as browser:
+        try:
+            page = _open(browser, base, token, "jupyterlab")
+            try:
+                page.click(".jp-Dialog button:has-text('Select')", timeout=10_000)
+            except Exception:
+                pass
+            page.wait_for_selector(".jp-Notebook-ExecutionIndicator[data-status='idle']", timeout=60_000)
+            page.click("text=Run", timeout=30_000)
+            page.click("text=Run All Cells", timeout=30_000)
+            page.wait_for_function("() => document.body.innerText.includes('STEP 15')", timeout=120_000)
+            _close_unsaved(page)
+
+            def call(method: str, path: str, body: dict) -> None:
+                req = urllib.request.Request(
+                    f"{base}/api/contents/{path}?token={token}", data=json.dumps(body).encode(), method=method
+                )
+                req.add_header("Content-Type", "application/json")
+                urllib.request.urlopen(req)
+
+            call("PUT", "moved", {"type": "directory"})
+            call("PATCH", "live.ipynb", {"path": "moved/renamed.ipynb"})
+            assert not (tmp_path / "live.ipynb").exists() and (tmp_path / "moved" / "renamed.ipynb").exists()
+            page = _open(browser, base, token, "jupyterlab", notebook="moved/renamed.ipynb")
+            try:
+                page.click(".jp-Dialog button:has-text('Select')", timeout=10_000)
+            except Exception:
+                pass
+            page.wait_for_function(f"() => document.body.innerText.includes('STEP {STEPS - 5}')", timeout=120_000)
+            page.wait_for_function(  # opened mid-run, it follows the run to its end: the final figure
+                "() => [...document.querySelectorAll('.js-plotly-plot .gtitle')].some(t => t.textContent.includes('idle'))",
+                timeout=60_000,
+            )
+            _dismiss_news(page)
+            page.screenshot(path=str(ARTIFACTS / "reopened-after-move.png"), full_page=True)
+            assert _steps_shown(page) == EXPECTED  # the complete output, once
+            assert _longest_trace(page) == STEPS
+            said = page.evaluate("() => document.querySelectorAll('.jp-Notebook .jp-Cell')[1].innerText")
+            assert "ran this cell, not this page's kernel" in said and "renamed or moved since" in said, said
+            sessions = json.load(urllib.request.urlopen(f"{base}/api/sessions?token={token}"))
+            assert len({s["kernel"]["id"] for s in sessions}) == 2, sessions  # the old kernel, and the new page's
+        finally:
+            try:
+                for kernel in json.load(urllib.request.urlopen(f"{base}/api/kernels?token={token}")):
+                    req = urllib.request.Request(f"{base}/api/kernels/{kernel['id']}?token={token}", method="DELETE")
+                    urllib.request.urlopen(req)
+            except OSError:
+                pass
