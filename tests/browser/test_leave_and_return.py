@@ -127,6 +127,24 @@ def _open(browser, base: str, token: str, app: str, init_script: str = "", noteb
     return page
 
 
+def _select_kernel(page) -> None:
+    """Accept the kernel dialog a page may show for a notebook that has no session yet."""
+    try:
+        page.click(".jp-Dialog button:has-text('Select')", timeout=10_000)
+    except Exception:
+        pass
+
+
+def _end_kernels(base: str, token: str) -> None:
+    """Shut down every kernel of the server (their worlds end with them)."""
+    try:
+        for kernel in json.load(urllib.request.urlopen(f"{base}/api/kernels?token={token}")):
+            req = urllib.request.Request(f"{base}/api/kernels/{kernel['id']}?token={token}", method="DELETE")
+            urllib.request.urlopen(req)
+    except OSError:
+        pass
+
+
 NO_AUTOSAVE = {"@jupyterlab/docmanager-extension:plugin": {"autosave": False}}
 
 
@@ -139,10 +157,7 @@ def test_close_the_page_mid_run_and_after_the_end_then_reopen(tmp_path, app):
     with _server(tmp_path, app, settings=NO_AUTOSAVE) as (base, token), _browser() as browser:
         try:
             page = _open(browser, base, token, app)
-            try:
-                page.click(".jp-Dialog button:has-text('Select')", timeout=10_000)
-            except Exception:
-                pass
+            _select_kernel(page)
             try:
                 page.wait_for_selector(".jp-Notebook-ExecutionIndicator[data-status='idle']", timeout=60_000)
             except Exception:
@@ -201,12 +216,7 @@ def test_close_the_page_mid_run_and_after_the_end_then_reopen(tmp_path, app):
             assert any("application/vnd.plotly.v1+json" in o.get("data", {}) for o in outputs)
             assert shown_in < 3 + 2, shown_in  # within 3 s of the page's first cell (plus Playwright's own)
         finally:
-            try:  # the world ends with its kernel
-                for kernel in json.load(urllib.request.urlopen(f"{base}/api/kernels?token={token}")):
-                    req = urllib.request.Request(f"{base}/api/kernels/{kernel['id']}?token={token}", method="DELETE")
-                    urllib.request.urlopen(req)
-            except OSError:
-                pass
+            _end_kernels(base, token)  # the world ends with its kernel
 
 
 def test_two_pages_at_once_the_running_one_keeps_its_own_output(tmp_path):
@@ -217,10 +227,7 @@ def test_two_pages_at_once_the_running_one_keeps_its_own_output(tmp_path):
     with _server(tmp_path, "jupyterlab") as (base, token), _browser() as browser:
         try:
             a = _open(browser, base, token, "jupyterlab", init_script=HOLD_RUNNING_TRANSCRIPTS)
-            try:
-                a.click(".jp-Dialog button:has-text('Select')", timeout=10_000)
-            except Exception:
-                pass
+            _select_kernel(a)
             a.wait_for_selector(".jp-Notebook-ExecutionIndicator[data-status='idle']", timeout=90_000)
             a.click("text=Run", timeout=30_000)
             a.click("text=Run All Cells", timeout=30_000)
@@ -247,12 +254,7 @@ def test_two_pages_at_once_the_running_one_keeps_its_own_output(tmp_path):
             finally:
                 other.close()
         finally:
-            try:
-                for kernel in json.load(urllib.request.urlopen(f"{base}/api/kernels?token={token}")):
-                    req = urllib.request.Request(f"{base}/api/kernels/{kernel['id']}?token={token}", method="DELETE")
-                    urllib.request.urlopen(req)
-            except OSError:
-                pass
+            _end_kernels(base, token)
 
 
 ATTACH_CELLS = [
@@ -276,10 +278,7 @@ def test_a_new_kernel_attached_to_the_kept_world_shows_the_run_in_a_page_reopene
     with _server(tmp_path, "jupyterlab", settings=NO_AUTOSAVE) as (base, token), _browser() as browser:
         try:
             page = _open(browser, base, token, "jupyterlab")
-            try:
-                page.click(".jp-Dialog button:has-text('Select')", timeout=10_000)
-            except Exception:
-                pass
+            _select_kernel(page)
             page.wait_for_selector(".jp-Notebook-ExecutionIndicator[data-status='idle']", timeout=60_000)
             page.click(".jp-Notebook .jp-Cell >> nth=0")
             page.keyboard.press("Shift+Enter")  # the first two cells only: start the kept world, train
@@ -296,10 +295,7 @@ def test_a_new_kernel_attached_to_the_kept_world_shows_the_run_in_a_page_reopene
             assert (tmp_path / "live.ipynb").read_text() == written, "no page saved the notebook"
 
             page = _open(browser, base, token, "jupyterlab")
-            try:
-                page.click(".jp-Dialog button:has-text('Select')", timeout=10_000)
-            except Exception:
-                pass
+            _select_kernel(page)
             page.wait_for_selector(".jp-Notebook-ExecutionIndicator[data-status='idle']", timeout=60_000)
             time.sleep(6)  # the page's first look and one more: the new kernel knows no world yet
             assert _steps_shown(page) == [], "before %dist_attach the new kernel has no world to show"
@@ -327,12 +323,7 @@ def test_a_new_kernel_attached_to_the_kept_world_shows_the_run_in_a_page_reopene
                 nbdist.attach().stop()  # the kept world, from this process (its record names it)
             except Exception as exc:
                 print(f"no kept world to stop: {exc}")
-            try:
-                for kernel in json.load(urllib.request.urlopen(f"{base}/api/kernels?token={token}")):
-                    req = urllib.request.Request(f"{base}/api/kernels/{kernel['id']}?token={token}", method="DELETE")
-                    urllib.request.urlopen(req)
-            except OSError:
-                pass
+            _end_kernels(base, token)
 
 
 def test_a_notebook_moved_while_its_cell_runs_shows_the_run_where_it_went(tmp_path):
@@ -344,10 +335,7 @@ def test_a_notebook_moved_while_its_cell_runs_shows_the_run_where_it_went(tmp_pa
     with _server(tmp_path, "jupyterlab", settings=NO_AUTOSAVE) as (base, token), _browser() as browser:
         try:
             page = _open(browser, base, token, "jupyterlab")
-            try:
-                page.click(".jp-Dialog button:has-text('Select')", timeout=10_000)
-            except Exception:
-                pass
+            _select_kernel(page)
             page.wait_for_selector(".jp-Notebook-ExecutionIndicator[data-status='idle']", timeout=60_000)
             page.click("text=Run", timeout=30_000)
             page.click("text=Run All Cells", timeout=30_000)
@@ -365,10 +353,7 @@ def test_a_notebook_moved_while_its_cell_runs_shows_the_run_where_it_went(tmp_pa
             call("PATCH", "live.ipynb", {"path": "moved/renamed.ipynb"})
             assert not (tmp_path / "live.ipynb").exists() and (tmp_path / "moved" / "renamed.ipynb").exists()
             page = _open(browser, base, token, "jupyterlab", notebook="moved/renamed.ipynb")
-            try:
-                page.click(".jp-Dialog button:has-text('Select')", timeout=10_000)
-            except Exception:
-                pass
+            _select_kernel(page)
             page.wait_for_function(f"() => document.body.innerText.includes('STEP {STEPS - 5}')", timeout=120_000)
             page.wait_for_function(  # opened mid-run, it follows the run to its end: the final figure
                 "() => [...document.querySelectorAll('.js-plotly-plot .gtitle')].some(t => t.textContent.includes('idle'))",
@@ -383,9 +368,4 @@ def test_a_notebook_moved_while_its_cell_runs_shows_the_run_where_it_went(tmp_pa
             sessions = json.load(urllib.request.urlopen(f"{base}/api/sessions?token={token}"))
             assert len({s["kernel"]["id"] for s in sessions}) == 2, sessions  # the old kernel, and the new page's
         finally:
-            try:
-                for kernel in json.load(urllib.request.urlopen(f"{base}/api/kernels?token={token}")):
-                    req = urllib.request.Request(f"{base}/api/kernels/{kernel['id']}?token={token}", method="DELETE")
-                    urllib.request.urlopen(req)
-            except OSError:
-                pass
+            _end_kernels(base, token)
