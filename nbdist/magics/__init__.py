@@ -26,6 +26,7 @@ from .common import (
     names_and_ranks,
     parse,
     show,
+    strip_comment,
     with_launcher_options,
 )
 
@@ -87,6 +88,12 @@ class DistMagics(Magics):
         help="check every collective across ranks (TORCH_DISTRIBUTED_DEBUG=DETAIL): a mismatch fails instead of hanging",
     )
     @argument(
+        "--restart",
+        action="store_true",
+        help="replace a world that runs already (its ranks' variables are lost); without it the same %%dist_start "
+        "keeps that world, and another asks for --restart or %%dist_stop",
+    )
+    @argument(
         "--keep",
         default=None,
         metavar="DURATION",
@@ -105,12 +112,17 @@ class DistMagics(Magics):
             old = api.current()
         except ClusterError:
             old = None
+        given = given_options(
+            self.dist_start, args
+        )  # each option's dest is a keyword of StartConfig.of (a test checks)
+        if old is not None and not args.restart:
+            _keep_running(old, given, strip_comment(line))
+            return None
         if old is not None:
-            print(f"stopping the running cluster ({old.world_size} ranks) first")
+            print(f"stopping the running world ({old.world_size} ranks) first: --restart")
             old.stop()
         try:
-            # each option's dest is a keyword of StartConfig.of (a test checks)
-            cluster = api.start(**given_options(self.dist_start, args))
+            cluster = api.start(**given)
         except ConfigError as exc:
             raise UsageError(str(exc)) from None
         except ClusterError as exc:
@@ -265,7 +277,11 @@ class DistMagics(Magics):
             print("no cluster is running")
             return
         cluster.stop()
-        jobs = f"; cancelled Slurm job(s) {', '.join(cluster.membership.cancelled)}" if cluster.membership.cancelled else ""
+        jobs = (
+            f"; cancelled Slurm job(s) {', '.join(cluster.membership.cancelled)}"
+            if cluster.membership.cancelled
+            else ""
+        )
         print(f"cluster stopped{jobs}")
 
     # ---------------------------------------------------------------- running code
@@ -352,6 +368,32 @@ class DistMagics(Magics):
 
 
 _LOADED: dict[int, DistMagics] = {}
+
+
+def _keep_running(old: Any, given: dict[str, Any], line: str) -> None:
+    """``%dist_start`` while a world runs (the first cell run again): the same start keeps it, as it is, and says
+    so; another start is a UsageError naming what differs and the two ways on. Nothing is stopped."""
+    try:
+        wanted = api.planned(**given)[0].flat()
+    except ConfigError as exc:
+        raise UsageError(str(exc)) from None
+    running = old.config.flat()
+    differ = [k for k in wanted if wanted[k] != running.get(k)]
+    if not differ:
+        print(
+            f"a world of {old.world_size} ranks runs already, started the same way: kept as it is (its ranks' "
+            "variables too). %dist_start --restart replaces it; %dist_stop ends it."
+        )
+        return
+    said = ", ".join(
+        f"{'-n' if k == 'n' else '--' + k.replace('_', '-')} {wanted[k]!r} (running: {running.get(k)!r})"
+        for k in differ
+    )
+    raise UsageError(
+        f"a world of {old.world_size} ranks runs already, started another way: {said}. Nothing was changed. "
+        f"`%dist_start {' '.join([*line.split(), '--restart'])}` replaces it (its ranks' variables are lost), or "
+        "%dist_stop ends it first."
+    )
 
 
 def load(ipython: Any) -> None:

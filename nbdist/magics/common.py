@@ -75,11 +75,14 @@ def with_launcher_options(func: Any) -> Any:
     return func
 
 
+OWN = {"restart"}  # %dist_start's options that are the magic's own, not nbdist.start's
+
+
 def given_options(func: Any, args: Any) -> dict[str, Any]:
     """The parsed options to hand to nbdist.start: a launcher's option only when it was given on the line (the
     parser keeps the flag of a launcher that was known once and is not now: its empty default is no option)."""
     made = getattr(func, "__func__", func).__dict__.get("launcher_options", set())
-    return {k: v for k, v in vars(args).items() if k not in made or v not in (None, [])}
+    return {k: v for k, v in vars(args).items() if k not in OWN and (k not in made or v not in (None, []))}
 
 
 def strip_comment(line: str) -> str:

@@ -15,6 +15,7 @@ import time
 
 import psutil
 import pytest
+from IPython.core.error import UsageError
 
 import nbdist
 from nbdist.errors import ClusterError
@@ -183,3 +184,35 @@ def test_no_pin_leaves_every_core_to_every_rank():
         c.run("import os\nmine = sorted(os.sched_getaffinity(0))").raise_for_error()
         assert c.pull("mine") == [sorted(os.sched_getaffinity(0))] * 2
         assert [r["cpus"] for r in c.status()] == ["all", "all"]
+
+
+def test_the_first_cell_run_again_keeps_the_world_and_another_start_asks_for_restart(ip, capsys):
+    """The first cell (``%dist_start -n 2``) run again: the world and its variables are kept and it says so; a start
+    of another shape changes nothing and names the difference and the two ways on; ``--restart`` replaces it."""
+    run_cell(ip, "%dist_start -n 2")
+    cluster = nbdist.current()
+    try:
+        pids = cluster.pids()
+        run_cell(ip, "%%distributed\nmodel_weight = 40 + dist.get_rank()")
+        capsys.readouterr()
+        run_cell(ip, "%dist_start -n 2  # the first cell, run again")
+        said = capsys.readouterr().out
+        assert said.strip() == (
+            "a world of 2 ranks runs already, started the same way: kept as it is (its ranks' variables too). "
+            "%dist_start --restart replaces it; %dist_stop ends it."
+        ), said
+        assert nbdist.current() is cluster and cluster.pids() == pids
+        assert cluster.pull("model_weight") == [40, 41]
+        with pytest.raises(UsageError) as refused:
+            run_cell(ip, "%dist_start -n 3 --oversubscribe")
+        assert str(refused.value) == (
+            "a world of 2 ranks runs already, started another way: -n 3 (running: 2), --oversubscribe True (running: "
+            "False). Nothing was changed. `%dist_start -n 3 --oversubscribe --restart` replaces it (its ranks' "
+            "variables are lost), or %dist_stop ends it first."
+        )
+        assert nbdist.current() is cluster and cluster.pull("model_weight") == [40, 41]
+        run_cell(ip, "%dist_start -n 3 --oversubscribe --restart")
+        assert "stopping the running world (2 ranks) first: --restart" in capsys.readouterr().out
+        assert nbdist.current().world_size == 3 and wait_gone(pids, 30) == []
+    finally:
+        run_cell(ip, "%dist_stop")

@@ -88,7 +88,7 @@ def test_dist_where_without_a_cluster_says_how_to_start(ip, monkeypatch):
 FROZEN = {
     # then each launcher's own options, in the order the launchers declare them (config/launchers.py)
     "dist_start": "-n --backend --launcher --timeout --oversubscribe --no-pin --max-restarts --recover-from "
-    "--min-ranks --debug-collectives --keep --ip --nodes --partition --time --account --gpus-per-node --sbatch-arg "
+    "--min-ranks --debug-collectives --restart --keep --ip --nodes --partition --time --account --gpus-per-node --sbatch-arg "
     "--ranks-per-node --mpi-arg --address --gpus-per-rank",
     "distributed": "--ranks --timeout --noblock --quiet --each --setup",
     "rank": "spec --timeout --noblock --quiet --each --setup",
@@ -146,20 +146,21 @@ def test_the_usage_a_bad_line_shows_lists_every_option(ip):
 
 def test_each_dist_start_option_lands_on_its_start_config_field():
     """%dist_start hands its parsed options to nbdist.start as they are: each dest is a keyword StartConfig.of
-    sorts into a section (the world, recovery, or a launcher's own options)."""
+    sorts into a section (the world, recovery, or a launcher's own options), but --restart, the magic's own (what
+    to do with a world that runs already)."""
     from nbdist.config import RECOVERY, WORLD, StartConfig, launchers
     from nbdist.magics import DistMagics
     from nbdist.magics.common import with_launcher_options
 
     parser = with_launcher_options(DistMagics.dist_start).parser
-    dests = {a.dest for a in compat.parser_actions(parser) if a.dest != "help"}
+    dests = {a.dest for a in compat.parser_actions(parser) if a.dest not in ("help", "restart")}
     keywords = {*WORLD, *RECOVERY, "launcher", *launchers.all_options()}
     assert dests <= keywords, dests - keywords
     assert set(launchers.all_options()) <= dests
     args = parser.parse_args(
         "-n 3 --oversubscribe --no-pin --launcher slurm --partition gpu --sbatch-arg=--mem=1G --time 5".split()
     )
-    config = StartConfig.of(**{k: v for k, v in vars(args).items() if v is not None})
+    config = StartConfig.of(**{k: v for k, v in vars(args).items() if v is not None and k != "restart"})
     own = config.options
     assert (config.world.n, config.world.pin, config.launcher) == (3, False, "slurm")
     assert (own.partition, own.sbatch_args, own.time) == ("gpu", ["--mem=1G"], "5")  # type: ignore[attr-defined]
