@@ -55,22 +55,13 @@ def start(
     ``launcher``: in a Slurm allocation, one rank per allocated GPU (or task) through ``srun --overlap``; elsewhere
     one rank per visible GPU, or 2 local ranks (``defaults.choose``; ``Cluster.chosen`` says why). ``progress``
     gets a line now and then while a batch job waits in the queue (default: printed)."""
-    config, choice = planned(n, backend, launcher, timeout, **options)
+    config, choice = defaults.planned(n, backend, launcher, timeout, **options)
     cluster = Cluster(config, progress=progress)
     cluster.choice = choice
     return cluster.start()
 
 
-def planned(
-    n: int | None = None, backend: str | None = None, launcher: str | None = None, timeout: float = 45.0, **options: Any
-) -> tuple[StartConfig, defaults.Choice]:
-    """The StartConfig ``start`` would start with these arguments (n and the launcher chosen where left out),
-    and the choice."""
-    choice = defaults.choose(n, launcher)
-    if choice.ranks_per_node and not options.get("ranks_per_node"):
-        options["ranks_per_node"] = choice.ranks_per_node
-    config = StartConfig.of(n=choice.n, backend=backend, launcher=choice.launcher, timeout=timeout, **options)
-    return config, choice
+planned = defaults.planned  # the StartConfig start() would make: %dist_start compares it with the running world's
 
 
 class Cluster:

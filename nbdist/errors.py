@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -16,6 +17,29 @@ class ConfigError(NbdistError, ValueError):
 
 class ClusterError(NbdistError, RuntimeError):
     """The cluster could not be started, reached or repaired."""
+
+
+TRACEBACK_ENV = "NBDIST_TRACEBACK"  # "full": an interrupted cell shows nbdist's own frames too
+
+
+class Interrupted(KeyboardInterrupt):
+    """Ctrl-C (Stop, the panel's Interrupt) ended a distributed cell: what each rank was doing is said above it,
+    so a notebook shows one line, not the frames of nbdist that waited (IPython asks ``_render_traceback_``);
+    ``NBDIST_TRACEBACK=full`` shows them. Still a KeyboardInterrupt: Run All stops, and code that catches one
+    catches this."""
+
+    def __init__(self, said: str = "every rank stopped; what each was doing is said above") -> None:
+        super().__init__(said)
+        self.said = said
+
+    def __getattr__(self, name: str) -> Any:
+        if name == "_render_traceback_" and os.environ.get(TRACEBACK_ENV) != "full":
+            return lambda: [f"KeyboardInterrupt: {self.said}"]
+        raise AttributeError(name)
+
+
+# Named as what it is to a front end: the kernel's reply says ename "KeyboardInterrupt", as for any Ctrl-C.
+Interrupted.__name__ = Interrupted.__qualname__ = "KeyboardInterrupt"
 
 
 @dataclass(frozen=True, slots=True)

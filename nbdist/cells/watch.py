@@ -15,6 +15,7 @@ from collections.abc import Callable
 from typing import Any
 
 from .. import compat
+from ..errors import Interrupted
 from ..launch import procs
 from ..results import RankState, RunResult
 from ..world import reports
@@ -129,7 +130,7 @@ class Watch:
         if interrupted:
             for note in result.notes:
                 print(note, file=sys.stderr)
-            raise KeyboardInterrupt
+            raise Interrupted()
         return result, recover
 
     def _loop(self, policy: ReleasePolicy, ctrl_c: CtrlC, stream: bool) -> tuple[list[int], bool]:

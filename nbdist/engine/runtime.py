@@ -174,7 +174,27 @@ def _install_cell_hooks() -> None:
     shell.events.register("pre_run_cell", pre)
     shell.events.register("post_run_cell", post)
     exits.install(shell)  # exit(), quit(), sys.exit() end the cell's code, not the rank
+    _traceback_uninterrupted(shell)
     _HOOKED.add(id(shell))
+
+
+def _traceback_uninterrupted(shell: Any) -> None:
+    """A rank formats the traceback of a cell that nbdist released (a Ctrl-C, a recovery) with SIGINT ignored:
+    a second release signal that came while it formatted (slow on a loaded machine) made IPython print a bare
+    ``KeyboardInterrupt`` to stderr, shown under the cell as if the user had pressed Ctrl-C."""
+    show = shell.showtraceback
+
+    def showtraceback(*args: Any, **kwargs: Any) -> Any:
+        try:
+            before = signal.signal(signal.SIGINT, signal.SIG_IGN)
+        except ValueError:  # not the main thread: nothing to hold off
+            return show(*args, **kwargs)
+        try:
+            return show(*args, **kwargs)
+        finally:
+            signal.signal(signal.SIGINT, before)
+
+    shell.showtraceback = showtraceback
 
 
 def _preload_namespace() -> None:

@@ -15,7 +15,9 @@ from __future__ import annotations
 import socket
 from collections.abc import Mapping
 from dataclasses import dataclass
+from typing import Any
 
+from ..config import StartConfig
 from . import gpus, slurm
 
 
@@ -60,3 +62,15 @@ def choose(n: int | None, launcher: str | None, env: Mapping[str, str] | None = 
                 len(ids), launcher, len(ids), 0, f"{len(ids)} ranks = {len(ids)} GPUs visible on {host} ({source})"
             )
     return Choice(2, launcher)
+
+
+def planned(
+    n: int | None = None, backend: str | None = None, launcher: str | None = None, timeout: float = 45.0, **options: Any
+) -> tuple[StartConfig, Choice]:
+    """The StartConfig ``start`` would start with these arguments (n and the launcher chosen where left out),
+    and the choice."""
+    choice = choose(n, launcher)
+    if choice.ranks_per_node and not options.get("ranks_per_node"):
+        options["ranks_per_node"] = choice.ranks_per_node
+    config = StartConfig.of(n=choice.n, backend=backend, launcher=choice.launcher, timeout=timeout, **options)
+    return config, choice

@@ -23,6 +23,7 @@ from .common import (
     cell_options,
     check_choice,
     given_options,
+    keep_running,
     names_and_ranks,
     parse,
     show,
@@ -116,7 +117,7 @@ class DistMagics(Magics):
             self.dist_start, args
         )  # each option's dest is a keyword of StartConfig.of (a test checks)
         if old is not None and not args.restart:
-            _keep_running(old, given, strip_comment(line))
+            keep_running(old, given, strip_comment(line))
             return None
         if old is not None:
             print(f"stopping the running world ({old.world_size} ranks) first: --restart")
@@ -368,32 +369,6 @@ class DistMagics(Magics):
 
 
 _LOADED: dict[int, DistMagics] = {}
-
-
-def _keep_running(old: Any, given: dict[str, Any], line: str) -> None:
-    """``%dist_start`` while a world runs (the first cell run again): the same start keeps it, as it is, and says
-    so; another start is a UsageError naming what differs and the two ways on. Nothing is stopped."""
-    try:
-        wanted = api.planned(**given)[0].flat()
-    except ConfigError as exc:
-        raise UsageError(str(exc)) from None
-    running = old.config.flat()
-    differ = [k for k in wanted if wanted[k] != running.get(k)]
-    if not differ:
-        print(
-            f"a world of {old.world_size} ranks runs already, started the same way: kept as it is (its ranks' "
-            "variables too). %dist_start --restart replaces it; %dist_stop ends it."
-        )
-        return
-    said = ", ".join(
-        f"{'-n' if k == 'n' else '--' + k.replace('_', '-')} {wanted[k]!r} (running: {running.get(k)!r})"
-        for k in differ
-    )
-    raise UsageError(
-        f"a world of {old.world_size} ranks runs already, started another way: {said}. Nothing was changed. "
-        f"`%dist_start {' '.join([*line.split(), '--restart'])}` replaces it (its ranks' variables are lost), or "
-        "%dist_stop ends it first."
-    )
 
 
 def load(ipython: Any) -> None:

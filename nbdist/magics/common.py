@@ -9,6 +9,7 @@ from typing import Any, TypeVar
 from IPython.core.error import UsageError
 from IPython.core.magic_arguments import argument, parse_argstring
 
+from .. import cluster as api
 from .. import compat
 from ..config import did_you_mean, launchers
 from ..errors import ClusterError, ConfigError, NbdistError, RankError
@@ -153,3 +154,29 @@ def show(result: Any, block: bool) -> Any:
     for note in result.notes:
         print(note)
     return None
+
+
+def keep_running(old: Any, given: dict[str, Any], line: str) -> None:
+    """``%dist_start`` while a world runs (the first cell run again): the same start keeps it, as it is, and says
+    so; another start is a UsageError naming what differs and the two ways on. Nothing is stopped."""
+    try:
+        wanted = api.planned(**given)[0].flat()
+    except ConfigError as exc:
+        raise UsageError(str(exc)) from None
+    running = old.config.flat()
+    differ = [k for k in wanted if wanted[k] != running.get(k)]
+    if not differ:
+        print(
+            f"a world of {old.world_size} ranks runs already, started the same way: kept as it is (its ranks' "
+            "variables too). %dist_start --restart replaces it; %dist_stop ends it."
+        )
+        return
+    said = ", ".join(
+        f"{'-n' if k == 'n' else '--' + k.replace('_', '-')} {wanted[k]!r} (running: {running.get(k)!r})"
+        for k in differ
+    )
+    raise UsageError(
+        f"a world of {old.world_size} ranks runs already, started another way: {said}. Nothing was changed. "
+        f"`%dist_start {' '.join([*line.split(), '--restart'])}` replaces it (its ranks' variables are lost), or "
+        "%dist_stop ends it first."
+    )
