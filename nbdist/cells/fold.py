@@ -4,7 +4,8 @@
 gives back the lines to show now, each as ``(stream, text)``:
 
 * a line is complete at ``\\n``; a carriage return overwrites (``\\r``-only updates, a progress
-  bar's, are the rank's *live line*, never printed as they come; the line shows once it ends);
+  bar's, are the rank's *live line*, never printed as they come; the line shows once it ends, as ordinary
+  output even when it came on stderr, as tqdm's does);
 * the oldest waiting line is shown together with the same line at the head of each other rank's
   queue, once every running rank has one there or ``hold`` seconds have passed (streaming stays
   live: nothing waits longer than that); a rank's own lines keep their order;
@@ -56,6 +57,12 @@ def visible(line: str) -> str:
     return parts[-1].rstrip(" ") if parts else ""
 
 
+def shown_on(name: str, line: str) -> str:
+    """The stream a line is shown on: a line written with carriage returns (a progress bar: tqdm writes to stderr)
+    is ordinary output, never a problem's pink box under a cell that went well."""
+    return "stdout" if "\r" in line else name
+
+
 def shape(text: str) -> str:
     """The line with its numbers masked: lines of one shape differ only in their numbers."""
     return NUMBER.sub("#", text)
@@ -83,7 +90,7 @@ class Folder:
         if lines or text.strip():
             self._end_finished_bar(rank, "stderr" if name == "stdout" else "stdout", now)
         for line in lines:
-            self.queues.setdefault(rank, deque()).append(_Line(rank, name, visible(line), now))
+            self.queues.setdefault(rank, deque()).append(_Line(rank, shown_on(name, line), visible(line), now))
         if lines and self.live_on.get(rank) == name:
             self.live.pop(rank, None)
         if "\r" in rest:  # an update in place: only its last state matters
@@ -100,7 +107,7 @@ class Folder:
         rest = self.partial.get((rank, name), "")
         found = PROGRESS.findall(visible(rest)) if "\r" in rest else []
         if found and found[-1][0] == found[-1][1]:
-            self.queues.setdefault(rank, deque()).append(_Line(rank, name, visible(rest), now))
+            self.queues.setdefault(rank, deque()).append(_Line(rank, shown_on(name, rest), visible(rest), now))
             self.partial[(rank, name)] = ""
             self.live.pop(rank, None)
             self.ended.add((rank, name))
@@ -139,7 +146,7 @@ class Folder:
         for (rank, name), rest in sorted(self.partial.items()):
             last = visible(rest)
             if last.strip():
-                self.queues.setdefault(rank, deque()).append(_Line(rank, name, last, float("inf")))
+                self.queues.setdefault(rank, deque()).append(_Line(rank, shown_on(name, rest), last, float("inf")))
         self.partial.clear()
         self.live.clear()
         self.done.update(self.queues)

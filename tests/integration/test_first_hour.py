@@ -117,3 +117,24 @@ def test_a_rank_nbdist_released_for_a_recovery_prints_no_keyboardinterrupt(kerne
     assert "rank(s) 1 died during the cell; restarted rank(s) 1" in text and "(nothing recomputed)" in text, text
     assert "KeyboardInterrupt" not in text, text  # nbdist's release is not the user's Ctrl-C
     assert text.strip().splitlines()[-1] == "[ranks 0,1] done 32", text
+
+
+def test_a_finished_progress_bar_is_ordinary_output_not_an_error_box(kernel):
+    """tqdm writes to stderr, which JupyterLab shows in a problem's pink box: the bar's last state comes as stdout;
+    a warning stays on stderr."""
+    streams: list[tuple[str, str]] = []
+
+    def hook(msg: dict) -> None:
+        if msg["msg_type"] == "stream":
+            streams.append((msg["content"]["name"], msg["content"]["text"]))
+
+    cell = (
+        "%%distributed\nimport warnings\nfrom tqdm import tqdm\nfor _ in tqdm(range(50), desc='train', mininterval=0.01):"
+        "\n    pass\nwarnings.warn('look at this')\n"
+    )
+    reply = kernel.kc.execute_interactive(cell, timeout=60, output_hook=hook)
+    assert reply["content"]["status"] == "ok", streams
+    out = "".join(text for name, text in streams if name == "stdout")
+    err = "".join(text for name, text in streams if name == "stderr")
+    assert "[rank 0] train: 100%" in out and "[rank 1] train: 100%" in out and "50/50" in out, streams
+    assert "train:" not in err and "UserWarning: look at this" in err, streams

@@ -100,7 +100,7 @@ def test_a_progress_bar_is_a_live_line_until_it_ends():
         f.feed(rank, "stdout", "after\n", now=0.3)
     assert f.live == {}
     out = f.ready(1.0)
-    assert [item[0] for item in out] == ["stderr", "stderr", "stdout"]
+    assert [item[0] for item in out] == ["stdout", "stdout", "stdout"]  # a bar is ordinary output, also from stderr
     assert _texts(out) == [
         "[rank 0] train: 100%|##| 100/100 [00:01<00:00, 60.0it/s]",
         "[rank 1] train: 100%|##| 100/100 [00:01<00:00, 61.0it/s]",
@@ -136,13 +136,14 @@ def test_the_printer_folds_streams_and_keeps_stdout_and_stderr_in_order(capsys, 
     assert capsys.readouterr() == ("", ""), "a bar's update is not a line"
     for rank in (0, 1):
         p.stream(rank, "stderr", "\r100%|###| 2/2\n")
+        p.stream(rank, "stderr", "a warning\n")
         p.stream(rank, "stdout", "after\n")
         p.finished(rank)
     clock[0] = 0.01
     p.tick()
     p.flush()
     out, err = capsys.readouterr()
-    assert err == "[ranks 0,1] 100%|###| 2/2\n" and out == "[ranks 0,1] after\n"
+    assert err == "[ranks 0,1] a warning\n" and out == "[ranks 0,1] 100%|###| 2/2\n[ranks 0,1] after\n"
 
 
 def test_the_live_view_draws_one_line_per_rank_or_one_for_the_world():
@@ -283,3 +284,18 @@ def test_in_a_kernel_the_bars_are_one_display_updated_in_place_at_most_four_time
     assert re.fullmatch(r"\[rank 0\] train: \d+/100\n\[rank 1\] train: \d+/100", drawn[-1]), drawn[-1]
     p.flush()
     assert drawn[-1] == "", "the live view is emptied; the bars' last states are printed as lines"
+
+
+def test_a_progress_bar_on_stderr_is_shown_as_ordinary_output_and_a_warning_stays_on_stderr(capsys):
+    """tqdm writes to stderr: its finished bar under a cell that went well is not a problem's pink box."""
+    f = Folder([0])
+    f.feed(0, "stderr", "\rtrain:   0%|   | 0/5", now=0.0)
+    f.feed(0, "stderr", "\rtrain: 100%|###| 5/5\n", now=0.1)
+    f.feed(0, "stderr", "UserWarning: something to look at\n", now=0.2)
+    f.feed(0, "stderr", "\reval: 100%|###| 2/2", now=0.3)  # a bar whose newline never came
+    shown = f.ready(1.0) + f.finish()
+    assert [(name, text.rstrip("\n")) for name, text, _ in shown] == [
+        ("stdout", "[rank 0] train: 100%|###| 5/5"),
+        ("stderr", "[rank 0] UserWarning: something to look at"),
+        ("stdout", "[rank 0] eval: 100%|###| 2/2"),
+    ]
