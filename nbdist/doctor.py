@@ -74,7 +74,7 @@ def render(
     lines = []
     if hosts is None:
         for rank, block in blocks.items():
-            name = f"rank {rank}" + (f" ({who[rank]})" if rank in who else "")
+            name = f"rank {rank}" + (f" ({who[rank]})" if who.get(rank) else "")
             lines += [f"{name}: {block[0]}", *block[1:]]
     else:
         groups: dict[tuple[str, ...], list[int]] = {}

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import re
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -53,7 +54,7 @@ class Failure:
     evalue: str
     line: int | None  # the cell line it failed at, when known
     traceback: list[str] = field(default_factory=list)  # the remote traceback, ANSI colours removed
-    summary: str = ""  # one line: "rank 1 (engine 3) raised ValueError in cell line 4: ..."
+    summary: str = ""  # one line: "rank 1 raised ValueError in cell line 4: ..."
 
     def __getitem__(self, key: str) -> Any:
         """``failure["rank"]``: failures were dicts before 0.2; the keys still read."""
@@ -74,6 +75,7 @@ class RankError(NbdistError):
         super().__init__(message)
         self.failures = failures or []
         self.notes = notes or []
+        self.cell: int | None = None  # the notebook's count for the cell (its prompt), where a magic knows it
 
     @property
     def rank(self) -> int | None:
@@ -88,11 +90,32 @@ class RankError(NbdistError):
         for failure in self.failures[:1]:
             if failure.status in ("interrupted", "timeout"):
                 continue  # where it waited is in the notes; its traceback is torch's internals
-            lines.append(f"--- traceback from rank {failure.rank} (engine {failure.engine_id}) ---")
-            lines.extend(failure.traceback)
+            lines.append(f"--- traceback from rank {failure.rank} ---")
+            lines.extend(_numbered(_without_last(failure.traceback, failure.ename), self.cell))
         lines.append(str(self))
         lines.extend(self.notes)
         return lines
+
+
+_CELL_IN = re.compile(r"Cell In\[\d+\]")
+
+
+def _numbered(traceback: list[str], cell: int | None) -> list[str]:
+    """A rank's traceback with the notebook's own count for the cell (a rank counts its cells apart: ``In[9]``
+    under the notebook's ``[15]``)."""
+    if cell is None:
+        return traceback
+    return [_CELL_IN.sub(f"Cell In[{cell}]", line) for line in traceback]
+
+
+def _without_last(traceback: list[str], ename: str) -> list[str]:
+    """The traceback without its last line, ``NameError: ...``: the summary below says it again, with the rank."""
+    kept = list(traceback)
+    while kept and not kept[-1].strip():
+        kept.pop()
+    if kept and (kept[-1].startswith(f"{ename}:") or kept[-1].strip() == ename):
+        kept.pop()
+    return kept
 
 
 class RunTimeout(RankError):

@@ -150,7 +150,7 @@ class RankResult:
         ename, evalue = err.get("ename", str(self.status)), err.get("evalue", "")
         line = err.get("line")
         where = f" in {err['where']}" if err.get("where") else (f" in cell line {line}" if line else "")
-        who = f"rank {self.rank} (engine {self.engine_id}{' on ' + self.host if self.host else ''})"
+        who = f"rank {self.rank}" + (f" (on {self.host})" if self.host else "")
         summary = {
             RankStatus.DEAD: f"{who} died while running the cell: {evalue}",
             RankStatus.INTERRUPTED: f"{who} was interrupted{where}",
@@ -260,7 +260,8 @@ class RunResult:
         ok = [r.rank for r in self.ranks if r.status == RankStatus.OK]
         if errored and ok:
             self.notes.append(
-                f"note: rank(s) {', '.join(map(str, ok))} finished this cell, so state on the ranks may now differ."
+                f"note: rank(s) {', '.join(map(str, ok))} finished this cell, so state on the ranks may now differ: "
+                "fix the cell and run it again (on every rank), or %dist_restart for fresh ranks."
             )
         if self.released is None:
             return

@@ -105,8 +105,9 @@ def execute(
     """
     dead = [r for r in engines.dead_ranks() if r in cfg.ranks]
     if dead:
+        where = engines.ranks[dead[0]].where()
         raise ClusterError(
-            f"rank {dead[0]} ({engines.ranks[dead[0]].where()}) is dead; "
+            f"rank {dead[0]}{f' ({where})' if where else ''} is dead; "
             "run %dist_restart (or cluster.restart()) to bring the world back."
         )
     kept = None

@@ -11,6 +11,7 @@ from IPython.core.magic_arguments import argument, parse_argstring
 
 from .. import cluster as api
 from .. import compat
+from ..cells import pointers
 from ..config import did_you_mean, launchers
 from ..errors import ClusterError, ConfigError, NbdistError, RankError
 
@@ -150,7 +151,11 @@ def show(result: Any, block: bool) -> Any:
     if not block:
         print("running in the background; collect with nbdist.current().last.wait()")
         return result
-    result.raise_for_error()
+    try:
+        result.raise_for_error()
+    except RankError as exc:  # the ranks' tracebacks say the notebook's count for the cell, as its prompt does
+        exc.cell = pointers.this_kernel()[1].get("count")
+        raise
     for note in result.notes:
         print(note)
     return None

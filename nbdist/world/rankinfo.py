@@ -23,5 +23,5 @@ class RankInfo:
     cpus: list[int] | None = None  # the cores this rank is pinned to (None: not pinned)
 
     def where(self) -> str:
-        """'engine 3' here, 'engine 3 on node2' when the rank runs on another host."""
-        return f"engine {self.engine_id}" + ("" if self.local else f" on {self.host}")
+        """'' here, 'on node2' when the rank runs on another host (a message names ranks, never engine ids)."""
+        return "" if self.local else f"on {self.host}"

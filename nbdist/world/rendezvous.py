@@ -161,7 +161,7 @@ def build_world(
     opened = engines.call([0], group.open_store, master_addr, timeout, timeout=timeout + 5)
     if 0 not in opened.values:
         raise ClusterError(
-            f"rank 0 (engine {ranks[0].engine_id}) could not open the rendezvous store: "
+            "rank 0 could not open the rendezvous store: "
             + opened.problem("opening the store")
         )
     port = int(opened.values[0])
@@ -191,7 +191,7 @@ def build_world(
         errors.append(joined.problem("joining the process group"))
     for r in ranks:
         if r.rank in joined.errors:
-            errors.append(f"rank {r.rank} (engine {r.engine_id}): {_short(joined.errors[r.rank])}")
+            errors.append(f"rank {r.rank}: {_short(joined.errors[r.rank])}")
         elif r.rank in joined.values and joined.values[r.rank] != expected:
             errors.append(f"rank {r.rank}: the proving all_reduce gave {joined.values[r.rank]}, expected {expected}")
     if errors:

@@ -33,13 +33,13 @@ def _pull_error(engines: EngineSet, name: str, rank: int, eid: int, exc: BaseExc
     err = remote_error(exc)
     if err["ename"] == "NameError":
         return ClusterError(
-            f"rank {rank} (engine {eid}) has no variable {name!r}; define it in a %%distributed cell first."
+            f"rank {rank} has no variable {name!r}; define it in a %%distributed cell first."
         )
     asked = engines.call([rank], _type_name, name, timeout=engines.config.world.timeout)
     kind = str(asked.values.get(rank, "unknown"))
     hint = " Move it to the CPU first (.cpu())." if "cuda" in kind.lower() else ""
     return ClusterError(
-        f"cannot fetch {name!r} (type {kind}) from rank {rank} (engine {eid}): {err['ename']}: "
+        f"cannot fetch {name!r} (type {kind}) from rank {rank}: {err['ename']}: "
         f"{err['evalue']}. Convert it to a picklable value (a number, list, numpy array or CPU tensor)"
         f" on the ranks first.{hint}"
     )

@@ -124,9 +124,7 @@ def test_fault1_error_on_one_rank_fails_the_cell_with_its_traceback_first(cluste
     err = result.error_in_exec
     assert isinstance(err, RankError)
     assert err.rank == 1
-    assert str(err).startswith("rank 1 (engine ") and "raised ValueError in cell line 3: bad batch on rank 1" in str(
-        err
-    )
+    assert str(err).startswith("rank 1 raised ValueError in cell line 3: bad batch on rank 1"), str(err)
     rendered = "\n".join(err._render_traceback_())
     assert "raise ValueError('bad batch on rank 1')" in rendered  # the cell's own source line
     assert "<string>" not in rendered
@@ -208,7 +206,7 @@ def test_fault8_unpicklable_values_name_rank_variable_and_type(cluster, ip):
     with pytest.raises(UsageError) as info:
         run_cell(ip, "%dist_push gen")
     assert "'gen'" in str(info.value) and "generator" in str(info.value) and ".cpu()" in str(info.value)
-    with pytest.raises(UsageError, match="rank 1 .* has no variable 'nope'"):
+    with pytest.raises(UsageError, match="^rank 1 has no variable 'nope'"):
         run_cell(ip, "%dist_pull nope --ranks 1")
 
 

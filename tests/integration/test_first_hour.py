@@ -138,3 +138,21 @@ def test_a_finished_progress_bar_is_ordinary_output_not_an_error_box(kernel):
     err = "".join(text for name, text in streams if name == "stderr")
     assert "[rank 0] train: 100%" in out and "[rank 1] train: 100%" in out and "50/50" in out, streams
     assert "train:" not in err and "UserWarning: look at this" in err, streams
+
+
+def test_a_rank_error_speaks_of_ranks_and_the_notebooks_cell_once_with_a_next_step(kernel):
+    """One rank raises: its traceback says the notebook's own count for the cell (the rank counts apart), no
+    engine ids, the error line once (the summary with the rank), and the note says what to do next."""
+    kernel.run("x = 1")
+    content, text, _ = kernel.run("%%distributed\nif dist.get_rank() == 1:\n    print(undefined_name)\nprint('ok')")
+    text = ANSI.sub("", text)
+    assert content["status"] == "error", text
+    assert f"Cell In[{content['execution_count']}], line 2" in text, (content["execution_count"], text)
+    assert "engine" not in text, text
+    assert "--- traceback from rank 1 ---" in text
+    assert text.count("name 'undefined_name' is not defined") == 1, text
+    assert "rank 1 raised NameError in cell line 2: name 'undefined_name' is not defined" in text
+    assert (
+        "note: rank(s) 0 finished this cell, so state on the ranks may now differ: fix the cell and run it again "
+        "(on every rank), or %dist_restart for fresh ranks." in text
+    )

@@ -183,7 +183,7 @@ def _one_line_error(world, code: str) -> str:
     with pytest.raises(RankError) as err:
         run_cell(world, "%%distributed\n" + code)
     text = str(err.value)
-    first = [line for line in text.splitlines() if line.startswith("rank 0 (engine")][0]
+    first = [line for line in text.splitlines() if line.startswith("rank 0 ")][0]
     return first
 
 

@@ -91,7 +91,7 @@ def test_slurm_launcher_puts_ranks_on_two_nodes_and_trains_like_one_process(ip, 
             cluster.run(code).raise_for_error()
         assert time.monotonic() - tic < HANG_S
         host1 = reports[1]["host"]
-        assert f"rank 1 (engine {cluster.ranks[1].engine_id} on {host1}) raised ValueError" in str(info.value)
+        assert f"rank 1 (on {host1}) raised ValueError" in str(info.value)
         cluster.run("dist.all_reduce(torch.ones(1))").raise_for_error()  # the world works again
 
         # Ctrl-C while both ranks, on two hosts, block in mismatched collectives: both released.
@@ -128,7 +128,7 @@ def test_a_rank_killed_on_node2_is_named_with_its_host_and_restarts_through_slur
         assert time.monotonic() - tic < HANG_S
         with pytest.raises(RankError) as info:
             result.raise_for_error()
-        assert f"rank {victim.rank} (engine {victim.engine_id} on node2) died" in str(info.value)
+        assert f"rank {victim.rank} (on node2) died" in str(info.value)
 
         run_cell(ip, f"%dist_restart --ranks {victim.rank}")
         assert len(cluster.engines.job_ids()) == 2, "the restarted rank comes from a new job of the same launcher"

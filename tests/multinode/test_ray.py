@@ -114,7 +114,7 @@ def test_ctrl_c_in_a_collective_releases_every_rank_and_a_killed_rank_restarts_o
             return text if waiting and "time.sleep(8)" in text else ""
 
         text = poll(said, within=HANG_S)
-        rank3 = text[text.index("rank 3 (engine") :]
+        rank3 = text[text.index("rank 3 (on rnode2)") :]
         assert "rnode2" in rank3.splitlines()[0] and "<-- behind: rank(s) 0, 1, 2 entered all_reduce" in rank3, text
         pending.wait(timeout=HANG_S, show=False)
 

@@ -173,7 +173,7 @@ def test_a_failure_at_16_ranks_names_the_cause_then_one_line_for_the_released():
     with pytest.raises(RankError) as info:
         result.raise_for_error()
     assert str(info.value).splitlines() == [
-        "rank 7 (engine 7) raised ValueError in cell line 3: boom",
+        "rank 7 raised ValueError in cell line 3: boom",
         "ranks 0-6,8-15 were interrupted in cell line 5",
     ]
     assert len(info.value.failures) == 16, "every rank's failure is kept"

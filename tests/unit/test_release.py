@@ -253,8 +253,8 @@ def test_render_names_each_rank_its_cell_lines_and_the_ranks_that_did_not_answer
             "cell_stack": [{"line": 5, "function": "<module>", "code": "dist.all_reduce(t)"}],
         }
     }
-    lines = render(reps, {0: "engine 0", 1: "engine 1"})
-    assert lines[0] == "rank 0 (engine 0): at cell line 5, in all_reduce (inside torch.distributed)"
+    lines = render(reps, {0: "", 1: "on node2"})
+    assert lines[0] == "rank 0: at cell line 5, in all_reduce (inside torch.distributed)"
     assert "    cell line   5 in <module>: dist.all_reduce(t)" in lines
     assert any(ln.startswith("    last collective: all_reduce [3] float32, this rank's collective #3") for ln in lines)
     assert lines[-1].startswith("rank(s) 1 did not answer")
