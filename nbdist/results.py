@@ -152,7 +152,7 @@ class RankResult:
         where = f" in {err['where']}" if err.get("where") else (f" in cell line {line}" if line else "")
         who = f"rank {self.rank}" + (f" (on {self.host})" if self.host else "")
         summary = {
-            RankStatus.DEAD: f"{who} died while running the cell: {evalue}",
+            RankStatus.DEAD: f"{who} died while running the cell (its process ended: killed, out of memory or crashed)",
             RankStatus.INTERRUPTED: f"{who} was interrupted{where}",
             RankStatus.TIMEOUT: f"{who} did not finish in time{where}",
         }.get(self.status, f"{who} raised {ename}{where}: {mismatch(evalue) or evalue}")
