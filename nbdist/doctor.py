@@ -93,6 +93,20 @@ def render(
 _WAITED = re.compile(r"waiting [\d.]+ s")
 
 
+def waiting(reports: dict[int, dict[str, Any]]) -> dict[int, str]:
+    """What each rank that waits in a collective waits for, from the ranks' reports: 'waiting in barrier for rank
+    1' (the ranks not in one, or behind it on collectives), or 'waiting in barrier' when all are there."""
+    inside = {r for r, rep in reports.items() if rep.get("busy") and rep.get("in_collective")}
+    counts = {r: (rep.get("collective") or {}).get("count") or 0 for r, rep in reports.items()}
+    out = {}
+    for rank in sorted(inside):
+        rep = reports[rank]
+        what = rep.get("function") or (rep.get("collective") or {}).get("op") or "a collective"
+        late = [r for r in reports if r != rank and (r not in inside or counts[r] < counts[rank])]
+        out[rank] = f"waiting in {what} for {ranks_text(late)}" if late else f"waiting in {what}"
+    return out
+
+
 def ranks_text(ranks: list[int]) -> str:
     """[0, 1, 2, 5] -> 'ranks 0-2,5'; [0, 1] -> 'ranks 0,1'; [3] -> 'rank 3'."""
     ranks = sorted(ranks)

@@ -136,6 +136,9 @@ export class WorldPanel extends Widget {
     }
     const actions = el('div', '', 'nbdist-actions');
     actions.style.margin = '4px 0';
+    actions.style.display = 'flex';
+    actions.style.flexWrap = 'wrap';
+    actions.style.gap = '4px';
     const dead = world.ranks.filter(r => r.state === 'dead').map(r => r.rank);
     actions.appendChild(this.button('Interrupt', 'interrupt the running cell on every rank', () => this.interrupt(world)));
     if (dead.length) {
@@ -159,15 +162,33 @@ export class WorldPanel extends Widget {
         box.appendChild(el('div', line, 'nbdist-group'));
       }
     } else {
+      // Four columns with headers; only the state may wrap (it says what a rank waits for), the rest stay on one
+      // line at the panel's default width.
       const table = el('table', '', 'nbdist-ranks');
+      table.style.borderCollapse = 'collapse';
+      table.style.width = '100%';
+      const head = el('tr', '', 'nbdist-ranks-head');
+      for (const name of ['rank', 'state', 'where', 'memory']) {
+        const th = el('th', name);
+        th.style.textAlign = 'left';
+        th.style.fontWeight = '600';
+        th.style.padding = '1px 4px 1px 0';
+        head.appendChild(th);
+      }
+      table.appendChild(head);
       for (const rank of world.ranks) {
         const row = el('tr', '', 'nbdist-rank');
         row.dataset.rank = String(rank.rank);
         row.dataset.state = rank.state;
         const state = el('td', rank.text || rank.state, 'nbdist-state');
         state.style.color = rank.colour || '#555';
-        const memory = memoryText(rank);
-        row.append(el('td', `rank ${rank.rank}`), state, el('td', rank.host), el('td', rank.device), el('td', memory));
+        const cells = [el('td', String(rank.rank)), state, el('td', `${rank.host} · ${rank.device}`), el('td', memoryText(rank))];
+        for (const [i, cell] of cells.entries()) {
+          cell.style.padding = '1px 4px 1px 0';
+          cell.style.verticalAlign = 'top';
+          cell.style.whiteSpace = i === 1 ? 'normal' : 'nowrap';
+        }
+        row.append(...cells);
         table.appendChild(row);
       }
       box.appendChild(table);
@@ -178,7 +199,9 @@ export class WorldPanel extends Widget {
   private button(label: string, title: string, action: () => Promise<void>): HTMLElement {
     const button = el('button', label, 'jp-Button jp-mod-styled nbdist-action') as HTMLButtonElement;
     button.title = title;
-    button.style.marginRight = '4px';
+    button.style.padding = '0 6px'; // four fit on one line at the panel's default width
+    button.style.minWidth = '0';
+    button.style.whiteSpace = 'nowrap';
     button.onclick = () => void action();
     return button;
   }

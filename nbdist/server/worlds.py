@@ -27,7 +27,7 @@ from jupyter_server.base.handlers import APIHandler
 from jupyter_server.utils import ensure_async, url_path_join
 from tornado import web
 
-from .. import wire
+from .. import doctor, wire
 from ..cells import transcript
 from ..results import GROUP_ABOVE, STATE_COLOURS, grouped, state_phrase
 from ..world import published
@@ -62,7 +62,8 @@ def world(kernel_id: str, notebook: str) -> dict[str, Any] | None:
         row["gpu_MiB"] = row["gpu_total_MiB"] = None
     from_reports(workdir, ranks, engines)
     for row in ranks:  # the one vocabulary (results.py): the panel draws what it is given
-        row["text"], row["colour"] = state_phrase(row["state"], row.get("line")), STATE_COLOURS.get(row["state"], "")
+        row["text"] = row.pop("waiting", None) or state_phrase(row["state"], row.get("line"))
+        row["colour"] = STATE_COLOURS.get(row["state"], "")
     return {
         "kernel": kernel_id,
         "notebook": notebook,
@@ -91,8 +92,12 @@ def from_reports(workdir: str, ranks: list[dict[str, Any]], engines: dict[int, p
     """From the report each rank on this host wrote when last asked (SIGUSR1, as %dist_where asks;
     engine/runtime.py): a busy rank's cell line, a GPU rank's memory. Then ask again, at most every
     ASK_EVERY_S and only while a panel looks: busy ranks, and idle ones on a GPU (their memory changes
-    between cells); an idle CPU rank is never woken. A rank on another host keeps the line the board had."""
+    between cells); an idle CPU rank is never woken. A rank on another host keeps the line the board had. A busy
+    rank in a collective says what it waits for (``waiting``: 'waiting in barrier for rank 1')."""
+    fresh_reports: dict[int, dict[str, Any]] = {}  # every rank's view now: not in the cell for those not busy
     for row in ranks:
+        if row["state"] not in ("busy", "debugging"):
+            fresh_reports[int(row["rank"])] = {"busy": False}
         if engines.get(int(row["rank"])) is None:
             continue
         try:
@@ -104,9 +109,17 @@ def from_reports(workdir: str, ranks: list[dict[str, Any]], engines: dict[int, p
         fresh = report.get("time", 0) >= row.get("since", 0)
         if busy and report.get("busy") and fresh and report.get("cell_line"):
             row["line"] = report["cell_line"]
+        if busy and fresh:
+            fresh_reports[int(row["rank"])] = report
         device = report.get("gpu") or {}
         if device.get("total_mib"):
             row["gpu_MiB"], row["gpu_total_MiB"] = device.get("memory_mib"), device["total_mib"]
+    if len(fresh_reports) == len(ranks):  # every rank's view: who waits for whom is known
+        waits = doctor.waiting(fresh_reports)
+        for row in ranks:
+            said = waits.get(int(row["rank"]))
+            if said:
+                row["waiting"] = f"{said} (cell line {row['line']})" if row.get("line") else said
     now = time.monotonic()
     if now - _ASKED.get(workdir, 0.0) < ASK_EVERY_S:
         return

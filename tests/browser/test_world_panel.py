@@ -13,6 +13,7 @@ import time
 import urllib.request
 
 from tests.browser.test_dashboard_browser import ARTIFACTS, _browser, _dismiss_news, _server, _write_notebook
+from tests.browser.test_leave_and_return import _end_kernels, _select_kernel
 from tests.helpers import wait_gone
 
 RANKS = 16
@@ -25,6 +26,16 @@ CELLS = [
     "    nbdist.log(step=step, **{'time/step_s': 0.065 if slow else 0.05, 'time/data_s': 0.04 if slow else 0.0})\n"
     "    time.sleep(0.065 if slow else 0.05)",
 ]
+
+
+def _open_lab(browser, base: str, token: str):
+    """A page on live.ipynb in JupyterLab, its kernel idle."""
+    page = browser.new_page(viewport={"width": 1400, "height": 1000})
+    page.goto(f"{base}/lab/tree/live.ipynb?token={token}")
+    page.wait_for_selector(".jp-Notebook .jp-Cell", timeout=90_000)
+    _select_kernel(page)
+    page.wait_for_selector(".jp-Notebook-ExecutionIndicator[data-status='idle']", timeout=90_000)
+    return page
 
 
 def _worlds(base: str, token: str) -> list[dict]:
@@ -109,14 +120,7 @@ def test_sixteen_ranks_a_killed_rank_and_the_actions_while_a_cell_runs(tmp_path)
     _write_notebook(tmp_path / "live.ipynb", CELLS)
     with _server(tmp_path, "jupyterlab") as (base, token), _browser() as browser:
         try:
-            page = browser.new_page(viewport={"width": 1400, "height": 1000})
-            page.goto(f"{base}/lab/tree/live.ipynb?token={token}")
-            page.wait_for_selector(".jp-Notebook .jp-Cell", timeout=90_000)
-            try:
-                page.click(".jp-Dialog button:has-text('Select')", timeout=10_000)
-            except Exception:
-                pass
-            page.wait_for_selector(".jp-Notebook-ExecutionIndicator[data-status='idle']", timeout=90_000)
+            page = _open_lab(browser, base, token)
             page.click("li[data-id='nbdist-worlds']", timeout=30_000)  # the panel's tab in the left bar
             page.wait_for_selector("#nbdist-worlds .nbdist-empty", timeout=30_000)
             page.click("text=Run", timeout=30_000)
@@ -177,3 +181,56 @@ def test_sixteen_ranks_a_killed_rank_and_the_actions_while_a_cell_runs(tmp_path)
                 time.sleep(1)
             except OSError:
                 pass
+
+
+HANG = [
+    "%load_ext nbdist\n%dist_start -n 2",
+    "%%distributed\nimport time\nif dist.get_rank() == 1:\n    time.sleep(600)  # late\ndist.barrier()",
+]
+
+
+def test_two_ranks_at_the_panels_width_with_headers_and_who_a_hang_waits_for(tmp_path):
+    """At its default width the panel shows one row per rank under headers (rank, state, where, memory), only the
+    state wrapping, the four actions on one line; during a barrier that rank 1 is late to, rank 0's state says what
+    %dist_where knows: waiting in barrier for rank 1."""
+    _write_notebook(tmp_path / "live.ipynb", HANG)
+    with _server(tmp_path, "jupyterlab") as (base, token), _browser() as browser:
+        try:
+            page = _open_lab(browser, base, token)
+            page.click("li[data-id='nbdist-worlds']", timeout=30_000)
+            page.click("text=Run", timeout=30_000)
+            page.click("text=Run All Cells", timeout=30_000)
+            page.wait_for_function(
+                "() => document.getElementById('nbdist-worlds').innerText.includes('waiting in barrier for rank 1')",
+                timeout=120_000,
+            )
+            _dismiss_news(page)
+            page.screenshot(path=str(ARTIFACTS / "panel-two-ranks-hang.png"))
+            rows = page.evaluate(
+                """() => Array.from(document.querySelectorAll('#nbdist-worlds tr')).map(tr =>
+                    Array.from(tr.children).map(td => {
+                        const range = document.createRange();
+                        range.selectNodeContents(td);
+                        return [td.innerText, range.getClientRects().length];
+                    }))"""
+            )
+            assert [cell[0] for cell in rows[0]] == ["rank", "state", "where", "memory"], rows
+            assert [row[0][0] for row in rows[1:]] == ["0", "1"], rows
+            assert rows[1][1][0] == "waiting in barrier for rank 1 (cell line 4)", rows
+            assert rows[2][1][0] == "busy at cell line 3", rows
+            for row in rows:
+                for i, (text, lines) in enumerate(row):
+                    assert i == 1 or lines == 1, f"{text!r} wraps onto {lines} lines"  # only the state may wrap
+            tops = page.evaluate(
+                "() => Array.from(document.querySelectorAll('#nbdist-worlds .nbdist-action'))"
+                ".map(b => Math.round(b.getBoundingClientRect().top))"
+            )
+            assert len(tops) == 3 and len(set(tops)) == 1, tops  # Interrupt, Dashboard, Stop on one line
+            page.click("#nbdist-worlds .nbdist-action:has-text('Interrupt')")
+            page.wait_for_function(
+                "() => !document.querySelectorAll('.jp-Notebook .jp-Cell')[1]"
+                ".querySelector('.jp-InputPrompt').textContent.includes('*')",
+                timeout=60_000,
+            )
+        finally:
+            _end_kernels(base, token)

@@ -332,3 +332,25 @@ def test_ranks_ended_for_not_stopping_are_recovered_with_the_ranks_that_died():
     assert repair(result, [2], Recovery(budget=3), False, membership=None) == [1, 2]  # type: ignore[arg-type]
     spent = Recovery(budget=1, used=1)  # no recovery: nothing returned, the note says what to run
     assert repair(result, [2], spent, False, membership=None) == []  # type: ignore[arg-type]
+
+
+def test_what_a_rank_in_a_collective_waits_for():
+    """The panel's words for a hang (doctor.waiting): the ranks not in the collective, or behind it on collectives."""
+    from nbdist.doctor import waiting
+
+    def rep(busy=True, inside=False, count=1, function="barrier"):
+        return {"busy": busy, "in_collective": inside, "function": function, "collective": {"count": count}}
+
+    assert waiting({0: rep(inside=True, count=2), 1: rep(count=1, function="<module>")}) == {
+        0: "waiting in barrier for rank 1"
+    }
+    assert waiting({0: rep(inside=True), 1: {"busy": False}, 2: rep(inside=True)}) == {
+        0: "waiting in barrier for rank 1",
+        2: "waiting in barrier for rank 1",
+    }
+    assert waiting({0: rep(inside=True, count=3), 1: rep(inside=True, count=2), 2: rep(inside=True, count=2)}) == {
+        0: "waiting in barrier for ranks 1,2",
+        1: "waiting in barrier",
+        2: "waiting in barrier",
+    }
+    assert waiting({0: rep(), 1: rep()}) == {}  # busy, in no collective: nobody waits
