@@ -9,6 +9,7 @@ step split shows those ranks only. The traces sent stay as many at 64 ranks as a
 
 from __future__ import annotations
 
+import numbers
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -36,6 +37,7 @@ BAND_COLOUR = "rgba(99, 110, 250, 0.18)"
 MEDIAN_COLOUR = "#3949ab"
 AUTO_PREFIXES = ("comm/", "time/", "throughput/", "memory/")
 MAX_USER_PANELS = 3  # the user's own metrics (loss first); the automatic panels come after
+MEMORY_SPAN_MIB = 64  # the memory panel shows at least this range: a rank's few MiB of noise is not growth
 PARTS = (("compute", ""), ("exposed comm", "/"), ("data wait", "."))  # the step split: name, bar pattern
 
 
@@ -271,6 +273,19 @@ def build_figure(
             fig.add_trace(go.Scatter(x=t.x, y=t.y, **t.style), row=row, col=col)
     for i, panel in enumerate(layout):
         row, col = i // cols + 1, i % cols + 1
+        points = [t.x if t.kind == "bar" else t.y for t in items if t.panel == i]  # bars lie: their lengths are x
+        values = [float(v) for p in points if p is not None for v in p if isinstance(v, numbers.Real) and v == v]
+        if not values:  # before the first step: no empty -1..1 axes, a word instead
+            fig.update_xaxes(visible=False, row=row, col=col)
+            fig.update_yaxes(visible=False, row=row, col=col)
+            fig.add_annotation(
+                text="waiting for the first step", showarrow=False, font={"color": "#888", "size": 12},
+                xref=f"x{i + 1 if i else ''} domain", yref=f"y{i + 1 if i else ''} domain", x=0.5, y=0.5,
+            )
+            continue
+        if panel.key == "memory" and max(values) - min(values) < MEMORY_SPAN_MIB:
+            middle = (max(values) + min(values)) / 2
+            fig.update_yaxes(range=[middle - MEMORY_SPAN_MIB / 2, middle + MEMORY_SPAN_MIB / 2], row=row, col=col)
         if panel.key == "split":
             fig.update_yaxes(autorange="reversed", row=row, col=col)
         else:

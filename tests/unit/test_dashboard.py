@@ -422,3 +422,22 @@ def test_a_batch_a_rank_sends_is_bounded_with_its_last_rows_exact():
     sent = [r["step"] for r in thinned(many)]
     assert len(sent) <= BATCH_ROWS and sent[0] == 0 and sent[-BATCH_EXACT:] == list(range(22_000, 23_000))
     assert len({b - a for a, b in zip(sent[:-BATCH_EXACT], sent[1:-BATCH_EXACT], strict=False)}) == 1  # evenly
+
+
+def test_memory_is_drawn_on_a_span_where_noise_is_not_growth_and_an_empty_panel_says_it_waits():
+    """#51: a rank's memory moving by 1 MiB filled the whole panel (it looked like a leak); and before the first
+    step the panels showed empty -1..1 axes."""
+    from nbdist.widgets.figure import MEMORY_SPAN_MIB
+
+    board = Dashboard()
+    for rank, base in ((0, 199.6), (1, 200.4)):
+        board.store.add(rank, [{"step": s, "memory/rss_MiB": base + s * 0.01} for s in range(20)])
+    fig = board.figure()
+    memory = next(a for a in fig.layout if a.startswith("yaxis") and fig.layout[a].range is not None)
+    low, high = fig.layout[memory].range
+    assert high - low == MEMORY_SPAN_MIB and low < 199.6 and high > 200.6, (low, high)
+
+    empty = Dashboard().figure()
+    texts = [a.text for a in empty.layout.annotations]
+    assert "waiting for the first step" in texts, texts
+    assert empty.layout.xaxis.visible is False and empty.layout.yaxis.visible is False
