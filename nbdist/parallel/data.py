@@ -122,6 +122,7 @@ class ShardedLoader:
             yield item
         self.epoch += 1
         self.batch, self.offset = 0, 0
+        peer.pass_over()
 
     def steps(self, total: int, preemptible: bool = True) -> Iterator[tuple[int, Any]]:
         """``(step, batch)`` until ``total`` steps in all, across epochs, from where the loader is.

@@ -44,6 +44,7 @@ import torch.distributed as dist
 
 from .. import wire
 from ..engine import control, schedulers
+from ..engine.state import STATE
 from . import peer_part
 
 AFTER_S = 0.2  # seconds a living rank waits, after a death, for a part already on its way
@@ -106,6 +107,8 @@ class Kept:
     begun: int = 0  # optimizer steps begun / completed since the hooks went on
     done: int = 0
     at: int = 0  # steps completed at the last exact part
+    ended: bool = False  # a pass over a loader ended since the last exact part
+    part_cell: int = -1  # the cell (engine/state.py's count) the last exact part was taken in
     stepped: list[Any] = field(default_factory=list)  # optimizers that stepped since the last exact part
     looped: list[Any] = field(default_factory=list)  # those that stepped between the two exact parts before
     undo: list[Undo] = field(default_factory=list)  # the optimizers as they were at the last exact part
@@ -131,7 +134,7 @@ class Kept:
     def new_loop(self) -> None:
         """Nothing kept so far counts: a new optimizer's loop, a world that grows, or a restore that was made."""
         self.begun, self.done, self.at, self.parts, self.mirrors, self.exchange = 0, 0, 0, {}, {}, None
-        self.stepped, self.looped, self.undo = [], [], []
+        self.stepped, self.looped, self.undo, self.ended, self.part_cell = [], [], [], False, -1
         self.generation += 1
 
     def complete(self) -> bool:
@@ -207,11 +210,23 @@ def boundary(loader: Any, first: bool = False) -> None:
     accumulation the gradients summed so far are in no part."""
     if not KEPT.optimizers or not enabled() or not (first or KEPT.stepped):
         return
+    if first and not KEPT.stepped and KEPT.ended and KEPT.part_cell == STATE.cell:
+        # A pass begins where the last one ended in this cell, no step between: that place has its part, taken at
+        # the end of that pass. A second, at the same step count but another loader position, could leave a buddy
+        # holding the first and the living ranks the second: a restarted rank would then read one batch fewer
+        # (an empty pass) and pair its exchanges off by one.
+        return
     KEPT.looped = KEPT.stepped or KEPT.looped
+    KEPT.ended, KEPT.part_cell = False, STATE.cell
     KEPT.stepped, KEPT.undo, KEPT.at = [], [], KEPT.done
     data = own_part(with_extra=True)
     _keep(KEPT.parts, KEPT.done, (True, data))
     _send(KEPT.done, True, data, wait=False)
+
+
+def pass_over() -> None:
+    """A pass over a loader ended (its last batch was read)."""
+    KEPT.ended = True
 
 
 def saved(names: dict[str, Any]) -> None:
