@@ -18,6 +18,7 @@ __all__ = [
     "RunTimeout",
     "__version__",
     "attach",
+    "batch_script",
     "breakpoint",
     "current",
     "load_ipython_extension",
@@ -40,6 +41,10 @@ def __getattr__(name: str) -> Any:
         from .engine.metrics import log
 
         return log
+    if name == "batch_script":
+        from .launch.hosts import script_of
+
+        return script_of
     if name == "breakpoint":
         from .engine.debug import breakpoint
 

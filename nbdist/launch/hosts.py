@@ -313,6 +313,12 @@ class MpiLauncher(ManyHostsLauncher):
         c.environment = env
 
 
+def script_of(n: int = 2, **options: object) -> str:
+    """``nbdist.batch_script(n, **options)``: the sbatch script ``%dist_start --launcher slurm -n N ...`` would
+    submit, with the same options (``nodes=2``, ``time="30"``), as text: to read where Slurm is absent."""
+    return batch_script(StartConfig.of(n=n, launcher="slurm", **options))
+
+
 def batch_script(config: StartConfig) -> str:
     """The sbatch script ``--launcher slurm`` would submit for this config (to show where Slurm is absent)."""
     launcher = SlurmLauncher()
