@@ -43,9 +43,10 @@ import torch
 import torch.distributed as dist
 
 from .. import wire
-from ..engine import control, schedulers
+from ..engine import control
 from ..engine.state import STATE
 from . import peer_part
+from .peer_undo import Undo
 
 AFTER_S = 0.2  # seconds a living rank waits, after a death, for a part already on its way
 WAIT_STEP_S = 0.5  # seconds between looks, while waiting for an exchange, at whether its world was replaced
@@ -62,35 +63,6 @@ class Held:
     shared: dict[str, Any]  # what every rank holds alike: model, optimizer, schedulers, state=
     parts: dict[int, tuple[bool, bytes]]  # this rank's own parts by steps completed: (exact, part)
     mirrors: dict[int, tuple[int, bool, bytes]]  # the parts it keeps for others: (rank it came from, exact, part)
-
-
-@dataclass(slots=True)
-class Undo:
-    """An optimizer as it was before a step that is not its batch's last: its parameters, its state, its schedulers."""
-
-    optimizer: Any
-    params: list[torch.Tensor]
-    state: dict[str, Any]
-    schedulers: list[dict[str, Any]]
-
-    @classmethod
-    def take(cls, optimizer: Any) -> Undo:
-        params = [p.detach().clone() for group in optimizer.param_groups for p in group["params"]]
-        return cls(
-            optimizer,
-            params,
-            copy.deepcopy(optimizer.state_dict()),
-            [copy.deepcopy(s.state_dict()) for s in schedulers.bound(optimizer)],
-        )
-
-    def put_back(self) -> None:
-        with torch.no_grad():
-            mine = [p for group in self.optimizer.param_groups for p in group["params"]]
-            for p, saved in zip(mine, self.params, strict=True):
-                p.copy_(saved)
-        self.optimizer.load_state_dict(self.state)
-        for sched, state in zip(schedulers.bound(self.optimizer), self.schedulers, strict=False):
-            sched.load_state_dict(state)
 
 
 @dataclass(slots=True)
