@@ -109,9 +109,11 @@ class Kept:
         self.stepped, self.looped, self.undo, self.ended, self.part_cell = [], [], [], False, -1
         self.generation += 1
 
-    def complete(self) -> bool:
-        """Every optimizer of the batch before stepped in this one (so a step now is past the batch's last)."""
-        return bool(self.looped) and all(_among(o, self.stepped) for o in self.looped)
+    def complete(self, also: Any = None) -> bool:
+        """Every optimizer of the batch before stepped in this one (``also``: counting one about to step): a step
+        now is past the batch's last (or, with ``also``, is its last)."""
+        stepped = [*self.stepped, also] if also is not None else self.stepped
+        return bool(self.looped) and all(_among(o, stepped) for o in self.looped)
 
     def roll_back(self) -> None:
         """Between two steps of one batch (a GAN's): the optimizers that stepped go back to the last exact part."""
@@ -215,7 +217,7 @@ def _before_step(optimizer: Any, args: Any, kwargs: Any) -> None:
     if not _among(optimizer, KEPT.optimizers) or not enabled():
         return
     after = KEPT.begun + 1
-    if not (KEPT.looped and all(_among(o, [*KEPT.stepped, optimizer]) for o in KEPT.looped)):
+    if not KEPT.complete(also=optimizer):
         if not any(u.optimizer is optimizer for u in KEPT.undo):
             KEPT.undo.append(Undo.take(optimizer))
         KEPT.begun = after
