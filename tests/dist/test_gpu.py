@@ -184,3 +184,28 @@ def test_the_world_panel_shows_what_a_gpu_rank_holds_on_its_device(tmp_path, mon
         assert row["state"] == "idle" and row["device"] == "cuda:0", row
         assert row["gpu_MiB"] >= 256, row
         assert row["gpu_total_MiB"] == round(torch.cuda.get_device_properties(0).total_memory / 2**20)
+
+
+@needs_gpus(1)
+def test_a_killed_rank_on_a_gpu_is_rebuilt_from_the_living_one(tmp_path, on="cuda:0"):
+    """Peer recovery with the model, its optimizer state, its BatchNorm buffers and its dropout draws on the GPU
+    (two ranks share it over gloo, so each wraps its model in DDP itself: nbdist's device() is the CPU for a
+    shared GPU): a rank killed mid-loop is rebuilt from the other's memory and the run ends equal to one run
+    without a kill. The CUDA generator must come back with the part: dropout draws from it."""
+    from tests.integration import test_peer_loops as loops
+
+    ddp = "torch.nn.parallel.DistributedDataParallel("
+    setup = loops.SETUP.replace("apply_ddp(", ddp).replace("torch.nn.Linear(32, 1)))", f"torch.nn.Linear(32, 1)).to({on!r}))")
+    assert setup.count(on) == 1 and ddp in setup
+    cell = loops.PLAIN.replace("in loader:", f"in loader:\n        x, y = x.to({on!r}), y.to({on!r})")
+    cell += f"assert all(t.device == torch.device({on!r}) for t in [x, *model.parameters(), *model.buffers()])\n"
+    rng = np.random.default_rng(loops.SEED)
+    victim, after = int(rng.integers(0, 2)), int(rng.integers(3, 44))
+    print(f"seed {loops.SEED}: rank {victim} killed after batch {after}")
+    line, (final, reference), computed = loops.run_with_a_kill(tmp_path, setup, cell, victim, after)
+    print(line)
+    assert "memory (nothing recomputed)" in line and "not from a living rank" not in line, line
+    for rank in (0, 1):
+        for i, (mine, theirs) in enumerate(zip(final[rank], reference[rank], strict=True)):
+            assert torch.equal(mine, theirs), (loops.SEED, rank, i, (mine - theirs).abs().max())
+    assert 48 <= computed[1 - victim] <= 49, computed

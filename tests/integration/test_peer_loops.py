@@ -105,7 +105,7 @@ def _progress(path: str, rank: int) -> int:
         return -1
 
 
-def _run(tmp_path, setup: str, cell: str, victim: int, after: int) -> tuple[str, list, list[int]]:
+def run_with_a_kill(tmp_path, setup: str, cell: str, victim: int, after: int) -> tuple[str, list, list[int]]:
     """Kill ``victim`` once its progress reaches ``after``: the recovery's line, every rank's ``final``, and the
     batches each rank computed; then the same cell without a kill, after the same setup: its ``final``."""
     with nbdist.start(2, max_restarts=1, oversubscribe=True, timeout=90) as c:
@@ -136,7 +136,7 @@ def test_a_killed_rank_is_rebuilt_from_the_living_one_for_the_loops_people_write
     rng = random.Random(f"{SEED}-{shape}")
     victim, after = rng.choice([0, 1]), rng.randrange(low, high)
     print(f"seed {SEED}: {shape}, rank {victim} killed after batch {after}")
-    line, (final, reference), computed = _run(tmp_path, setup, cell, victim, after)
+    line, (final, reference), computed = run_with_a_kill(tmp_path, setup, cell, victim, after)
     print(line)
     assert line.startswith(f"rank(s) {victim} died during the cell"), line
     assert "memory (nothing recomputed)" in line and "not from a living rank" not in line, line
@@ -156,7 +156,7 @@ def test_a_loop_around_the_loaders_loop_from_zero_is_said_and_the_cell_runs_from
     rng = random.Random(f"{SEED}-from-zero")
     victim, after = rng.choice([0, 1]), rng.randrange(18, 28)
     print(f"seed {SEED}: range(3), rank {victim} killed after batch {after}")
-    line, (final, reference), computed = _run(tmp_path, SETUP, FROM_ZERO, victim, after)
+    line, (final, reference), computed = run_with_a_kill(tmp_path, SETUP, FROM_ZERO, victim, after)
     print(line)
     assert (
         "not from a living rank: the cell runs again from its first line, and its `for epoch in range(3)` would "
