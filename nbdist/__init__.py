@@ -21,6 +21,7 @@ __all__ = [
     "batch_script",
     "breakpoint",
     "current",
+    "headline",
     "load_ipython_extension",
     "log",
     "on_preempt",
@@ -54,6 +55,24 @@ def __getattr__(name: str) -> Any:
 
         return on_preempt
     raise AttributeError(f"module 'nbdist' has no attribute {name!r}")
+
+
+def headline(result: Any = None) -> dict[str, Any]:
+    """The numbers a cell's dashboard headline shows, computed by the dashboard's own code, to print or check.
+
+    ``result``: a cell's RunResult (``nbdist.current().last`` by default). Keys, where the ranks logged them:
+    ``step``, ``loss`` (its name, the mean of the ranks), ``samples_per_s`` (all ranks), ``comm_pct`` (the time from
+    the first gradient bucket handed to the all-reduce until the last one finished, as a share of the step: the
+    mean of the ranks) and ``comm_pct_per_rank``, ``slowest`` (rank, % slower than the fastest), and ``recent``:
+    each rank's numbers are the mean of its last ``recent`` steps.
+    """
+    from .widgets.store import headline_of
+
+    if result is None:
+        from .cluster import current
+
+        result = current().last
+    return headline_of(getattr(result, "metrics", None) or {})
 
 
 def load_ipython_extension(ipython: Any) -> None:

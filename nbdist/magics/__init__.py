@@ -261,10 +261,12 @@ class DistMagics(Magics):
         print(f"memcpy on one rank: {report['memcpy_GBps']:.2f} GB/s")
         sc = report.get("scaling")
         if sc:
+            n = report["world_size"]
             print(
-                f"throughput: 1 rank {sc['one_rank_samples_per_s']:.0f}/s, 1 process on all cores "
-                f"{sc['one_process_all_cores_samples_per_s']:.0f}/s, {report['world_size']} ranks "
-                f"{sc['n_ranks_samples_per_s']:.0f}/s -> scaling efficiency {sc['efficiency']:.0%}"
+                f"training throughput (one small MLP, samples/s): 1 rank alone {sc['one_rank_samples_per_s']:.0f}; "
+                f"{n} ranks {sc['n_ranks_samples_per_s']:.0f} ({sc['n_ranks_no_comm_samples_per_s']:.0f} without the "
+                f"all-reduce); one process on all {sc['cores']} cores, no ranks, {sc['one_process_all_cores_samples_per_s']:.0f}\n"
+                f"scaling efficiency = {n} ranks / ({n} x 1 rank) = {sc['efficiency']:.0%}"
             )
         self.shell.user_ns["bench_report"] = report  # type: ignore[union-attr]
         return figure(report)

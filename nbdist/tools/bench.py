@@ -3,7 +3,9 @@
 algbw = bytes / time; busbw = algbw x 2(n-1)/n, the traffic a ring all-reduce puts on each
 link, comparable across world sizes (the convention of NCCL's tests). The memcpy bandwidth
 measured in the same run is the in-process ceiling to read them against. Scaling
-efficiency = throughput on n ranks / (throughput on 1 rank x n).
+efficiency = throughput on n ranks / (throughput on 1 rank x n), one small MLP (benchfns.train_throughput)
+trained four ways: one rank alone, one process on every core (torch's threads, no ranks), n DDP ranks,
+and n ranks without the all-reduce (DDP's no_sync: what sharing the machine costs by itself).
 """
 
 from __future__ import annotations
@@ -41,11 +43,14 @@ def bench(cluster: Cluster | None = None, sizes: list[int] | None = None, scalin
         alone = on([0], benchfns.train_throughput, distributed=False)[0]
         alone_all_cores = on([0], benchfns.train_throughput, distributed=False, threads=_cores())[0]
         together = on(every, benchfns.train_throughput, distributed=True)
+        apart = on(every, benchfns.train_throughput, distributed=True, comm=False)
         total = sum(t["samples_per_s"] for t in together)
         report["scaling"] = {
             "one_rank_samples_per_s": alone["samples_per_s"],
             "one_process_all_cores_samples_per_s": alone_all_cores["samples_per_s"],
+            "cores": _cores(),
             "n_ranks_samples_per_s": total,
+            "n_ranks_no_comm_samples_per_s": sum(t["samples_per_s"] for t in apart),
             "efficiency": total / (alone["samples_per_s"] * n),
         }
     return report

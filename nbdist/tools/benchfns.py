@@ -50,9 +50,12 @@ def memcpy_bandwidth(nbytes: int = 64 << 20, reps: int = 10) -> float:
 
 
 def train_throughput(
-    steps: int = 30, batch: int = 64, distributed: bool = True, threads: int | None = None
+    steps: int = 200, batch: int = 64, distributed: bool = True, threads: int | None = None, comm: bool = True
 ) -> dict[str, Any]:
-    """Samples per second of a small MLP training loop on this rank (DDP across ranks, or alone)."""
+    """Samples per second of a small MLP training loop on this rank (DDP across ranks, or alone). ``comm=False``:
+    DDP's ``no_sync``, each rank trains on its own (what sharing the machine costs, without communication)."""
+    import contextlib
+
     import torch
     import torch.distributed as dist
 
@@ -69,7 +72,7 @@ def train_throughput(
         if distributed:
             from nbdist.parallel import apply_ddp
 
-            model = apply_ddp(model)
+            model = apply_ddp(model, metrics=False)  # it times itself; logged rows would show up under the next cell
         opt = torch.optim.SGD(model.parameters(), lr=0.01)
         x, y = torch.randn(batch, 512), torch.randint(0, 10, (batch,))
         for i in range(steps + 5):
@@ -78,7 +81,8 @@ def train_throughput(
                     dist.barrier()
                 tic = time.perf_counter()
             opt.zero_grad()
-            torch.nn.functional.cross_entropy(model(x), y).backward()
+            with contextlib.nullcontext() if comm or not distributed else model.no_sync():
+                torch.nn.functional.cross_entropy(model(x), y).backward()
             opt.step()
         took = time.perf_counter() - tic
         return {"samples_per_s": steps * batch / took, "threads": torch.get_num_threads()}

@@ -300,3 +300,15 @@ class MetricStore:
                 "data": 1000 * data,
             }
         return out
+
+
+def headline_of(runs: dict[int, list[dict[str, Any]]]) -> dict[str, Any]:
+    """A finished run's headline (``nbdist.headline``): what its dashboard's title says, with each rank's share."""
+    store = MetricStore(ranks=len(runs))
+    store.add_runs(runs)
+    out = store.headline()
+    share = store.per_rank("comm/overhead(%)")
+    if share:
+        out["comm_pct_per_rank"] = share
+    out["recent"] = RECENT
+    return out

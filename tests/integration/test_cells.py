@@ -353,4 +353,5 @@ def test_bench_sweep_and_scaling_report(cluster):
     assert report["memcpy_GBps"] > rows[-1]["algbw_GBps"]  # loopback all_reduce cannot beat a local copy
     sc = report["scaling"]
     assert sc["efficiency"] == pytest.approx(sc["n_ranks_samples_per_s"] / (2 * sc["one_rank_samples_per_s"]))
+    assert sc["n_ranks_no_comm_samples_per_s"] > 0 and sc["cores"] >= 1
     assert len(figure(report).data) == 3

@@ -35,7 +35,7 @@ SHOWN = {
         "top-k 1% sends as many bytes as the all-reduce at N = 100 ranks (model)",
         "top-k stops paying at about",
     ],
-    "06_": ["communication overhead: guides < 5%, measured here", "speedup on 2 ranks: guides 1.95x, measured here"],
+    "06_": ["communication: guides < 5% of a step; the dashboard measured", "speedup on 2 ranks: guides 1.95x; %dist_bench measured"],
     "09_": [
         "ZeRO-1: Adam state per rank 0.50x",
         "FSDP (ZeRO-3): parameters 0.50x",
@@ -177,6 +177,27 @@ def test_notebook_runs_top_to_bottom(path, tmp_path):
         assert "ranks called different collectives: rank 0 called allreduce([3] float)" in text
         assert "rank(s) 1 received SIGTERM (preemption); the save hooks ran on every rank at step" in text
         assert "rank 1 left: True" in text
+    if path.name.startswith("06_"):
+        # one communication share and one efficiency, the same wherever the notebook shows them
+        title = next(
+            o["data"]["application/vnd.plotly.v1+json"]["layout"]["title"]["text"]
+            for o in nb.cells[3].outputs
+            if "application/vnd.plotly.v1+json" in o.get("data", {})
+        )
+        headline = re.search(r"([0-9.]+)% of each step in communication", title)[1]
+        share = re.search(r"all ranks: ([0-9.]+)% \(the mean of the ranks", text)[1]
+        assert share == headline, (share, title)
+        assert f"the dashboard measured {float(share):.0f}%" in text
+        efficiency = re.findall(r"scaling efficiency (?:= 2 ranks / \(2 x 1 rank\) = )?([0-9]+)%", text)
+        assert len(efficiency) == 3 and len(set(efficiency)) == 1, efficiency  # %dist_bench, the next cell, the claims
+        figures = [
+            o["data"]["application/vnd.plotly.v1+json"]["layout"]["title"]["text"]
+            for c in nb.cells
+            if c.cell_type == "code"
+            for o in c.outputs
+            if "application/vnd.plotly.v1+json" in o.get("data", {})
+        ]
+        assert sum("in communication" in t for t in figures) == 1, figures  # no later cell shows another share
     if path.name.startswith("13_"):
         # Lightning, Accelerate and DeepSpeed: their torchrun scripts on the ranks, equal to torchrun's weights
         assert text.count("   bit for bit: True") == 3, text[-1500:]

@@ -441,3 +441,23 @@ def test_memory_is_drawn_on_a_span_where_noise_is_not_growth_and_an_empty_panel_
     texts = [a.text for a in empty.layout.annotations]
     assert "waiting for the first step" in texts, texts
     assert empty.layout.xaxis.visible is False and empty.layout.yaxis.visible is False
+
+
+def test_nbdist_headline_is_the_dashboards_title_with_each_ranks_share():
+    """``nbdist.headline(result)`` (notebook 06 prints it) says what the final figure's title says: each rank's
+    share is the mean of its last RECENT steps, the world's the mean of the ranks'."""
+    from types import SimpleNamespace
+
+    import nbdist
+    from nbdist.widgets.dashboard import headline_parts
+    from nbdist.widgets.store import RECENT, MetricStore
+
+    runs = {
+        r: [{"step": s, "comm/overhead(%)": 90.0 if s < 10 else 40.0 + 10 * r, "time/step_s": 0.01} for s in range(50)]
+        for r in range(2)
+    }
+    h = nbdist.headline(SimpleNamespace(metrics=runs))
+    assert h["comm_pct_per_rank"] == {0: 40.0, 1: 50.0} and h["comm_pct"] == 45.0 and h["recent"] == RECENT == 20
+    store = MetricStore(ranks=2)
+    store.add_runs(runs)
+    assert "45.0% of each step in communication" in headline_parts(store)
