@@ -27,3 +27,23 @@ def test_the_curriculum_readme_speaks_to_a_wheel_user():
     for checkout in ("make demo", ".venv/", "pip install -e", "notebooks/`"):
         assert checkout not in opening, checkout
     assert "00_quickstart.ipynb" in opening and 'pip install "nbdist[tutorials]"' in opening
+
+
+def test_no_notebook_points_a_wheel_user_at_the_checkout_or_nbdists_insides():
+    """The notebooks are written from the wheel (``python -m nbdist.tutorials``), where docs/, tests/, benchmarks/
+    and deploy/ do not exist; and a lesson imports what a user may import: nbdist, nbdist.parallel and nbdist's
+    top-level names, not its internal modules."""
+    import json
+    import re
+
+    public = ("nbdist", "nbdist.parallel", "nbdist.compression")
+    found = []
+    for path in sorted(REPO.joinpath("notebooks").glob("*.ipynb")):
+        for i, cell in enumerate(json.loads(path.read_text())["cells"]):
+            text = "".join(cell["source"])
+            found += [(path.name, i, m) for m in re.findall(r"`?(?:docs|tests|benchmarks|deploy)/[\w./-]*`?", text)]
+            if cell["cell_type"] == "code":
+                for module in re.findall(r"^\s*(?:from|import) (nbdist[\w.]*)", text, re.M):
+                    if module not in public:
+                        found.append((path.name, i, module))
+    assert not found, found
