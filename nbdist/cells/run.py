@@ -17,11 +17,12 @@ does) and ``Watch.follow`` (watch.py) watches it from the calling thread:
 
 from __future__ import annotations
 
+import sys
 from collections.abc import Callable
 
 from .. import compat
 from ..config import RunConfig
-from ..errors import ClusterError
+from ..errors import ClusterError, NbdistError
 from ..results import RunResult
 from ..world.engineset import EngineSet
 from . import transcript
@@ -71,9 +72,17 @@ class PendingRun:
         self._then = _ending(kept, self._then)
 
     def wait(self, timeout: float | None = None, show: bool = True) -> RunResult:
-        """Follow the cell to its end (releasing ranks after ``timeout`` seconds from its start)."""
+        """Follow the cell to its end (releasing ranks after ``timeout`` seconds from its start). ``show``: its
+        output as it comes and, if it failed, what failed (the lines its RankError would say; ``result()`` raises it)."""
         out = self.advance(timeout, show)
-        return out if isinstance(out, RunResult) else out.wait(timeout, show)
+        if not isinstance(out, RunResult):
+            return out.wait(timeout, show)
+        if show and not out.ok:
+            try:
+                out.raise_for_error()
+            except NbdistError as err:
+                print(err, file=sys.stderr)
+        return out
 
     def result(self, timeout: float | None = None) -> RunResult:
         return self.wait(timeout).raise_for_error()

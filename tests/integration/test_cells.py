@@ -355,3 +355,14 @@ def test_bench_sweep_and_scaling_report(cluster):
     assert sc["efficiency"] == pytest.approx(sc["n_ranks_samples_per_s"] / (2 * sc["one_rank_samples_per_s"]))
     assert sc["n_ranks_no_comm_samples_per_s"] > 0 and sc["cores"] >= 1
     assert len(figure(report).data) == 3
+
+
+def test_waiting_on_a_background_cell_that_failed_says_what_failed(cluster, capsys):
+    """``.wait()`` on a ``--noblock`` cell (notebook 08 follows its kill that way) shows a failure as the magic
+    would have; ``show=False`` leaves it to the caller."""
+    code = "if dist.get_rank() == 1:\n    raise ValueError('late')"
+    capsys.readouterr()
+    assert not cluster.run(code, block=False).wait().ok
+    assert "rank 1 raised ValueError in cell line 2: late" in capsys.readouterr().err
+    assert not cluster.run(code, block=False).wait(show=False).ok
+    assert "raised ValueError" not in capsys.readouterr().err
