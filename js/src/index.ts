@@ -111,12 +111,16 @@ class Follower {
       const code = cell as any;
       // A cell this page runs shows its own output; so does one it ran and saw to its end: a run of
       // a cell this page ran, with the count its kernel replied, that it never filled. The transcript
-      // may still say "running" for it (fetched before the end). A count alone does not tell: a page
-      // opened later may load a notebook saved while another page showed a transcript.
+      // may still say "running" for it (fetched before the end). A cell this page ran whose reply has not
+      // come (no count yet) is this page's own run too: under Run All it can wait in the page's queue, not
+      // "running", while the kernel already runs it (a --noblock cell before it returned at once). A count
+      // alone does not tell: a page opened later may load a notebook saved while another page showed a
+      // transcript.
       if (code.executionState === 'running') {
         continue;
       }
-      if (!this.seen.has(run) && this.ranHere.has(cell.id) && code.executionCount === shown.count) {
+      const mine = code.executionCount === shown.count || code.executionCount === null;
+      if (!this.seen.has(run) && this.ranHere.has(cell.id) && mine) {
         continue;
       }
       code.outputs.clear();

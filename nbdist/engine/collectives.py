@@ -75,6 +75,7 @@ def install() -> None:
 def _recorded(name: str, fn: Any) -> Any:
     @functools.wraps(fn)
     def call(*args: Any, **kwargs: Any) -> Any:
+        __tracebackhide__ = True  # a rank's traceback goes from the cell to torch's own code
         if getattr(_LOCAL, "inside", False):  # all_gather_object calls all_gather: record the outer call
             return fn(*args, **kwargs)
         LAST.op, LAST.shapes, LAST.count, LAST.since, LAST.done = name, _shapes(args), LAST.count + 1, time.time(), False

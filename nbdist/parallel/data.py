@@ -116,7 +116,7 @@ class ShardedLoader:
                 item = next(it)
             except StopIteration:
                 break
-            instrument.data_waited(clock() - tic)  # the dashboard's "data wait" part of the step
+            instrument.data_waited(clock() - tic, self.step)  # the step's "data wait" part, and its number
             self.batch += 1
             self.step += 1
             yield item

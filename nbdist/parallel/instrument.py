@@ -40,6 +40,7 @@ decompressing.
 """
 
 import time
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -47,18 +48,31 @@ import torch.distributed as dist
 
 from .. import compat
 
-_DATA: dict[str, float | None] = {"wait_s": None}  # seconds shard()'s loader waited since the last step closed
+
+@dataclass
+class LoaderNews:
+    """What shard()'s loader told the steps: ``wait_s``, the seconds it waited for batches since the last step
+    closed; ``batch``, its count of the batch it handed out last, until a forward takes it (over the loader's life:
+    a cell run again after a recovery, or on a grown world, goes on counting)."""
+
+    wait_s: float | None = None
+    batch: int | None = None
 
 
-def data_waited(seconds: float) -> None:
-    """shard()'s loader spent ``seconds`` fetching a batch (closed into the step's ``time/data_s``)."""
-    _DATA["wait_s"] = (_DATA["wait_s"] or 0.0) + seconds
+_DATA = LoaderNews()
+
+
+def data_waited(seconds: float, batch: int | None = None) -> None:
+    """shard()'s loader spent ``seconds`` fetching a batch (closed into the step's ``time/data_s``); ``batch``: its
+    count of that batch, which a step that trains on it logs as its step (the dashboard's x axis)."""
+    _DATA.wait_s = (_DATA.wait_s or 0.0) + seconds
+    _DATA.batch = batch
 
 
 def _take_data_wait() -> float | None:
-    waited = _DATA["wait_s"]
+    waited = _DATA.wait_s
     if waited is not None:
-        _DATA["wait_s"] = 0.0
+        _DATA.wait_s = 0.0
     return waited
 
 
@@ -186,11 +200,12 @@ class StepMeter:
             from ..engine.metrics import log
 
             log(step=self.step, **row)
+        batch, _DATA.batch = _DATA.batch, None  # a shard loader's batch, taken by the first forward on it
         if not module.training:
             return
         first = args[0] if args else None
         self.batch = int(first.shape[0]) if isinstance(first, torch.Tensor) and first.dim() > 0 else 0
-        self.step += 1
+        self.step = int(batch) if batch is not None else self.step + 1
         self.open = True
         self.start = now
         self.start_ns = time.time_ns()

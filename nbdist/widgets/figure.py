@@ -90,13 +90,22 @@ def panels(store: MetricStore) -> list[Panel]:
     if "comm/bytes" in keys:
         ratio = store.per_rank("comm/ratio")
         shrink = sum(ratio.values()) / len(ratio) if ratio else 1.0
-        title = "Sent per step, MB" + (f" · compressed {shrink:.0f}x" if shrink > 1.5 else "")
-        out.append(Panel("comm/bytes", title, scale=1e-6))
+        unit, scale = _bytes_unit(max((v for (k, _), v in store.last.items() if k == "comm/bytes"), default=0.0))
+        title = f"Sent per step, {unit}" + (f" · compressed {shrink:.0f}x" if shrink > 1.5 else "")
+        out.append(Panel("comm/bytes", title, scale=scale))
     if "memory/rss_MiB" in keys or "memory/gpu_MiB" in keys:
         both = "memory/rss_MiB" in keys and "memory/gpu_MiB" in keys
         what = "Memory per rank, MiB" if "memory/rss_MiB" in keys else "GPU memory per rank, MiB"
         out.append(Panel("memory", what + (" · GPU dashed" if both else "")))
     return out or [Panel("loss", "Loss")]
+
+
+def _bytes_unit(most: float) -> tuple[str, float]:
+    """The unit a person reads bytes per step in: a small model's 3 KB is not a flat line at 0.00 MB."""
+    for unit, size in (("MB", 1e6), ("KB", 1e3)):
+        if most >= size:
+            return unit, 1 / size
+    return "bytes", 1.0
 
 
 def named_ranks(store: MetricStore, picked: Sequence[int] = ()) -> dict[int, str]:

@@ -188,3 +188,21 @@ def test_profiler_traces_are_written_per_rank(cluster, tmp_path):
         trace = json.loads(path.read_text())
         assert trace["traceEvents"], f"rank {rank}'s trace is empty"
         assert f"profiler trace: {path}" in r[rank].stdout
+
+
+def test_a_steps_number_is_its_loaders_count_so_a_rebuilt_model_goes_on_counting(cluster):
+    """The dashboard's x axis: a model built again (as a setup cell replayed after a recovery, or on a grown world)
+    that trains on a shard loader logs the loader's batch count, not a count of its own from 0."""
+    setup = (
+        "from nbdist.parallel import apply_ddp, shard\n"
+        "torch.manual_seed(0)\n"
+        "m = apply_ddp(torch.nn.Linear(4, 1))\n"
+        "loader = shard(torch.utils.data.TensorDataset(torch.randn(64, 4)), batch_size=4)\n"  # 8 batches a rank
+    )
+    train = "for i, (x,) in enumerate(loader):\n    m(x).sum().backward()\n    if i == 4:\n        break\nm(x)\n"
+    cluster.run(setup).raise_for_error()
+    first = cluster.run(train).raise_for_error()
+    again = cluster.run("m = apply_ddp(torch.nn.Linear(4, 1))\n" + train.replace("enumerate(loader)", "enumerate(loader, 5)")).raise_for_error()
+    for rank in (0, 1):
+        assert [row["step"] for row in first.metrics[rank]] == [0, 1, 2, 3, 4], first.metrics[rank]
+        assert [row["step"] for row in again.metrics[rank]] == [5, 6, 7], again.metrics[rank]

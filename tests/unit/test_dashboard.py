@@ -461,3 +461,13 @@ def test_nbdist_headline_is_the_dashboards_title_with_each_ranks_share():
     store = MetricStore(ranks=2)
     store.add_runs(runs)
     assert "45.0% of each step in communication" in headline_parts(store)
+
+
+@pytest.mark.parametrize("sent, unit, drawn", [(2_000_000, "MB", 2.0), (3_200, "KB", 3.2), (96, "bytes", 96.0)])
+def test_bytes_per_step_are_drawn_in_a_unit_that_shows_them(sent, unit, drawn):
+    """A small model sends kilobytes a step: in MB its line lies flat on 0.00."""
+    board = Dashboard()
+    board.update(0, [{"step": s, "comm/bytes": float(sent), "time/step_s": 0.01} for s in range(5)])
+    fig = board.figure()
+    assert f"Sent per step, {unit}" in [a.text for a in fig.layout.annotations]
+    assert any(t.y is not None and len(t.y) and max(t.y) == pytest.approx(drawn) for t in fig.data)
