@@ -12,7 +12,7 @@ import { MainAreaWidget } from '@jupyterlab/apputils';
 import { URLExt } from '@jupyterlab/coreutils';
 import { IRenderMimeRegistry, MimeModel } from '@jupyterlab/rendermime';
 import { ServerConnection } from '@jupyterlab/services';
-import { Widget } from '@lumino/widgets';
+import { PanelLayout, Widget } from '@lumino/widgets';
 
 interface IRank {
   rank: number;
@@ -273,7 +273,25 @@ class DashboardView extends Widget {
     this.addClass('nbdist-DashboardView');
     this.node.style.overflowY = 'auto';
     this.node.style.padding = '8px';
+    // The figure is a child widget, not a bare node: it is told when the tab is shown or resized, and plotly
+    // draws at the tab's width (a renderer drawn before it was attached took plotly's default, half the tab).
+    this.layout = new PanelLayout();
     void this.refresh();
+  }
+
+  /** Show ``widget`` in place of what was shown. */
+  private showOnly(widget: Widget): void {
+    const layout = this.layout as PanelLayout;
+    for (const old of [...layout.widgets]) {
+      old.dispose();
+    }
+    layout.addWidget(widget);
+  }
+
+  private say(text: string): void {
+    const note = new Widget();
+    note.node.textContent = text;
+    this.showOnly(note);
   }
 
   dispose(): void {
@@ -291,16 +309,16 @@ class DashboardView extends Widget {
       running = !!last && last.running;
       const figure = last ? last.outputs.find((o: any) => o.data && o.data['application/vnd.plotly.v1+json']) : null;
       if (!figure) {
-        this.node.replaceChildren(el('div', 'No dashboard yet: the last distributed cell logged no metrics.'));
+        this.say('No dashboard yet: the last distributed cell logged no metrics.');
       } else if (last.version !== this.version) {
         this.version = last.version;
         const mime = this.rendermime.preferredMimeType(figure.data, 'any') || 'text/plain';
         const renderer = this.rendermime.createRenderer(mime);
+        this.showOnly(renderer); // attached first, then drawn: at the tab's width
         await renderer.renderModel(new MimeModel({ data: figure.data, trusted: true }));
-        this.node.replaceChildren(renderer.node);
       }
     } catch (reason) {
-      this.node.replaceChildren(el('div', `nbdist: ${reason}`));
+      this.say(`nbdist: ${reason}`);
     }
     if (!this.isDisposed) {
       this.timer = window.setTimeout(() => void this.refresh(), running ? EVERY_MS : 5 * EVERY_MS);

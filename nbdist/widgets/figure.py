@@ -167,6 +167,7 @@ def traces(store: MetricStore, layout: list[Panel], picked: Sequence[int] = ()) 
                         hovertemplate=f"rank {rank} {part}: %{{x:.1f}} ms<extra></extra>",
                         texttemplate=f"{part} %{{x:.1f}}",
                         textposition="inside",
+                        textangle=0,  # a thin bar hides its label (uniformtext), never turns it on end
                     )
                     out.append(Trace(i, f"{i}:{rank}:{part}", "bar", np.array([value]), [f"rank {rank}"], look))
             continue

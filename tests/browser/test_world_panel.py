@@ -147,6 +147,11 @@ def test_sixteen_ranks_a_killed_rank_and_the_actions_while_a_cell_runs(tmp_path)
             title = page.evaluate("() => document.querySelector('.nbdist-DashboardView .gtitle').textContent")
             assert "ranks 0-15: busy" in title, title
             page.screenshot(path=str(ARTIFACTS / "panel-dashboard-tab.png"), full_page=True)
+            widths = page.evaluate(
+                "() => [document.querySelector('.nbdist-DashboardView').clientWidth,"
+                " document.querySelector('.nbdist-DashboardView .js-plotly-plot .main-svg').getBoundingClientRect().width]"
+            )
+            assert widths[1] > 0.85 * widths[0], f"the figure fills the tab's width: {widths}"  # was half of it
             page.click("#nbdist-worlds button:has-text('Interrupt')")
             _wait(page, lambda states: set(states.values()) == {"idle"}, 60)
             assert "interrupt sent" in _panel_text(page)

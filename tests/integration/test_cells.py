@@ -354,7 +354,9 @@ def test_bench_sweep_and_scaling_report(cluster):
     sc = report["scaling"]
     assert sc["efficiency"] == pytest.approx(sc["n_ranks_samples_per_s"] / (2 * sc["one_rank_samples_per_s"]))
     assert sc["n_ranks_no_comm_samples_per_s"] > 0 and sc["cores"] >= 1
-    assert len(figure(report).data) == 3
+    fig = figure(report)
+    assert [t.name for t in fig.data] == ["all_reduce (busbw = algbw at 2 ranks)", "memcpy (same run)"]  # no hidden line
+    assert list(fig.layout.xaxis.ticktext) == ["4 KiB", "1 MiB"]  # the sizes swept, not plotly's 2 and 5s
 
 
 def test_waiting_on_a_background_cell_that_failed_says_what_failed(cluster, capsys):

@@ -471,3 +471,14 @@ def test_bytes_per_step_are_drawn_in_a_unit_that_shows_them(sent, unit, drawn):
     fig = board.figure()
     assert f"Sent per step, {unit}" in [a.text for a in fig.layout.annotations]
     assert any(t.y is not None and len(t.y) and max(t.y) == pytest.approx(drawn) for t in fig.data)
+
+
+def test_a_step_splits_labels_lie_flat_or_are_hidden_never_turned_on_end():
+    """A thin 'exposed comm' bar turned its label vertical, unreadable (#51): labels stay horizontal, and one that
+    does not fit at the figure's smallest text size is hidden (layout.uniformtext)."""
+    board = Dashboard()
+    board.update(0, _rows(0.02, 0, data_s=0.001))
+    fig = board.figure()
+    bars = [t for t in fig.data if t.type == "bar"]
+    assert bars and all(b.textangle == 0 and b.textposition == "inside" for b in bars)
+    assert fig.layout.uniformtext.mode == "hide"
