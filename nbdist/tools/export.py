@@ -109,7 +109,10 @@ def script_text(cells: list[tuple[int, Cell]], backend: str, world_size: int, na
             body += [f"if dist.get_rank() in {tuple(cell.ranks)!r}:", textwrap.indent(code or "pass", "    ")]
         else:
             body.append(code)
-    body += ["", "", "dist.destroy_process_group()", ""]
+    # the notebook waited for every rank at the end of each cell; the script waits once, before it ends, so no
+    # process exits while another still writes (torchrun ends the rest when one process fails at exit)
+    body += ["", "", "dist.barrier()  # every rank has finished, as at the end of each cell in the notebook"]
+    body += ["dist.destroy_process_group()", ""]
     return "\n".join(head + body)
 
 

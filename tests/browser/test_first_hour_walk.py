@@ -3,8 +3,9 @@ JupyterLab opens 00, 06 and 08 in Debian's Chromium, and Run All runs each from 
 sees is checked on the page: each notebook reaches its last cell; the only error boxes are those of the cells
 tagged ``raises-exception`` (each says what went wrong in nbdist's words, with no traceback through nbdist's own
 modules); 06's one communication share reads the same in its printed line and in the dashboard's title; 08's kill
-is followed by the line that says the world was rebuilt. Screenshots of the cells a learner stops at are kept in
-test-artifacts/walk-*.png.
+is followed by the line that says the world was rebuilt. Each notebook is then saved from the page, and the saved
+file is held to the same checks as the notebooks nbclient runs (tests/notebooks: check_notebook), which therefore
+does not run these three again. Screenshots of the cells a learner stops at are kept in test-artifacts/walk-*.png.
 """
 
 from __future__ import annotations
@@ -14,10 +15,12 @@ import subprocess
 import sys
 import time
 
+import nbformat
 import pytest
 
 from tests.browser.test_dashboard_browser import ARTIFACTS, _browser, _dismiss_news, _misplaced, _server
 from tests.browser.test_leave_and_return import _end_kernels, _select_kernel
+from tests.notebooks.test_notebooks import WALKED, check_notebook, stream_text
 
 # notebook -> (cells tagged raises-exception, cells whose picture is kept)
 WALK = {
@@ -25,6 +28,7 @@ WALK = {
     "06_monitoring": (0, {"dashboard": 3, "headline": 5, "bench": 7, "claims": 12}),
     "08_faults_and_recovery": (2, {"raises": 4, "kill": 16, "compare": 17, "mismatch": 31}),
 }
+assert sorted(f"{name}.ipynb" for name in WALK) == sorted(WALKED)
 NOTEBOOK_S = 300  # a hang guard: each runs in about a minute here
 SHOWN = ".jp-NotebookPanel:not(.lm-mod-hidden)"  # the notebook in front (the ones opened before stay in the page)
 
@@ -112,6 +116,14 @@ def test_a_learner_runs_00_06_and_08_in_jupyterlab(tmp_path):
                     said = [c["i"] for c in cells if "died during the cell" in c["text"]]
                     assert "from rank 0's memory (nothing recomputed)" in cells[16]["text"], (said, cells[16]["text"])
                     assert "bit for bit: [True, True]" in cells[17]["text"], cells[17]["text"]
+                page.keyboard.press("Control+s")
+                saved = where / f"{name}.ipynb"
+                deadline = time.monotonic() + 30
+                while "cluster stopped" not in saved.read_text():
+                    assert time.monotonic() < deadline, f"{name} was not saved"
+                    time.sleep(0.5)
+                nb = nbformat.read(saved, as_version=4)
+                check_notebook(saved.name, nb, stream_text(nb))
                 page.close()
         finally:
             _end_kernels(base, token)

@@ -78,6 +78,7 @@ def demo_basic(rank, world_size, steps):
         loss_fn(outputs, torch.randn(20, 5, generator=data)).backward()
         optimizer.step()
     torch.save([p.detach() for p in ddp_model.parameters()], f"{OUT}-rank{rank}.pt")
+    dist.barrier()  # no process exits before both have written (tests/torchrun.py)
     cleanup()
     print(f"Finished the basic DDP example on rank {rank}.")
 
@@ -123,6 +124,7 @@ def run(rank, size):
         optimizer.step()
     print(f"Rank {rank}, epoch {epoch}: loss {loss.item():.4f}")
     torch.save([p.detach() for p in model.parameters()], f"{OUT}-rank{rank}.pt")
+    dist.barrier()  # no process exits before both have written (tests/torchrun.py)
 
 
 def init_process(rank, size, fn, backend="gloo"):

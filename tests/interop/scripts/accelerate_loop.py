@@ -36,6 +36,7 @@ def main():
             },
             fh,
         )
+    accelerator.wait_for_everyone()  # no rank exits before all have written (tests/torchrun.py)
     accelerator.end_training()
 
 

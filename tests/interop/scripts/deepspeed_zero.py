@@ -45,6 +45,7 @@ def main():
             },
             fh,
         )
+    dist.barrier()  # no rank exits before all have written (tests/torchrun.py)
 
 
 if __name__ == "__main__":

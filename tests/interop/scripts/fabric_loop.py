@@ -29,6 +29,7 @@ def train(fabric):
         json.dump(
             {"world": int(os.environ["WORLD_SIZE"]), "seen": fabric.world_size, "env": os.environ.get("WORLD_SIZE")}, fh
         )
+    fabric.barrier()  # no rank exits before all have written (tests/torchrun.py)
 
 
 def main():

@@ -43,6 +43,7 @@ def main():
         json.dump(
             {"world": int(os.environ["WORLD_SIZE"]), "seen": args.world_size, "env": os.environ.get("WORLD_SIZE")}, fh
         )
+    torch.distributed.barrier()  # no rank exits before all have written (tests/torchrun.py)
 
 
 if __name__ == "__main__":

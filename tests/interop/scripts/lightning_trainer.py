@@ -50,6 +50,7 @@ def main():
             },
             fh,
         )
+    trainer.strategy.barrier()  # no rank exits before all have written (tests/torchrun.py)
 
 
 if __name__ == "__main__":

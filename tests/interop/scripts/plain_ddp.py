@@ -32,6 +32,7 @@ def main():
         json.dump(
             {"world": dist.get_world_size(), "seen": dist.get_world_size(), "env": os.environ.get("WORLD_SIZE")}, fh
         )
+    dist.barrier()  # no rank exits before all have written (tests/torchrun.py)
     dist.destroy_process_group()
 
 
