@@ -115,9 +115,10 @@ def execute(
     dead = [r for r in engines.dead_ranks() if r in cfg.ranks]
     if dead:
         where = engines.ranks[dead[0]].where()
+        spec = ",".join(map(str, dead))
         raise ClusterError(
-            f"rank {dead[0]}{f' ({where})' if where else ''} is dead; "
-            "run %dist_restart (or cluster.restart()) to bring the world back."
+            f"rank {dead[0]}{f' ({where})' if where else ''} is dead; run %dist_restart --ranks {spec} (or "
+            f"cluster.restart([{', '.join(map(str, dead))}])) to bring it back; the other ranks keep their variables."
         )
     kept = None
     if sink is None:

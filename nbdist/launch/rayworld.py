@@ -3,8 +3,10 @@ groups (the first engine set's, and each later one's: ``%dist_restart``, recover
 process per node.
 
 A group is placed all at once or not at all (a placement group, ``PACK``: ranks of a node together), ordered node
-by node, and started as one actor per rank, holding the rank's CPUs and GPUs; the placement group is removed once
-the actors hold them, so a rank replaced later is placed as a group of its own.
+by node, and started as one actor per rank in its own bundle of the placement group. The world holds its placement
+groups until it ends: no other job takes the CPUs between the placement and the actors, and a rank whose engine
+ended leaves its bundle to the world (``free``), where a later group (``%dist_restart``, recovery, ``%dist_grow``)
+is placed first, on the same node, before any new placement group is asked for.
 
 Warm starts: on each node that holds CPU ranks, a node actor (no CPU of its own) runs nbdist's warm process
 (``python -m nbdist.engine.warm``, as the local launcher's pool does), which imports torch once and forks each
@@ -17,6 +19,7 @@ it, and the warm process is not theirs to vouch for. ``NBDIST_WARM=0`` starts ev
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import signal
 import threading
@@ -37,7 +40,11 @@ def warm_enabled() -> bool:
 
 def missing(need: dict[str, float], total: dict[str, float]) -> str:
     """What the cluster lacks for ``need`` at all (its whole size, not what is free now), in words; ''."""
-    short = [f"{need[k]:g} {k} (it has {total.get(k, 0):g})" for k in need if need[k] and total.get(k, 0) < need[k]]
+    short = [
+        f"{need[k] - total.get(k, 0):g} {k} (it has {total.get(k, 0):g} of the {need[k]:g} asked)"
+        for k in need
+        if need[k] and total.get(k, 0) < need[k]
+    ]
     return ", ".join(short)
 
 
@@ -133,7 +140,9 @@ class World:
         self.worst: dict[int, int] = {}  # group -> the worst exit code of its engines so far
         self.warm: dict[str, Any] = {}  # node id -> its warm actor
         self.actors: list[Any] = []  # every rank's actor made, for clean_up
-        self.pending: list[Any] = []  # placement groups not yet removed
+        self.pending: list[Any] = []  # the placement groups this world holds, removed at clean_up
+        self.bundle: dict[int, Slot] = {}  # id(actor) -> the bundle it was placed in
+        self.free: list[Slot] = []  # bundles the world holds whose rank's engine ended
         self.starting: set[int] = set()  # groups not yet started (poll leaves them be)
         self.next_group = 0
         self.closed = False  # no placement may wait any longer
@@ -148,7 +157,8 @@ class World:
         return (
             f"the Ray cluster cannot hold {n} rank(s) of {self.cpus:g} CPU"
             + (f" and {self.gpus:g} GPU" if self.gpus else "")
-            + f" each: it lacks {short}. Start fewer ranks (-n), add Ray nodes, or ask less per rank (--threads)."
+            + f" each: it lacks {short}. Start fewer ranks (-n), add Ray nodes"
+            + (", or ask fewer CPUs per rank (--threads)." if self.cpus > 1 else ".")
         )
 
     def start(
@@ -189,8 +199,46 @@ class World:
         gone: Callable[[], bool],
         env: dict[str, str],
     ) -> None:
+        from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
+
+        ray = self.ray
+        slots = self._take_free(n)
+        try:
+            while len(slots) < n:  # a placement that waits gives way to bundles the world gets back meanwhile
+                slots += self._place(n - len(slots), waiting, gone) or self._take_free(n - len(slots))
+        except BaseException:
+            with self.lock:
+                self.free += slots  # still the world's
+            raise
+        placed()
+        ip = {
+            node["NodeID"]: tuple(int(p) for p in node["NodeManagerAddress"].split(".") if p.isdigit())
+            for node in ray.nodes()
+        }
+        slots.sort(key=lambda slot: ip.get(slot.node, ()))  # a node's ranks together, nodes by address
+        warm = {slot.node: self._warm_on(slot.node, command[0]) for slot in slots}
+        engine = ray.remote(_Engine)
+        actors = []
+        for slot in slots:
+            where = PlacementGroupSchedulingStrategy(placement_group=slot.group, placement_group_bundle_index=slot.index)
+            actor = engine.options(num_cpus=self.cpus, num_gpus=self.gpus, scheduling_strategy=where).remote()
+            self.bundle[id(actor)] = slot
+            actors.append(actor)
+        self.actors += actors
+        with self.lock:
+            self.groups[gid] = dict(enumerate(actors))
+        calls = [
+            a.start.remote(command, {**env, RANK_VAR: str(r)}, warm[slot.node])
+            for r, (slot, a) in enumerate(zip(slots, actors, strict=True))
+        ]
+        for rank, (host, pid, forked) in enumerate(ray.get(calls)):
+            say(f"nbdist: launch rank {rank} on {host}, pid {pid}" + (" (forked warm)" if forked else ""))
+
+    def _place(self, n: int, waiting: Callable[[str], None], gone: Callable[[], bool]) -> list[Slot]:
+        """A new placement group of ``n`` bundles, all placed or none (it waits while Ray cannot); its bundles, or []
+        when, while it waited, a rank's engine ended and gave the world back a bundle (the group is removed: the
+        ranks just replaced, by %dist_restart for one, hold the CPUs it waits for)."""
         from ray.util.placement_group import placement_group, placement_group_table, remove_placement_group
-        from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
         ray = self.ray
         bundle = {"CPU": self.cpus, **({"GPU": self.gpus} if self.gpus else {})}
@@ -199,33 +247,30 @@ class World:
         while not ray.wait([group.ready()], timeout=0.5)[0]:
             if gone() or self.closed:
                 raise RuntimeError("the placement was abandoned")
+            if self._prune_free():
+                remove_placement_group(group)
+                self.pending.remove(group)
+                return []
             free = {k: v for k, v in ray.available_resources().items() if k in ("CPU", "GPU")}
             waiting(f"Ray has not placed the {n} rank(s) yet ({bundle} each; free now: {free})")
         waiting("")
-        placed()
         nodes = placement_group_table(group)["bundles_to_node_id"]
-        ip = {
-            node["NodeID"]: tuple(int(p) for p in node["NodeManagerAddress"].split(".") if p.isdigit())
-            for node in ray.nodes()
-        }
-        order = sorted(range(n), key=lambda i: (ip.get(nodes[i], ()), i))  # a node's ranks together, nodes by address
-        warm = {node: self._warm_on(node, command[0]) for node in {nodes[i] for i in order}}
-        remove_placement_group(group)  # the actors below hold the same CPUs and GPUs on the same nodes
-        self.pending.remove(group)
-        engine = ray.remote(_Engine)
-        actors = []
-        for i in order:
-            affinity = NodeAffinitySchedulingStrategy(nodes[i], soft=False)
-            actors.append(engine.options(num_cpus=self.cpus, num_gpus=self.gpus, scheduling_strategy=affinity).remote())
-        self.actors += actors
+        return [Slot(group, i, nodes[i]) for i in range(n)]
+
+    def _take_free(self, n: int) -> list[Slot]:
+        """Up to ``n`` of the world's free bundles."""
+        self._prune_free()
         with self.lock:
-            self.groups[gid] = dict(enumerate(actors))
-        calls = [
-            a.start.remote(command, {**env, RANK_VAR: str(r)}, warm[nodes[i]])
-            for r, (i, a) in enumerate(zip(order, actors, strict=True))
-        ]
-        for rank, (host, pid, forked) in enumerate(ray.get(calls)):
-            say(f"nbdist: launch rank {rank} on {host}, pid {pid}" + (" (forked warm)" if forked else ""))
+            taken, self.free = self.free[:n], self.free[n:]
+        return taken
+
+    def _prune_free(self) -> int:
+        """Forget the free bundles of nodes that left (Ray places them again elsewhere, when it can: a new placement
+        group is asked for instead); how many are left."""
+        alive = {node["NodeID"] for node in self.ray.nodes() if node.get("Alive")}
+        with self.lock:
+            self.free = [slot for slot in self.free if slot.node in alive]
+            return len(self.free)
 
     def _warm_on(self, node: str, python: str) -> Any:
         """The node's warm actor (made on first use), or None where ranks start cold."""
@@ -253,9 +298,11 @@ class World:
             except Exception:  # the actor or its node is gone
                 code = -1
             if code is not None:
-                say(f"nbdist: launch rank {rank}'s engine ended ({code}); its actor is let go")
+                say(f"nbdist: launch rank {rank}'s engine ended ({code}); its actor is let go, its bundle kept")
                 _forget(ray, actor)
                 with self.lock:
+                    if id(actor) in self.bundle:
+                        self.free.append(self.bundle.pop(id(actor)))
                     self.groups[gid].pop(rank, None)
                     self.worst[gid] = max(self.worst[gid], abs(code))
         with self.lock:
@@ -270,6 +317,9 @@ class World:
             ranks = self.groups.pop(gid, {})
         for actor in ranks.values():
             _stop(self.ray, actor)
+            with self.lock:
+                if id(actor) in self.bundle:
+                    self.free.append(self.bundle.pop(id(actor)))
 
     def busy(self) -> bool:
         with self.lock:
@@ -291,6 +341,15 @@ class World:
                 remove_placement_group(group)
             except Exception:
                 pass
+
+
+@dataclasses.dataclass(frozen=True)
+class Slot:
+    """One bundle (a rank's CPUs and GPUs) of a placement group the world holds, and the node it is on."""
+
+    group: Any
+    index: int
+    node: str
 
 
 def _stop(ray: Any, actor: Any) -> None:

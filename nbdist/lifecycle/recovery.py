@@ -233,13 +233,16 @@ def repair(
     to_recover = recovery.wants(result, killed)
     if to_recover:  # Recovery.recover restarts them, replays the setup cells and runs the cell again; the ranks
         return sorted(set(to_recover) | set(killed))  # nbdist ended for not stopping are restarted with them
+    hosts = {r.rank: r.host for r in result.ranks if r.host}
+    named = f"rank(s) {', '.join(str(r) + (f' (on {hosts[r]})' if r in hosts else '') for r in dead)}"
+    # only the dead: a plain %dist_restart replaces every rank, and the living would lose their variables
+    bring_back = f"%dist_restart --ranks {','.join(map(str, dead))} brings them back (the other ranks keep their variables)"
     if dead and recovery.budget and not killed:
         result.notes.append(
-            f"rank(s) {listed} died and the automatic restarts are spent ({recovery.budget} of "
-            f"{recovery.budget}); run %dist_restart to bring the world back with the same ranks."
+            f"{named} died and the automatic restarts are spent ({recovery.budget} of {recovery.budget}); {bring_back}."
         )
     elif dead and not (killed or auto_restart):
-        result.notes.append(f"rank(s) {listed} died; run %dist_restart to bring the world back with the same ranks.")
+        result.notes.append(f"{named} died; {bring_back}.")
     elif dead:
         try:
             membership.restart(dead)

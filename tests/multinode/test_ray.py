@@ -40,6 +40,14 @@ print(sum(1 for j in state.jobs() if "ray.util.client.server" in j["Entrypoint"]
 """
 
 
+# Another job that asks for one CPU while the world runs: whether Ray placed it within 15 s.
+COMPETITOR = """
+from ray.util.placement_group import placement_group
+group = placement_group([{"CPU": 1}])
+print("placed" if ray.wait([group.ready()], timeout=15)[0] else "waited")
+"""
+
+
 def _drivers_since(ray_nodes, since_ms: int) -> int:
     return int(ray_nodes.query(DRIVERS.replace("SINCE", str(since_ms))))
 
@@ -79,7 +87,8 @@ def test_four_ranks_over_both_ray_nodes_train_as_one_process_and_stop_leaves_not
     try:
         assert [r.host for r in cluster.ranks] == ["rnode1", "rnode1", "rnode2", "rnode2"]
         check_ddp_against_one_process(cluster)
-        assert _held(ray_nodes)[0] == 6  # one actor per rank and one per node (its warm process), while it lives
+        # one actor per rank and one per node (its warm process), and the world's placement group, while it lives
+        assert _held(ray_nodes) == (6, 1)
         # every engine is a fork of its node's warm process (torch imported once per node)
         warm = [_warm_parent(r.pid) for r in cluster.ranks]
         assert warm[0] == warm[1] != warm[2] == warm[3], warm
@@ -126,11 +135,25 @@ def test_ctrl_c_in_a_collective_releases_every_rank_and_a_killed_rank_restarts_o
         with pytest.raises(RankError) as err:
             result.raise_for_error()
         assert "rank 3" in str(err.value) and "rnode2" in str(err.value), str(err.value)
+        assert any("rank(s) 3 (on rnode2) died; %dist_restart --ranks 3 brings them back" in n for n in result.notes)
+        # another job asks Ray for the CPU rank 3 held: the world keeps its reservation, so that job waits, and the
+        # replacement takes the CPU (before, the CPU went back to Ray with the dead rank's actor, and whoever
+        # asked first took it)
+        competitor: list[str] = []
+        other = threading.Thread(target=lambda: competitor.append(ray_nodes.query(COMPETITOR)), daemon=True)
+        other.start()
+        poll(lambda: _held(ray_nodes)[1] == 2, within=HANG_S)  # its placement group is asked for, and waits
         cluster.restart([3])
         assert [r.host for r in cluster.ranks] == ["rnode1", "rnode1", "rnode2", "rnode2"]
         # the replacement was started by the world's own driver (no second connection to Ray), and forked from
         # rnode2's warm process like the rank it replaces
         assert _drivers_since(ray_nodes, since) == 0 and _warm_parent(cluster.ranks[3].pid) == warm
+        other.join(timeout=HANG_S)
+        assert competitor == ["waited\n"], competitor
+        # a plain restart replaces every rank, in the world's own bundles, forked from the same warm processes
+        parents, since = [_warm_parent(r.pid) for r in cluster.ranks], int(time.time() * 1000)
+        cluster.restart()
+        assert [_warm_parent(r.pid) for r in cluster.ranks] == parents and _drivers_since(ray_nodes, since) == 0
         check_ddp_against_one_process(cluster)
     finally:
         cluster.stop()
@@ -145,7 +168,7 @@ def test_more_ranks_than_the_ray_cluster_holds_fail_at_once_naming_what_is_missi
         nbdist.start(6, launcher="ray", address=ray_nodes.address, timeout=300)
     took = time.monotonic() - tic
     message = str(err.value)
-    assert "the Ray cluster cannot hold 6 rank(s) of 1 CPU each: it lacks 6 CPU (it has 4)" in message, message
+    assert "the Ray cluster cannot hold 6 rank(s) of 1 CPU each: it lacks 2 CPU (it has 4 of the 6 asked). Start fewer ranks (-n), add Ray nodes." in message, message
     assert took < 150, f"{took:.0f} s: it waited instead of failing at once"
     assert _left(ray_nodes) == (0, 0)
 
@@ -238,7 +261,7 @@ def test_a_kept_ray_world_is_attached_from_another_process_and_ends_by_itself_wh
     _start_and_kill_kernel(KEPT.replace("KEEP", "180").replace("N", "4"), ray_nodes.address)  # ended by stop below
     print(f"kept world started and its kernel killed: {time.monotonic() - tic:.1f} s")
     time.sleep(2)  # past the moment a driver that watched its kernel would have ended the world
-    assert _held(ray_nodes)[0] == 6, "kept: the ranks' actors (and the nodes' warm ones) outlive the kernel"
+    assert _held(ray_nodes) == (6, 1), "kept: the ranks' actors (and the nodes' warm ones) outlive the kernel"
     # a second kept world whose kernel dies while Ray still waits for CPUs (the first holds them all): its driver
     # has nothing placed to keep, so it ends and removes its placement group
     import subprocess
@@ -246,11 +269,11 @@ def test_a_kept_ray_world_is_attached_from_another_process_and_ends_by_itself_wh
 
     waiting = subprocess.Popen([sys.executable, "-c", KEPT.replace("KEEP", "30").replace("N", "2"), ray_nodes.address])
     try:
-        poll(lambda: _held(ray_nodes) == (6, 1), within=HANG_S)  # its group waits
+        poll(lambda: _held(ray_nodes) == (6, 2), within=HANG_S)  # its group waits beside the first world's
     finally:
         waiting.kill()
         waiting.wait()
-    poll(lambda: _held(ray_nodes) == (6, 0), within=HANG_S)
+    poll(lambda: _held(ray_nodes) == (6, 1), within=HANG_S)
     cluster = nbdist.attach()
     try:
         assert [r.host for r in cluster.ranks] == ["rnode1", "rnode1", "rnode2", "rnode2"]

@@ -87,7 +87,7 @@ def test_dist_where_without_a_cluster_says_how_to_start(ip, monkeypatch):
 # removing one is a deliberate change here, in the docs, and in the notebooks that teach it.
 FROZEN = {
     # then each launcher's own options, in the order the launchers declare them (config/launchers.py)
-    "dist_start": "-n --backend --launcher --timeout --oversubscribe --no-pin --max-restarts --recover-from "
+    "dist_start": "-n --backend --launcher --timeout --oversubscribe --threads --no-pin --max-restarts --recover-from "
     "--min-ranks --debug-collectives --restart --keep --ip --nodes --partition --time --account --gpus-per-node --sbatch-arg "
     "--ranks-per-node --mpi-arg --address --gpus-per-rank",
     "distributed": "--ranks --timeout --noblock --quiet --each --setup",
@@ -141,7 +141,7 @@ def test_each_magics_usage_comes_from_its_parser_and_names_every_option_with_hel
 
 def test_the_usage_a_bad_line_shows_lists_every_option(ip):
     msg = _usage(ip, "dist_start --oversubscribe --no-pin --bogus")
-    assert "[--oversubscribe] [--no-pin]" in msg, "the usage an error shows lists every option"
+    assert "[--oversubscribe] [--threads N] [--no-pin]" in msg, "the usage an error shows lists every option"
 
 
 def test_each_dist_start_option_lands_on_its_start_config_field():

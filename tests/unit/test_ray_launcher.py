@@ -20,8 +20,8 @@ def test_ray_versions_outside_the_tested_range_are_named_with_the_fix():
 
 
 def test_what_the_ray_cluster_lacks_is_said_against_its_whole_size():
-    assert raylaunch.missing({"CPU": 6, "GPU": 0}, {"CPU": 4.0}) == "6 CPU (it has 4)"
-    assert raylaunch.missing({"CPU": 2, "GPU": 2}, {"CPU": 4.0, "GPU": 1.0}) == "2 GPU (it has 1)"
+    assert raylaunch.missing({"CPU": 6, "GPU": 0}, {"CPU": 4.0}) == "2 CPU (it has 4 of the 6 asked)"
+    assert raylaunch.missing({"CPU": 2, "GPU": 2}, {"CPU": 4.0, "GPU": 1.0}) == "1 GPU (it has 1 of the 2 asked)"
     assert raylaunch.missing({"CPU": 4, "GPU": 0}, {"CPU": 4.0}) == ""
 
 
