@@ -53,8 +53,10 @@ def _progress(path: str, rank: int) -> int:
 
 
 def _died(line: str) -> list[int]:
+    """The ranks a recovery line names as dead, and those it names as ended for not stopping after the release."""
     found = re.match(r"rank\(s\) ([\d, ]+) died", line)
-    return [int(r) for r in found.group(1).split(", ")] if found else []
+    ended = re.search(r"rank\(s\) ([\d, ]+) did not stop after the release and were ended", line)
+    return [int(r) for m in (found, ended) if m for r in m.group(1).split(", ")]
 
 
 def main() -> int:
@@ -114,6 +116,8 @@ def main() -> int:
                 + (f"  LIVING RANK(S) {beside} DIED" if beside or not result.ok else ""),
                 flush=True,
             )
+            if beside:
+                print("   " + "\n   ".join(result.recovered + result.notes), flush=True)
             if not result.ok:
                 print("   " + "\n   ".join(str(result).splitlines()[:12]), flush=True)
                 break

@@ -96,7 +96,10 @@ def collect(
             }
         elif rank in killed or not child.done():
             rr.status = RankStatus.DEAD
-            rr.error = {"ename": "Killed", "evalue": "did not stop after an interrupt; nbdist ended it"}
+            seen = reports.get(rank) or {}
+            place = (seen.get("stack") or [""])[-1].rsplit("/", 1)[-1]
+            at = f" (last seen in {seen.get('function')}, {place})" if place else " (silent when asked where it was)"
+            rr.error = {"ename": "Killed", "evalue": f"did not stop after an interrupt{at}; nbdist ended it"}
             rr.error["traceback"] = []
         elif exc is not None:
             rr.error = remote_error(exc)

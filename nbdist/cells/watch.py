@@ -184,6 +184,7 @@ class Watch:
                     now = reports.where(self.engines, running)
                     ended = stuck(running, now, self.looked)
                     self.looked = {r: now.get(r) for r in running}
+                    self.reports.update(now)  # where they were last seen, for the line of those ended
                     if ended:
                         self._end(ended)
                         killed += ended
@@ -246,7 +247,12 @@ class Watch:
         self.engines.signal(running)
 
     def _end(self, ranks: list[int]) -> None:
-        """End these ranks' processes (they did not stop after the release): they are dead, and no longer waited for."""
+        """End these ranks' processes (they did not stop after the release): they are dead, and no longer waited for.
+        Where each was last seen is said first: what held it is what to fix."""
+        for rank in ranks:
+            seen = self.reports.get(rank) or {}
+            place = " <- ".join(reversed([p.rsplit("/", 1)[-1] for p in (seen.get("stack") or [])[-3:]]))
+            self._say(f"nbdist: ending rank {rank}, which did not stop after the release: " + (place or "silent"))
         self.engines.kill(ranks)
         self.board.set(ranks, RankState.DEAD)
         self.ended.update(i for i, rank in enumerate(self.ranks) if rank in ranks)

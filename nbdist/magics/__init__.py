@@ -55,13 +55,8 @@ class DistMagics(Magics):
     @argument("--launcher", default=None, help="filled from the launchers known when the magic runs")
     @argument("--timeout", type=float, default=45.0, metavar="S", help="seconds to wait for the world to form")
     @argument("--oversubscribe", action="store_true", help="allow more ranks than cores")
-    @argument(
-        "--threads",
-        type=int,
-        default=None,
-        metavar="N",
-        help="threads per rank (OMP_NUM_THREADS; on Ray, the CPUs each rank holds); default: a host's cores / its ranks",
-    )
+    @argument("--threads", type=int, default=None, metavar="N", help="threads per rank (OMP_NUM_THREADS; on Ray, the "
+              "CPUs each rank holds); default: a host's cores / its ranks")
     @argument(
         "--no-pin",
         dest="pin",

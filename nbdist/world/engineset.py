@@ -216,6 +216,7 @@ class EngineSet:
         this set submitted (by id). Returns those job ids."""
         pids = self.pids()
         jobs = self.job_ids()
+        self.published.close()
         if self.client is not None:
             try:
                 self.client.close(linger=0)

@@ -16,10 +16,12 @@ from nbdist.world.engineset import RankInfo
 def test_every_change_of_the_board_is_in_the_file_whole(tmp_path):
     board = Board()
     ranks = [RankInfo(0, 0, pid=11, host="a"), RankInfo(1, 1, pid=12, host="b", local=False, gpu=1)]
-    board.subscribe(published.Published(str(tmp_path), board, lambda: ranks))
+    pub = published.Published(str(tmp_path), board, lambda: ranks)
+    board.subscribe(pub)
     board.reset([0, 1])
     board.set([0, 1], RankState.BUSY, cell="train()")
     board.reported({1: (True, 3)})
+    pub.flush()  # written by a thread of its own, off the cell's path
     rows = published.read(str(tmp_path))
     assert [(r["rank"], r["state"], r["cell"], r["line"]) for r in rows] == [
         (0, "busy", "train()", None),
@@ -47,10 +49,28 @@ def test_every_change_of_the_board_is_in_the_file_whole(tmp_path):
         w.start()
     for w in writers:
         w.join()
+    pub.flush()
     stop.set()
     t.join()
     assert seen and set(seen) == {2}
     assert json.load(open(tmp_path / published.FILE))["ranks"][1]["state"] == "debugging"
+    pub.close()
+
+
+def test_a_burst_of_changes_is_a_few_writes_off_the_changing_thread(tmp_path, monkeypatch):
+    """A cell's start sets 64 ranks busy, one change each: the file is written a few times, not 64, and never on
+    the thread that changed the board (the kernel's, on the cell's path); close() writes the last change."""
+    board = Board()
+    pub = published.Published(str(tmp_path), board, lambda: [RankInfo(r, r) for r in range(64)])
+    board.subscribe(pub)
+    writes: list[str] = []
+    real = pub.write
+    monkeypatch.setattr(pub, "write", lambda: (writes.append(threading.current_thread().name), real()))
+    board.reset(list(range(64)))
+    board.set(list(range(64)), RankState.BUSY, cell="x = 1")
+    pub.close()
+    assert 1 <= len(writes) <= 8 and set(writes) == {"nbdist-published"}, writes
+    assert {r["state"] for r in published.read(str(tmp_path))} == {"busy"}
 
 
 def test_a_world_directory_gone_or_a_damaged_file(tmp_path):
