@@ -251,8 +251,9 @@ class Watch:
         Where each was last seen is said first: what held it is what to fix."""
         for rank in ranks:
             seen = self.reports.get(rank) or {}
-            place = " <- ".join(reversed([p.rsplit("/", 1)[-1] for p in (seen.get("stack") or [])[-3:]]))
-            self._say(f"nbdist: ending rank {rank}, which did not stop after the release: " + (place or "silent"))
+            place = " <- ".join(reversed([p.rsplit("/", 1)[-1] for p in (seen.get("stack") or [])[-4:]]))
+            state = "" if not seen else " (in its cell)" if seen.get("busy", True) else " (its cell over, no reply sent)"
+            self._say(f"nbdist: ending rank {rank}, which did not stop after the release{state}: {place or 'silent'}")
         self.engines.kill(ranks)
         self.board.set(ranks, RankState.DEAD)
         self.ended.update(i for i, rank in enumerate(self.ranks) if rank in ranks)

@@ -259,6 +259,8 @@ def _write_report(reason: str) -> None:
         report.update(where(frame))
     else:
         report["collective"] = collectives.describe()
+        if frame is not None:  # out of the cell: where its reply is on the way (or what holds it)
+            report["stack"] = where(frame)["stack"]
     try:
         report["gpu"] = gpu.info()  # {} in a rank that never touched CUDA (a gloo world)
     except Exception:  # a failing driver must not cost the report its cell line

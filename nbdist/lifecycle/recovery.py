@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from ..cells.history import Cell
@@ -63,6 +63,7 @@ class Recovery:
     checkpoint: dict[str, Any] | None = None  # {"path": ..., "names": {"model": ..., ...}}
     peer: bool = True  # rebuild from the living ranks' memory where that is exact (peer_recovery.py)
     renumbered: dict[int, int] | None = None  # the last recovery's old rank -> new rank, when the world shrank
+    phases: dict[str, float] = field(default_factory=dict)  # the last recovery's parts, in seconds (benchmarks)
 
     @classmethod
     def of(cls, config: RecoveryConfig) -> Recovery:
@@ -96,6 +97,7 @@ class Recovery:
             stuck = f"rank(s) {', '.join(map(str, ended))} did not stop after the release and were ended"
             why = f"{why} and {stuck}" if why else stuck
         said, not_peer = peer_recovery.ask(replay.engines, dead, replay.timeout) if self.peer else (None, "")
+        self.phases = {"ask": time.perf_counter() - tic}
         before = len(replay.engines.ranks)
         try:
             replay.membership.restart(dead)
@@ -106,10 +108,12 @@ class Recovery:
             what += replay.engines.given_back
             if replay.engines.standby is not None:
                 what.append(replay.engines.standby.said())
+        self.phases["restart"] = time.perf_counter() - tic - sum(self.phases.values())
         chosen = None
         if said is not None:
             chosen, not_peer = peer_recovery.decide(said, [] if renumbered else dead, renumbered, code)
         replay_setup(replay, "automatic recovery")
+        self.phases["replay"] = time.perf_counter() - tic - sum(self.phases.values())
         if replay.setup:
             what.append(f"replayed {len(replay.setup)} setup cell(s)")
         elif not renumbered:
@@ -129,6 +133,7 @@ class Recovery:
         if restored is not None:
             step = restored
             what.append(f"restored step {restored} from {self.checkpoint['path']}")  # type: ignore[index]
+        self.phases["restore"] = time.perf_counter() - tic - sum(self.phases.values())
         if renumbered:
             replay.membership.resized(Resize(before, len(renumbered), step, list(dead), time.time()))
         line = (
