@@ -65,6 +65,13 @@ def main() -> int:
     ap.add_argument("--kills", type=int, default=50)
     ap.add_argument("--steps", type=int, default=40, help="loop steps per round")
     ap.add_argument("--seed", type=int, default=1)
+    ap.add_argument(
+        "--second-after",
+        type=float,
+        default=None,
+        metavar="S",
+        help="kill a second rank S seconds after the first (two deaths: the second may land in the recovery itself)",
+    )
     args = ap.parse_args()
     rng = random.Random(args.seed)
     rounds: list[dict] = []
@@ -83,12 +90,22 @@ def main() -> int:
             c.run("START = loader.step", sink=Sink()).raise_for_error()
             first = c.pull("START", ranks=[0])[0]
 
-            def killer(rank: int = victim, at: int = after + first, killed_at: list[float] = killed_at) -> None:
+            second = rng.choice([r for r in range(args.ranks) if r != victim])
+
+            def killer(
+                rank: int = victim, at: int = after + first, killed_at: list[float] = killed_at, other: int = second
+            ) -> None:
                 end = time.monotonic() + 120
                 while _progress(progress, rank) < at and time.monotonic() < end:
                     time.sleep(0.002)
                 os.kill(c.engines.ranks[rank].pid, signal.SIGKILL)
                 killed_at.append(time.perf_counter())
+                if args.second_after is not None:  # another rank, moments later: during the release or the recovery
+                    time.sleep(args.second_after)
+                    try:
+                        os.kill(c.engines.ranks[other].pid, signal.SIGKILL)
+                    except ProcessLookupError:
+                        pass
 
             thread = threading.Thread(target=killer, daemon=True)
             thread.start()
@@ -100,6 +117,7 @@ def main() -> int:
             row = {
                 "round": k,
                 "victim": victim,
+                "victims": sorted({victim} | ({second} if args.second_after is not None else set())),
                 "after_step": after,
                 "ok": result.ok,
                 "dead": dead,
@@ -109,7 +127,8 @@ def main() -> int:
                 "notes": result.notes[:3],
             }
             rounds.append(row)
-            beside = [r for r in dead if r != victim]
+            victims = {victim} | ({second} if args.second_after is not None else set())
+            beside = [r for r in dead if r not in victims]
             print(
                 f"round {k:2d}: killed rank {victim} after step {after}: ok={result.ok} dead={dead} "
                 f"kill->end {row['kill_to_end_s']} s"
@@ -121,7 +140,7 @@ def main() -> int:
             if not result.ok:
                 print("   " + "\n   ".join(str(result).splitlines()[:12]), flush=True)
                 break
-    bad = [r for r in rounds if not r["ok"] or [d for d in r["dead"] if d != r["victim"]]]
+    bad = [r for r in rounds if not r["ok"] or [d for d in r["dead"] if d not in r["victims"]]]
     times = [r["kill_to_end_s"] for r in rounds if r["kill_to_end_s"] is not None and r["ok"]]
     summary = {
         "ranks": args.ranks,

@@ -16,6 +16,7 @@ KEEP_ENV = "NBDIST_KEEP_S"  # in a kept world's processes: seconds of idleness i
 LEASE = "lease"  # in a kept world's directory: its modification time is the world's last sign of life
 STEPS_ENV = "NBDIST_STEPS_DIR"  # where each engine says its step on the way in (engine/steps.py)
 WAITING = "waiting-{pid}"  # in a kept world's directory: this process saw its kernel go and waits out the lease
+BREAK_NOW = "break-now"  # in the world's directory: the time of a release that breaks the group at once (a death)
 REPORT = "rank{rank}.json"  # in the world's directory: where a rank is, written when it gets SIGUSR1 (engine/runtime.py)
 PEER_ENV = "NBDIST_PEER_RECOVERY"  # "1" on a rank of a world that recovers from a live peer (parallel/peer.py)
 

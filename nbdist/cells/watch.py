@@ -74,6 +74,7 @@ class Watch:
         self.failed = False
         self.exited = False
         self.finished: set[int] = set()  # children whose output (iopub, up to its idle status) was handed on
+        self.unsettled: set[int] = set()  # children that replied before their output was all in (_settle)
         self.deaths_at = self.tic  # the last look at the ranks' processes
         self.out = Heard(self.children, ranks, sink, self.wake)  # what the ranks send, in order, to the sink
         self.relay = Relay(functools.partial(send_line, engines), ask=self.ask, say=self._say)
@@ -87,10 +88,25 @@ class Watch:
             state = replies.state_of(child)
             self.failed = self.failed or state in (RankState.FAILED, RankState.DEAD)
             self.exited = self.exited or state == RankState.EXITED
-            self.board.set([self.ranks[i]], state)
+            if state == RankState.IDLE and not child.output.done():
+                self.unsettled.add(i)  # busy until its output is in: an exit() may still be on its way (_settle)
+                child.output.add_done_callback(lambda _: self._settle(i))  # followed or not (a --noblock cell)
+            else:
+                self.board.set([self.ranks[i]], state)
         finally:  # whatever the reply said, this rank is not running any more
             self.waiting.discard(i)
             self.wake.put(1)
+
+    def _settle(self, i: int) -> None:
+        """A rank whose reply said idle before its output was all in: what it is left in, read now that the output is
+        in. An exit() in the cell travels with the output (iopub), which can come after the reply (shell)."""
+        try:
+            self.unsettled.remove(i)  # once (the IO thread's callback and the loop may both come)
+        except KeyError:
+            return
+        state = replies.state_of(self.children[i])
+        self.exited = self.exited or state == RankState.EXITED
+        self.board.set([self.ranks[i]], state)
 
     def follow(self, timeout: float | None, stream: bool) -> tuple[RunResult, list[int]]:
         """Watch until every rank is done, releasing or killing ranks as the policy says.
@@ -110,6 +126,8 @@ class Watch:
         finally:
             ctrl_c.restore()
         self._finish_output(stream)
+        for i in list(self.unsettled):
+            self._settle(i)
         if stream:  # the last replies' states: the loop ends on them, before it reports them
             self._report_states()
         result = replies.collect(
@@ -152,6 +170,8 @@ class Watch:
                 if stream:
                     # before the emit: those whose output is complete
                     heard_all = [i for i, c in enumerate(self.children) if i not in self.finished and c.output.done()]
+                    for i in heard_all:
+                        self._settle(i)
                     self.out.emit()
                     self._report_states()
                     for i in heard_all:  # their output is all with the sink now: no line of theirs to wait for
@@ -179,7 +199,7 @@ class Watch:
                     if action is Action.RELEASE:
                         self.engines.signal(running)
                 elif action is Action.RELEASE:
-                    self._release(running)
+                    self._release(running, death=bool(self.gone) and self.death_grace == 0)
                 elif action is Action.CHECK:
                     now = reports.where(self.engines, running)
                     ended = stuck(running, now, self.looked)
@@ -241,9 +261,15 @@ class Watch:
                 self.gone.add(i)
                 self.board.set([self.ranks[i]], RankState.DEAD)
 
-    def _release(self, running: list[int]) -> None:
-        """Note where the running ranks are, then interrupt them (their watchers do the rest)."""
-        self.reports = reports.where(self.engines, running)
+    def _release(self, running: list[int], death: bool = False) -> None:
+        """Note where the running ranks are, then interrupt them (their watchers do the rest). After a death that
+        recovery mends (``death``) the group is lost anyway and the cell runs again: no look (the ranks' errors are
+        not shown), and the watchers break the group at once instead of giving the cell a moment to stop by itself
+        (engine/runtime.py: BREAK_NOW)."""
+        if death:
+            reports.break_now(self.engines)
+        else:
+            self.reports = reports.where(self.engines, running)
         self.engines.signal(running)
 
     def _end(self, ranks: list[int]) -> None:

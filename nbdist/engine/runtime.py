@@ -278,6 +278,18 @@ def _write_report(reason: str) -> None:
 # --------------------------------------------------------------------------- watcher
 
 
+BREAK_S = 5.0  # a BREAK_NOW file older than this is left over from an earlier release
+
+
+def _break_now() -> bool:
+    """Whether the client asked this release to break the group at once (a rank died: the group is lost anyway)."""
+    try:
+        with open(os.path.join(STATE.report_dir or "", wire.BREAK_NOW)) as fh:
+            return abs(time.time() - float(fh.read())) < BREAK_S
+    except (OSError, ValueError):
+        return False
+
+
 def _noop_handler(signum: int, frame: Any) -> None:
     return None
 
@@ -312,7 +324,7 @@ def _watch(rsock: socket.socket, wsock: socket.socket, previous: int) -> None:
                 _write_report("report")
             if signal.SIGINT in signums and STATE.busy_since is not None:
                 cell = STATE.cell
-                deadline = time.monotonic() + STATE.abort_after
+                deadline = time.monotonic() + (0.0 if _break_now() else STATE.abort_after)
                 while time.monotonic() < deadline:
                     if STATE.busy_since is None or STATE.cell != cell:
                         break

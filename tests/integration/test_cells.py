@@ -174,6 +174,28 @@ def test_a_released_rank_that_is_slow_to_stop_is_left_to_finish_and_keeps_its_va
     assert_usable(cluster)
 
 
+def test_a_stuck_rank_that_is_ended_is_named_with_where_it_was_last_seen(cluster, capsys):
+    """A released rank that ignores the interrupt and sleeps at one line (no CPU, the same place at two looks) is
+    stuck: nbdist ends it, and says first where it was, in the cell's output and in the rank's error, so the person
+    sees what held it (before: "did not stop after an interrupt; nbdist ended it", and nothing more)."""
+    r = cluster.run(
+        "import signal, time\n"
+        "if dist.get_rank() == 1:\n"
+        "    signal.signal(signal.SIGINT, signal.SIG_IGN)\n"
+        "    while True:\n"
+        "        time.sleep(0.2)\n"
+        "raise RuntimeError('rank 0 gives up')\n",
+        timeout=HANG_S,
+    )
+    said = capsys.readouterr().out
+    assert r[1].status == "dead" and r[0].status == "error", (r[0].status, r[1].status)
+    assert "nbdist: ending rank 1, which did not stop after the release (in its cell): " in said, said
+    assert "in <module>" in said.split("nbdist: ending rank 1", 1)[1].splitlines()[0], said
+    assert "did not stop after an interrupt (last seen in <module>, " in r[1].error["evalue"], r[1].error
+    cluster.restart([1])
+    assert_usable(cluster)
+
+
 def test_fault3_ctrl_c_reaches_ranks_blocked_in_collectives(cluster, tmp_path):
     here = tmp_path / "in-collective"
 

@@ -150,6 +150,7 @@ def test_the_dashboard_status_the_panel_and_the_states_say_the_same_at_the_same_
         run_cell(ip, "%dist_status")
         status = capsys.readouterr().out
         pointers.point(cluster.membership.workdir, "states-kernel")
+        cluster.engines.published.flush()  # the panel's file is written off the cell's path, moments after a change
         try:
             panel = {row["rank"]: row for row in worlds.world("states-kernel", "")["ranks"]}
         finally:

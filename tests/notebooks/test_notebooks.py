@@ -206,7 +206,9 @@ def check_notebook(name: str, nb: nbformat.NotebookNode, text: str) -> None:
         headline = re.search(r"([0-9.]+)% of each step in communication", title)[1]
         share = re.search(r"all ranks: ([0-9.]+)% \(the mean of the ranks", text)[1]
         assert share == headline, (share, title)
-        assert f"the dashboard measured {float(share):.0f}%" in text
+        # the claims cell rounds the share itself (59.46 -> 59), the line above printed it to one decimal (59.5)
+        measured = re.search(r"the dashboard measured (\d+)%", text)
+        assert measured and abs(int(measured[1]) - float(share)) <= 0.55, (share, measured and measured[0])
         efficiency = re.findall(r"scaling efficiency (?:= 2 ranks / \(2 x 1 rank\) = )?([0-9]+)%", text)
         assert len(efficiency) == 3 and len(set(efficiency)) == 1, efficiency  # %dist_bench, the next cell, the claims
         figures = [
