@@ -26,15 +26,31 @@ def control_group(purpose: str) -> Any:
 
     groups = STATE.control if STATE.control_of is dist.group.WORLD else {}
     if purpose not in groups:
-        before = tcp_fds()
+        before = tcp_connections()
         groups[purpose] = dist.new_group(backend="gloo")
         STATE.update(control=groups, control_of=dist.group.WORLD)
-        STATE.pg_fds = sorted(set(STATE.pg_fds) | (tcp_fds() - before))
+        STATE.pg_fds = {**STATE.pg_fds, **added(before, tcp_connections())}
     return groups[purpose]
 
 
-def tcp_fds() -> set[int]:
-    """This process's established TCP connections, by file descriptor (a process group's are those it adds)."""
+Ends = tuple[tuple[str, int], tuple[str, int]]  # a TCP connection's local and remote (address, port)
+
+
+def tcp_connections() -> dict[int, Ends]:
+    """This process's established TCP connections: file descriptor -> its two ends."""
     import psutil
 
-    return {c.fd for c in psutil.Process().net_connections("tcp") if c.status == psutil.CONN_ESTABLISHED and c.fd >= 0}
+    return {
+        c.fd: (tuple(c.laddr), tuple(c.raddr))  # type: ignore[misc]
+        for c in psutil.Process().net_connections("tcp")
+        if c.status == psutil.CONN_ESTABLISHED and c.fd >= 0 and c.raddr
+    }
+
+
+def added(before: dict[int, Ends], after: dict[int, Ends]) -> dict[int, Ends]:
+    """The connections a process group made: new since ``before``, and not to a peer this process was connected to
+    already. The engine's own sockets (ipyparallel's, through zmq's I/O thread) can connect again at any moment, to
+    the controller's ports they had before; one that did so while a group formed is not the group's, and shutting
+    it would lose the rank's reply to the cell (it happened: 'its cell over, no reply sent')."""
+    known = {ends[1] for ends in before.values()}
+    return {fd: ends for fd, ends in after.items() if fd not in before and ends[1] not in known}

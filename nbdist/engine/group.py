@@ -82,7 +82,7 @@ def join_world(
             is_master=False,
             timeout=datetime.timedelta(seconds=timeout),
         )
-    before = control.tcp_fds()
+    before = control.tcp_connections()
     kwargs: dict[str, Any] = {}
     device = torch.device("cpu")
     if backend == "nccl":
@@ -100,7 +100,7 @@ def join_world(
     STATE.update(backend=backend, aborted=False)
     probe = torch.tensor([float(rank + 1)], device=device)
     dist.all_reduce(probe)
-    STATE.pg_fds = sorted(control.tcp_fds() - before)
+    STATE.pg_fds = control.added(before, control.tcp_connections())
     return float(probe.item())
 
 
@@ -113,7 +113,7 @@ def leave_world() -> None:
             hosted.destroy_world()
     except Exception:  # a broken group may refuse a clean destroy; drop it anyway
         pass
-    STATE.update(store=None, pg_fds=[], backend=None, control={}, control_of=None)
+    STATE.update(store=None, pg_fds={}, backend=None, control={}, control_of=None)
     preempt.reset()
 
 
@@ -127,7 +127,10 @@ def abort_world() -> str:
         except Exception as exc:  # pragma: no cover - GPU only
             return f"nccl abort failed: {exc}"
     closed = 0
-    for fd in STATE.pg_fds:
+    now = control.tcp_connections()
+    for fd, ends in STATE.pg_fds.items():
+        if now.get(fd) != ends:  # closed since, and the number given to another socket: not the group's any more
+            continue
         try:
             sock = socket.socket(fileno=fd)
         except OSError:

@@ -15,7 +15,7 @@ class RankSide:
     world_size: int | None = None
     backend: str | None = None  # the world's, while this rank is in it
     store: Any = None  # the rendezvous TCPStore (rank 0 hosts it)
-    pg_fds: list[int] = field(default_factory=list)  # the process group's TCP sockets (the watcher shuts them)
+    pg_fds: dict[int, Any] = field(default_factory=dict)  # the groups' TCP sockets: fd -> its two ends (shut by the watcher)
     control: dict[str, Any] = field(default_factory=dict)  # control.control_group(purpose): nbdist's own gloo groups
     control_of: Any = None  # the default group they belong to (a rebuilt world makes new ones)
     aborted: bool = False
