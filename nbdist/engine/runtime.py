@@ -164,6 +164,7 @@ def _install_cell_hooks() -> None:
                 fn()
             except Exception as exc:
                 print(f"nbdist: {exc}", file=sys.stderr, flush=True)
+        _deaf_until_replied()
         STATE.busy_since = None
         from .metrics import cell_over
 
@@ -176,6 +177,18 @@ def _install_cell_hooks() -> None:
     exits.install(shell)  # exit(), quit(), sys.exit() end the cell's code, not the rank
     _traceback_uninterrupted(shell)
     _HOOKED.add(id(shell))
+
+
+def _deaf_until_replied() -> None:
+    """From the cell's end until its reply is sent, SIGINT is ignored (ipykernel installs its own handler again for
+    the next request, after this one's reply). A release that reached a rank just after its cell ended (the notebook
+    had not had its reply yet) raised KeyboardInterrupt between the cell and the reply: the engine never sent the
+    reply and sat idle while the notebook waited for it, until nbdist ended the rank ('its cell over, no reply
+    sent'; 1 kill in about 50 at 8 ranks)."""
+    try:
+        signal.signal(signal.SIGINT, signal.SIG_IGN)
+    except ValueError:  # not the main thread: no handler of ours to change
+        pass
 
 
 def _traceback_uninterrupted(shell: Any) -> None:
