@@ -45,7 +45,6 @@ RAY_RANGE = ((2, 40), (3, 0))  # the Ray versions this launcher is tested with: 
 RANK_VAR = rayworld.RANK_VAR
 missing = rayworld.missing
 PREFLIGHT = "preflight-ray.txt"  # in the cluster's directory: registration stops at once with its line
-LINGER_S = 10.0  # seconds the driver outlives its world's last rank, for the engine set that replaces them all
 WAITING = "ray-waiting.txt"  # what the placement waits for, while it waits (RayLauncher.queue reads it)
 PASSED = ("NBDIST_", "IPP_", "OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS", "NUMBA_NUM_THREADS")
 
@@ -248,19 +247,15 @@ def main(argv: list[str]) -> int:
         first = world.start(args.n, args.command, say=_say, waiting=_waiting, placed=placed.set)
         if cluster_dir and rayworld.warm_enabled():
             server = rayserve.Server(cluster_dir, world)  # the world's later engine sets start here, warm
-        worst, idle_since = 0, None
+        worst = 0
         while True:  # an engine that ended gives its bundle back to the world at once: its replacement may need it
             for gid, code in world.poll(_say):
                 if gid == first:
                     worst = code
                 elif server is not None:
                     server.finished(gid, code)
-            if world.busy():
-                idle_since = None
-            else:  # a %dist_restart of every rank kills them, and asks for the next engine set moments later: it is
-                idle_since = idle_since or time.monotonic()  # served here, warm, in the bundles kept
-                if server is None or kept or time.monotonic() - idle_since > LINGER_S:
-                    return worst  # a kept world's ranks end by themselves, once idle: it ends with them
+            if not world.busy():
+                return worst
             time.sleep(0.5)
     finally:
         if server is not None:
