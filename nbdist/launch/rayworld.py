@@ -300,9 +300,8 @@ class World:
             if code is not None:
                 say(f"nbdist: launch rank {rank}'s engine ended ({code}); its actor is let go, its bundle kept")
                 _forget(ray, actor)
+                self._bundle_back(actor)
                 with self.lock:
-                    if id(actor) in self.bundle:
-                        self.free.append(self.bundle.pop(id(actor)))
                     self.groups[gid].pop(rank, None)
                     self.worst[gid] = max(self.worst[gid], abs(code))
         with self.lock:
@@ -317,9 +316,13 @@ class World:
             ranks = self.groups.pop(gid, {})
         for actor in ranks.values():
             _stop(self.ray, actor)
-            with self.lock:
-                if id(actor) in self.bundle:
-                    self.free.append(self.bundle.pop(id(actor)))
+            self._bundle_back(actor)
+
+    def _bundle_back(self, actor: Any) -> None:
+        """An actor that ended leaves its bundle to the world (``free``), for the next rank placed."""
+        with self.lock:
+            if id(actor) in self.bundle:
+                self.free.append(self.bundle.pop(id(actor)))
 
     def busy(self) -> bool:
         with self.lock:
