@@ -21,6 +21,7 @@ __all__ = [
     "batch_script",
     "breakpoint",
     "current",
+    "equiv",
     "headline",
     "load_ipython_extension",
     "log",
@@ -38,6 +39,10 @@ def __getattr__(name: str) -> Any:
         from . import cluster
 
         return getattr(cluster, name)
+    if name == "equiv":
+        from .tools.equiv import equiv
+
+        return equiv
     if name == "log":
         from .engine.metrics import log
 

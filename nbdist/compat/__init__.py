@@ -47,6 +47,7 @@ from .torch_private import (
     ddp_timers,
     fsdp_collective_classes,
     group_sequence_number,
+    world_of_one,
 )
 
 # package -> (lowest, highest) version the entries below are known to hold for, inclusive.
@@ -173,6 +174,11 @@ PRIVATE_APIS = (
         "torch",
         "parallel.instrument: FSDP2's collectives, subclassed to time them",
     ),
+    PrivateAPI(
+        "torch.distributed.distributed_c10d._world.default_pg (set aside and put back)",
+        "torch",
+        "engine.equiv: %dist_equiv runs a cell on rank 0 in a world of one rank, then the world's group is back",
+    ),
 )
 
 __all__ = [
@@ -208,4 +214,5 @@ __all__ = [
     "skip_controller_settle_sleep",
     "start_waiting",
     "thread_frames",
+    "world_of_one",
 ]

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import contextlib
+from collections.abc import Iterator
 from typing import Any
 
 
@@ -34,3 +36,26 @@ def fsdp_collective_classes() -> tuple[type, type]:
     from torch.distributed.fsdp._fully_shard._fsdp_collectives import DefaultAllGather, DefaultReduceScatter
 
     return DefaultAllGather, DefaultReduceScatter
+
+
+@contextlib.contextmanager
+def world_of_one() -> Iterator[None]:
+    """On this rank, a default process group of one rank (gloo, an in-memory store) while the block runs; the
+    world's own group, untouched, is the default again after it. ``dist.get_world_size()``, DDP, FSDP and
+    ``DistributedSampler`` see a world of one inside (nbdist's %dist_equiv runs a cell there)."""
+    import torch.distributed as dist
+    from torch.distributed import distributed_c10d as c10d
+
+    world = c10d._world.default_pg
+    c10d._world.default_pg = None  # init_process_group refuses to make a second default group
+    try:
+        dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
+    except BaseException:
+        c10d._world.default_pg = world
+        raise
+    one = c10d._world.default_pg
+    try:
+        yield
+    finally:
+        c10d._world.default_pg = world
+        dist.destroy_process_group(one)  # no longer the default: only its own entries go

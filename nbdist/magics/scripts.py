@@ -1,4 +1,5 @@
-"""%dist_run, %dist_export and %dist_debug: a torchrun script into the ranks, the session's cells out to one, pdb on a rank."""
+"""%dist_run, %dist_export, %dist_debug and %dist_equiv: a torchrun script into the ranks, the session's cells out
+to one, pdb on a rank, one rank against N."""
 
 from __future__ import annotations
 
@@ -6,11 +7,12 @@ import argparse
 from typing import Any
 
 from IPython.core.error import UsageError
-from IPython.core.magic import Magics, line_magic, magics_class
+from IPython.core.magic import Magics, line_cell_magic, line_magic, magics_class
 from IPython.core.magic_arguments import argument, magic_arguments
 
 from .. import cluster as api
 from ..tools import debug as debugging
+from ..tools import equiv as equivalence
 from ..tools import export as exporting
 from ..tools.runscript import run_script
 from .common import call, cell_options, parse, show, usage
@@ -103,3 +105,25 @@ class ScriptMagics(Magics):
             return None
         cluster = call(api.current)
         call(lambda: debugging.debug(cluster, args.rank))
+
+    @magic_arguments()
+    @argument("--steps", type=int, default=equivalence.STEPS, metavar="N", help="optimizer steps compared (default 20)")
+    @argument("--timeout", type=float, default=None, metavar="S", help="seconds before each run's ranks are released")
+    @argument("function", nargs="?", default=None, help="(line form) a function defined on the ranks: runs function()")
+    @line_cell_magic
+    def dist_equiv(self, line: str = "", cell: str | None = None) -> Any:
+        """%%dist_equiv: run the training cell on one rank and on every rank, compare loss, data, gradients and
+        learning rate step by step, and say why they differ (or that they agree). %dist_equiv train: train()."""
+        args = parse(self.dist_equiv, line, cell=cell is not None)
+        if args is None:  # --help: shown
+            return None
+        if (cell is None) == (args.function is None):
+            raise UsageError(
+                "give the training code as the cell (%%dist_equiv) or name a function defined on the ranks "
+                f"(%dist_equiv train), not both or neither; type {usage(self.dist_equiv)}"
+            )
+        code = cell if cell is not None else f"{args.function}()"
+        cluster = call(api.current)
+        verdict = call(lambda: equivalence.equiv(code, cluster, steps=args.steps, timeout=args.timeout))
+        print(verdict)
+        return None

@@ -15,6 +15,7 @@ from .fsdp import apply_fsdp, memory_report, mesh_1d
 from .metrics import all_reduce_mean, all_reduce_sum, gather_values
 from .pipeline import bubble_fraction, make_schedule, pipeline_step, split_sequential
 from .profiling import profile, trace_links
+from .syncbn import sync_batchnorm
 from .tensor import ColumnParallelLinear, RowParallelLinear
 
 __all__ = [
@@ -28,6 +29,7 @@ __all__ = [
     "memory_report",
     "mesh_1d",
     "pipeline_step",
+    "sync_batchnorm",
     "profile",
     "trace_links",
     "split_sequential",

@@ -295,3 +295,28 @@ def test_probe_engine_registration_steps():
 
     assert inspect.iscoroutinefunction(IPEngine.register) and inspect.iscoroutinefunction(IPEngine.complete_registration)
     assert "self.start_heartbeat(" in inspect.getsource(IPEngine.complete_registration), "see compat.on_engine_registration"
+
+
+def test_probe_world_of_one(tmp_path):
+    """Inside, the default group is a world of one (DDP builds on it); after, the world's group is the default again
+    and still reduces; the one-rank group is gone from torch's tables."""
+    import torch
+    import torch.distributed as dist
+    from torch.distributed import distributed_c10d as c10d
+
+    store = dist.FileStore(str(tmp_path / "store"), 1)
+    dist.init_process_group("gloo", store=store, rank=0, world_size=1)
+    try:
+        world, groups = c10d._world.default_pg, len(c10d._world.pg_map)
+        with compat.world_of_one():
+            one = c10d._world.default_pg
+            assert one is not world and dist.get_world_size() == 1
+            model = torch.nn.parallel.DistributedDataParallel(torch.nn.Linear(2, 1))
+            model(torch.ones(3, 2)).sum().backward()
+        assert c10d._world.default_pg is world and one not in c10d._world.pg_map
+        assert len(c10d._world.pg_map) == groups
+        t = torch.ones(2)
+        dist.all_reduce(t)
+        assert t.tolist() == [1.0, 1.0]
+    finally:
+        dist.destroy_process_group()

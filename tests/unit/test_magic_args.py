@@ -101,6 +101,7 @@ FROZEN = {
     "dist_export": "path --cells --list --force",
     "dist_debug": "rank",
     "dist_attach": "name",
+    "dist_equiv": "--steps --timeout function",
 }
 
 
