@@ -49,6 +49,9 @@ class Verdict:
     def __str__(self) -> str:
         return self.text
 
+    def _repr_pretty_(self, printer: Any, cycle: bool) -> None:  # a cell's value (%%dist_equiv) reads as its text
+        printer.text(self.text)
+
 
 def _rel(a: list[float], b: list[float]) -> float:
     """|a - b| / |b| (0 when both are zero)."""
@@ -176,12 +179,13 @@ def _data(
         extra, missing = seen_world - seen_one, seen_one - seen_world
         twice = sum((Counter(together) - Counter(set(together))).values())
         if twice or (extra and not missing):
-            repeated = twice or sum(extra.values())
+            here = sum((Counter(together) - Counter(o["rows"])).values())
             return Verdict(
                 "padding",
-                f"at step {s} the world trained on {_rows_text(repeated)} twice that one rank "
-                f"sees once ({len(together)} rows against {len(o['rows'])}): DistributedSampler pads the "
-                "data to a multiple of the world size by repeating rows. Drop the short last batch on both: "
+                f"at step {s} the world trained on {len(together)} rows and one rank on {len(o['rows'])}: "
+                f"{_rows_text(here)} of the world's are repeats (over the run, {sum(extra.values())} more row visits "
+                "than one rank makes). DistributedSampler "
+                "pads the data to a multiple of the world size by repeating rows. Drop the short last batch on both: "
                 "DistributedSampler(data, drop_last=True) and DataLoader(..., drop_last=True) (or a dataset "
                 "whose length is a multiple of world_size x batch).",
                 s,

@@ -74,7 +74,7 @@ KEYED = (
 CASES: dict[str, tuple[str, str, str | None]] = {
     "per_rank_batch": ("per_rank_batch", cell(batch="BATCH"), None),
     "lr_scaled": ("lr", cell(lr="0.05 * world"), None),
-    "sampler_padding": ("padding", cell(rows=62), cell(rows=62, drop_last=True)),
+    "sampler_padding": ("padding", cell(rows=61), cell(rows=61, drop_last=True)),
     "batchnorm": ("batchnorm", cell(layers=BN), cell(layers=BN, wrap="nbdist.parallel.sync_batchnorm(net)")),
     "loss_averaged_twice": ("averaged_twice", cell(loss="nn.functional.mse_loss(model(x), y) / world"), None),
     "same_random_stream": ("same_random", cell(augment=NOISE), cell(augment=KEYED)),

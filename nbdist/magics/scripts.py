@@ -113,7 +113,8 @@ class ScriptMagics(Magics):
     @line_cell_magic
     def dist_equiv(self, line: str = "", cell: str | None = None) -> Any:
         """%%dist_equiv: run the training cell on one rank and on every rank, compare loss, data, gradients and
-        learning rate step by step, and say why they differ (or that they agree). %dist_equiv train: train()."""
+        learning rate step by step, and say why they differ (or that they agree). %dist_equiv train: train().
+        The verdict is the cell's value (``_.cause``, ``_.step``, ``_.figures``)."""
         args = parse(self.dist_equiv, line, cell=cell is not None)
         if args is None:  # --help: shown
             return None
@@ -124,6 +125,4 @@ class ScriptMagics(Magics):
             )
         code = cell if cell is not None else f"{args.function}()"
         cluster = call(api.current)
-        verdict = call(lambda: equivalence.equiv(code, cluster, steps=args.steps, timeout=args.timeout))
-        print(verdict)
-        return None
+        return call(lambda: equivalence.equiv(code, cluster, steps=args.steps, timeout=args.timeout))

@@ -52,6 +52,14 @@ SHOWN = {
         "[rank 1] batch sizes with drop_last=False: [4, 1]; with drop_last=True: [4]",
         "did not finish in time",
     ],
+    "17_": [
+        "4 ranks and 1 rank: loss within",
+        "named: per_rank_batch at step 0",
+        "named: padding at step 3",
+        "named: batchnorm at step 0",
+        "named: same_random at step 0",
+        "cannot tell: no training step was seen",
+    ],
     "11_": [
         "first batch of epoch 2:",
         "when they persist",
