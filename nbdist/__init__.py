@@ -28,6 +28,7 @@ __all__ = [
     "on_preempt",
     "start",
     "unload_ipython_extension",
+    "why",
 ]
 
 from .errors import ClusterError, ConfigError, NbdistError, RankError, RunTimeout
@@ -39,6 +40,10 @@ def __getattr__(name: str) -> Any:
         from . import cluster
 
         return getattr(cluster, name)
+    if name == "why":
+        from .tools.why import why
+
+        return why
     if name == "equiv":
         from .tools.equiv import equiv
 
@@ -71,13 +76,14 @@ def headline(result: Any = None) -> dict[str, Any]:
     mean of the ranks) and ``comm_pct_per_rank``, ``slowest`` (rank, % slower than the fastest), and ``recent``:
     each rank's numbers are the mean of its last ``recent`` steps.
     """
+    from .stragglers import slow
     from .widgets.store import headline_of
 
     if result is None:
         from .cluster import current
 
         result = current().last
-    return headline_of(getattr(result, "metrics", None) or {})
+    return headline_of(getattr(result, "metrics", None) or {}, judge=slow)
 
 
 def load_ipython_extension(ipython: Any) -> None:

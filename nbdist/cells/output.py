@@ -13,6 +13,7 @@ from collections.abc import Callable
 from typing import Any
 
 from ..results import STATE_COLOURS, RankState, ranks_text
+from ..stragglers import slow
 from .fold import Folder, Shown
 from .transcript import Transcript
 
@@ -178,7 +179,7 @@ class TaggedPrinter(Sink):
                 return
             from ..widgets.dashboard import Dashboard
 
-            self.dashboard = Dashboard(ranks=len(self.folder.ranks), palette=STATE_COLOURS)
+            self.dashboard = Dashboard(ranks=len(self.folder.ranks), palette=STATE_COLOURS, judge=slow)
             self.dashboard.states.update(self._states)
             self.dashboard.show()
         self.dashboard.update(rank, rows)

@@ -17,6 +17,7 @@ from .. import cluster as api
 from ..config import BACKENDS, RankSpec, launchers
 from ..errors import ClusterError, ConfigError
 from ..results import GROUP_ABOVE, STATE_COLOURS, grouped, state_phrase
+from ..stragglers import slow
 from .common import (
     USAGE,
     call,
@@ -246,7 +247,7 @@ class DistMagics(Magics):
                 "the last cell logged no metrics; call nbdist.log(step=i, loss=...) in a %%distributed cell."
             )
         picked = call(lambda: parse_ranks(args.ranks, call(api.current).world_size)) if args.ranks else []
-        board = Dashboard(picked=picked, ranks=len(metrics), palette=STATE_COLOURS)
+        board = Dashboard(picked=picked, ranks=len(metrics), palette=STATE_COLOURS, judge=slow)
         board.store.add_runs(metrics)
         return board.figure()
 

@@ -1,5 +1,5 @@
-"""%dist_run, %dist_export, %dist_debug and %dist_equiv: a torchrun script into the ranks, the session's cells out
-to one, pdb on a rank, one rank against N."""
+"""%dist_run, %dist_export, %dist_debug, %dist_equiv and %dist_why: a torchrun script into the ranks, the session's
+cells out to one, pdb on a rank, one rank against N, what holds the world back."""
 
 from __future__ import annotations
 
@@ -11,9 +11,11 @@ from IPython.core.magic import Magics, line_cell_magic, line_magic, magics_class
 from IPython.core.magic_arguments import argument, magic_arguments
 
 from .. import cluster as api
+from ..results import RunResult
 from ..tools import debug as debugging
 from ..tools import equiv as equivalence
 from ..tools import export as exporting
+from ..tools import why as slowness
 from ..tools.runscript import run_script
 from .common import call, cell_options, parse, show, usage
 
@@ -126,3 +128,21 @@ class ScriptMagics(Magics):
         code = cell if cell is not None else f"{args.function}()"
         cluster = call(api.current)
         return call(lambda: equivalence.equiv(code, cluster, steps=args.steps, timeout=args.timeout))
+
+    @magic_arguments()
+    @argument("--timeout", type=float, default=None, metavar="S", help="seconds before the ranks are released")
+    @line_cell_magic
+    def dist_why(self, line: str = "", cell: str | None = None) -> Any:
+        """%%dist_why: run the training cell with each step's phases timed on every rank; which rank holds the world
+        back and why (slow input, compute skew, slow communication, a host pause, a checkpoint or evaluation in the
+        loop), or 'balanced'; a hang or a desync is named while it hangs. %dist_why: the last cell's verdict."""
+        args = parse(self.dist_why, line, cell=cell is not None)
+        if args is None:  # --help: shown
+            return None
+        cluster = call(api.current)
+        if cell is None:
+            last = cluster.last
+            if not isinstance(last, RunResult):
+                raise UsageError("no finished cell to judge; run the training cell with %%dist_why")
+            return slowness.verdict_of(last, cluster.world_size, slowness.crowding(cluster))
+        return call(lambda: slowness.why(cell, cluster, timeout=args.timeout))

@@ -26,6 +26,7 @@ from tornado import web
 from ..cells import pointers, transcript
 from ..cells.output import states_line
 from ..results import STATE_COLOURS
+from ..stragglers import slow
 
 KEEP = 20  # the cells a page is given, newest last
 MAX_IDS = 200  # the page's cells looked for in other kernels' worlds, at most
@@ -105,7 +106,7 @@ class Shown:
     def __init__(self, path: str) -> None:
         from ..widgets.dashboard import Dashboard
 
-        self.board = Dashboard(palette=STATE_COLOURS)
+        self.board = Dashboard(palette=STATE_COLOURS, judge=slow)
         self.reader = transcript.Reader(path, on_metrics=self.board.store.add)
         self.out: dict[str, Any] | None = None
 

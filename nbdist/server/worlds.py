@@ -140,7 +140,13 @@ def slowest(workdir: str) -> dict[str, Any] | None:
     if not paths:
         return None
     store = shown_store(paths[-1])
-    found = store.headline().get("slowest")
+    head = store.headline()
+    verdict = head.get("why")  # %dist_why timed the steps: its verdict names the rank and the cause
+    if verdict is not None and verdict.figures.get("ranks"):
+        rank = verdict.figures["ranks"][0]
+        pct = 100.0 * verdict.figures.get("excess_s", 0.0) / max(verdict.figures.get("step_s", 1.0), 1e-9)
+        return {"rank": rank, "pct": round(pct, 1), "holds": verdict.text.split(" on ")[0], "verdict": verdict.text}
+    found = head.get("slowest")
     if not found:
         return None
     rank, pct = found

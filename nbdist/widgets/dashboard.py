@@ -25,7 +25,7 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from .figure import Panel, build_figure, identity, panels, plain, rank_colour, traces, wrap
-from .store import MetricStore, Series
+from .store import Judge, MetricStore, Series
 
 __all__ = ["Dashboard", "MetricStore", "Series", "Panel", "panels", "traces"]
 
@@ -49,6 +49,14 @@ def headline_items(store: MetricStore) -> list[tuple[str, str, str]]:
             ("even", "ranks within 3% of each other") if pct < 3 else (f"rank {rank}", f"slowest, +{pct:.0f}%")
         )
         out.append(("slowest", value, label))
+    if "why" in h:  # %dist_why's verdict, where the ranks' steps were timed (engine/why.py)
+        verdict = h["why"]
+        ranks = verdict.figures.get("ranks")
+        if verdict.cause == "balanced":
+            out.append(("why", "balanced", "no rank holds the others"))
+        else:
+            who = ("rank " + ",".join(map(str, ranks))) if ranks else "every rank"
+            out.append(("why", who, verdict.text.split(":")[0].split(" on ")[0]))
     if "ratio" in h and h["ratio"] > 1.5:
         out.append(("ratio", f"{h['ratio']:.0f}x", "fewer bytes (compression)"))
     return out
@@ -68,6 +76,8 @@ def headline_parts(store: MetricStore) -> list[str]:
             out.append(f"{label} {value}")
         elif value == "even":
             out.append(label)
+        elif name == "why":
+            out.append(f"{value}: {label}" if value != "balanced" else f"balanced: {label}")
         else:
             out.append(f"{value} {label}")
     return out
@@ -97,8 +107,9 @@ class Dashboard:
         picked: Sequence[int] = (),
         ranks: int = 0,
         palette: dict[str, str] | None = None,
+        judge: Judge | None = None,
     ) -> None:
-        self.store = MetricStore(max_points, ranks=ranks)
+        self.store = MetricStore(max_points, ranks=ranks, judge=judge)
         self.palette = dict(palette or {})  # a rank state's word -> its colour (results.STATE_COLOURS: given, not known)
         self.picked = list(picked)  # above figure.BAND_ABOVE ranks: ranks drawn one by one beside the spread
         self.refresh_s = refresh_s

@@ -14,9 +14,12 @@ from __future__ import annotations
 
 import heapq
 from collections import deque
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from statistics import fmean
 from typing import Any
+
+# %dist_why's judge (stragglers.slow), handed in by whoever makes the store: rows by rank, world size -> a verdict
+Judge = Callable[[dict[int, list[dict[str, float]]], int], Any]
 
 SKIP = {"t", "step"}
 RECENT = 20  # steps the headline and the step split average over
@@ -160,8 +163,9 @@ class MetricStore:
     """Every metric logged by every rank, as series keyed by (metric, rank), and each metric's spread
     over the ranks (``spreads``)."""
 
-    def __init__(self, max_points: int = 1000, ranks: int = 0) -> None:
+    def __init__(self, max_points: int = 1000, ranks: int = 0, judge: Judge | None = None) -> None:
         self.max_points = max_points
+        self.judge = judge
         self.world = ranks  # how many ranks log (when known): a step's spread waits for all of them
         self.series: dict[tuple[str, int], Series] = {}
         self.last: dict[tuple[str, int], float] = {}
@@ -280,12 +284,28 @@ class MetricStore:
         ratio = self.per_rank("comm/ratio")
         if ratio:
             out["ratio"] = fmean(ratio.values())
+        verdict = self.why()
+        if verdict is not None and verdict.cause != "cannot":
+            out["why"] = verdict
         step = self.per_rank("time/step_s")
         if len(step) > 1:
             slow = max(step, key=step.__getitem__)
             fast = min(step.values())
             out["slowest"] = (slow, 100.0 * (step[slow] - fast) / fast if fast > 0 else 0.0)
         return out
+
+    def why(self) -> Any:
+        """%dist_why's verdict (the judge's) on the ranks' recent ``why/`` rows; None without a judge or rows."""
+        keys = [k for k in self.keys() if k.startswith("why/")]
+        if self.judge is None or "why/step_s" not in keys:
+            return None
+        rows: dict[int, list[dict[str, float]]] = {}
+        for rank in self.ranks():
+            columns = {k: list(self.series[(k, rank)].recent) for k in keys if (k, rank) in self.series}
+            n = len(columns.get("why/step_s", []))
+            if n:
+                rows[rank] = [{k: v[i] for k, v in columns.items() if len(v) == n} for i in range(n)]
+        return self.judge(rows, max(self.world, len(rows)))
 
     def split(self) -> dict[int, dict[str, float]]:
         """Each rank's recent step in milliseconds: compute, exposed communication, data wait."""
@@ -302,9 +322,9 @@ class MetricStore:
         return out
 
 
-def headline_of(runs: dict[int, list[dict[str, Any]]]) -> dict[str, Any]:
+def headline_of(runs: dict[int, list[dict[str, Any]]], judge: Judge | None = None) -> dict[str, Any]:
     """A finished run's headline (``nbdist.headline``): what its dashboard's title says, with each rank's share."""
-    store = MetricStore(ranks=len(runs))
+    store = MetricStore(ranks=len(runs), judge=judge)
     store.add_runs(runs)
     out = store.headline()
     share = store.per_rank("comm/overhead(%)")

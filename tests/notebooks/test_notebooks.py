@@ -59,6 +59,9 @@ SHOWN = {
         "named: batchnorm at step 0",
         "named: same_random at step 0",
         "cannot tell: no training step was seen",
+        "named: data on rank 3",
+        "named: save on rank 3",
+        "named: hang on rank 3",
     ],
     "11_": [
         "first batch of epoch 2:",

@@ -128,7 +128,7 @@ def test_the_core_points_down():
 # The folders and what each may import (docs/architecture.md draws them). SHARED are the words every
 # layer uses; they import only each other. A module outside every folder is one of the API's own
 # (cluster.py, __init__, demo), which may import any folder below the magics.
-SHARED = {"errors", "config", "compat", "wire", "results", "doctor", "equivalence"}  # doctor, equivalence: pure verdicts over records
+SHARED = {"errors", "config", "compat", "wire", "results", "doctor", "equivalence", "stragglers"}  # doctor, equivalence, stragglers: pure verdicts
 FOLDERS = {
     "magics": {"tools", "cluster", "cells", "world", "launch", "widgets"},  # faces: parse, call the API
     "server": {"cells", "world", "widgets"},  # the Jupyter server's side: what the kernel wrote, read from disk

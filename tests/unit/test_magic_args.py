@@ -102,6 +102,7 @@ FROZEN = {
     "dist_debug": "rank",
     "dist_attach": "name",
     "dist_equiv": "--steps --timeout function",
+    "dist_why": "--timeout",
 }
 
 

@@ -1,0 +1,184 @@
+"""What %dist_why times on a rank while a training cell runs: each step's phases (the verdict: nbdist/stragglers.py).
+
+``begin()`` installs torch's global hooks; the cell runs unchanged; ``end()`` takes them out. A step ends at each
+``Optimizer.step``; its row (``nbdist.log``, keys ``why/...``, no step number of its own, so the cell's own
+logging keeps its x axis) holds, in seconds:
+
+- ``step_s``: from the end of the last step to the end of this one;
+- ``data_s``: from the end of the last step to the step's first training forward (the loader, host-to-device
+  copies, anything the loop does before the model), less the pauses, saves and evaluations counted below;
+- ``forward_s`` and ``backward_s``: the outermost module's training forwards, and the ``backward()`` calls
+  (which include the wait for DDP's all-reduce to finish: ``exposed_s``);
+- ``exposed_s`` / ``backward_compute_s``: from DDP's own timers when the model is a DDP model: the part of
+  backward spent waiting for the all-reduce after the gradients were computed, and the computation;
+- ``hook_s``: time inside a DDP communication hook registered while recording (its Python, on this rank);
+- ``optimizer_s``: inside ``Optimizer.step``;
+- ``gc_s``: garbage collection (``gc.callbacks``); ``save_s``: ``torch.save``; ``eval_s``: forwards without
+  gradients or in eval mode (an evaluation inside the loop);
+- ``other_s``: the rest of the step (host work between backward and the optimizer: logging, I/O, sleeps).
+"""
+
+from __future__ import annotations
+
+import functools
+import gc
+import time
+from typing import Any
+
+from . import metrics
+
+PHASES = ("data", "forward", "backward", "optimizer", "gc", "save", "eval", "hook")
+
+
+class Timer:
+    def __init__(self) -> None:
+        import torch
+        from torch.nn.parallel import DistributedDataParallel
+        from torch.optim.optimizer import register_optimizer_step_post_hook, register_optimizer_step_pre_hook
+
+        self.sums = dict.fromkeys(PHASES, 0.0)
+        self.last_end = time.perf_counter()
+        self.first_forward: float | None = None
+        self.depth = 0
+        self.forward_at: float | None = None
+        self.training_forward = False
+        self.opt_at = 0.0
+        self.gc_at: float | None = None
+        self.ddp: list[Any] = []  # DDP models seen: their C++ timers give the exposed all-reduce
+        self.steps = 0
+        nn = torch.nn.modules.module
+        self.handles = [
+            nn.register_module_forward_pre_hook(self._pre),
+            nn.register_module_forward_hook(self._post, always_call=True),
+            register_optimizer_step_pre_hook(self._step_pre),
+            register_optimizer_step_post_hook(self._step_post),
+        ]
+        gc.callbacks.append(self._gc)
+        self.saved: dict[tuple[Any, str], Any] = {}
+        self._wrap(torch.Tensor, "backward", "backward")
+        self._wrap(torch, "save", "save")
+        timer = self
+        register = DistributedDataParallel.register_comm_hook
+        self.saved[(DistributedDataParallel, "register_comm_hook")] = register
+
+        def register_comm_hook(model: Any, state: Any, hook: Any) -> Any:
+            @functools.wraps(hook)  # DDP checks the hook's own signature
+            def timed(state: Any, bucket: Any) -> Any:
+                tic = time.perf_counter()
+                try:
+                    return hook(state, bucket)
+                finally:
+                    timer.sums["hook"] += time.perf_counter() - tic
+
+            return register(model, state, timed)
+
+        DistributedDataParallel.register_comm_hook = register_comm_hook  # type: ignore[method-assign,assignment]
+
+    def _wrap(self, owner: Any, name: str, phase: str) -> None:
+        original = getattr(owner, name)
+        self.saved[(owner, name)] = original
+        sums = self.sums
+
+        def timed(*args: Any, **kwargs: Any) -> Any:
+            tic = time.perf_counter()
+            try:
+                return original(*args, **kwargs)
+            finally:
+                sums[phase] += time.perf_counter() - tic
+
+        setattr(owner, name, timed)
+
+    def _gc(self, phase: str, info: dict[str, Any]) -> None:
+        if phase == "start":
+            self.gc_at = time.perf_counter()
+        elif self.gc_at is not None:
+            self.sums["gc"] += time.perf_counter() - self.gc_at
+            self.gc_at = None
+
+    def _pre(self, module: Any, args: Any) -> None:
+        import torch
+
+        if self.depth == 0:
+            self.forward_at = time.perf_counter()
+            self.training_forward = module.training and torch.is_grad_enabled()
+            if self.training_forward and self.first_forward is None:
+                self.first_forward = self.forward_at
+            if self.training_forward and _is_ddp(module) and all(m is not module for m in self.ddp):
+                from .. import compat
+
+                compat.ddp_time_every_step(module)
+                self.ddp.append(module)
+        self.depth += 1
+
+    def _post(self, module: Any, args: Any, output: Any) -> None:
+        self.depth = max(0, self.depth - 1)
+        if self.depth == 0 and self.forward_at is not None:
+            self.sums["forward" if self.training_forward else "eval"] += time.perf_counter() - self.forward_at
+            self.forward_at = None
+
+    def _step_pre(self, optimizer: Any, args: Any, kwargs: Any) -> None:
+        self.opt_at = time.perf_counter()
+
+    def _step_post(self, optimizer: Any, args: Any, kwargs: Any) -> None:
+        now = time.perf_counter()
+        self.sums["optimizer"] += now - self.opt_at
+        first = self.first_forward if self.first_forward is not None else now
+        s = self.sums
+        # what happened before the first forward is data, less the pauses, saves and evaluations in it
+        row = {f"why/{p}_s": s[p] for p in PHASES if p != "data"}
+        row["why/data_s"] = max(0.0, first - self.last_end - s["gc"] - s["save"] - s["eval"])
+        row["why/step_s"] = now - self.last_end
+        row["why/other_s"] = max(0.0, row["why/step_s"] - sum(v for k, v in row.items() if k != "why/step_s"))
+        row.update(self._ddp_split())
+        metrics.log(None, **row)
+        self.steps += 1
+        self.sums.update(dict.fromkeys(PHASES, 0.0))  # in place: the wrapped functions hold this dict
+        self.first_forward = None
+        self.last_end = time.perf_counter()
+
+    def _ddp_split(self) -> dict[str, float]:
+        from .. import compat
+
+        if len(self.ddp) != 1:
+            return {}
+        try:
+            ints = compat.ddp_timers(self.ddp[0].logger)
+        except Exception:  # timers not there (no backward yet)
+            return {}
+        start, end = ints.get("backward_compute_time_start"), ints.get("backward_compute_time_end")
+        comm_end = ints.get("backward_comm_time_end")
+        if not (start and end and comm_end):
+            return {}
+        return {"why/backward_compute_s": (end - start) / 1e9, "why/exposed_s": max(0, comm_end - end) / 1e9}
+
+    def close(self) -> int:
+        for handle in self.handles:
+            handle.remove()
+        if self._gc in gc.callbacks:
+            gc.callbacks.remove(self._gc)
+        for (owner, name), original in self.saved.items():
+            setattr(owner, name, original)
+        return self.steps
+
+
+def _is_ddp(module: Any) -> bool:
+    from torch.nn.parallel import DistributedDataParallel
+
+    return isinstance(module, DistributedDataParallel)
+
+
+_ACTIVE: list[Timer] = []
+
+
+def begin() -> None:
+    """Time the steps of the next cell on this rank."""
+    end()
+    _ACTIVE.append(Timer())
+
+
+def end() -> int:
+    """Stop timing; the steps timed (0 when nothing was)."""
+    steps = 0
+    while _ACTIVE:
+        steps = _ACTIVE.pop().close()
+    return steps

@@ -1,0 +1,96 @@
+"""stragglers.slow and stragglers.hang on made-up rows and reports: the verdicts, the bar, and saying when it
+cannot tell. The planted faults on real ranks: tests/integration/test_why.py and benchmarks/why.py."""
+
+from __future__ import annotations
+
+from nbdist.stragglers import hang, slow
+
+
+def rows(n=10, **phases):
+    base = {"data": 0.001, "forward": 0.004, "backward_compute": 0.006, "optimizer": 0.001, "exposed": 0.002}
+    base.update(phases)
+    step = sum(v for k, v in base.items() if k in ("data", "forward", "optimizer", "other", "gc", "save", "eval"))
+    step += base["backward_compute"] + base["exposed"]
+    row = {f"why/{k}_s": v for k, v in base.items()}
+    row["why/backward_s"] = base["backward_compute"] + base["exposed"]
+    row["why/step_s"] = step
+    return [dict(row) for _ in range(n)]
+
+
+def test_balanced_ranks_get_no_verdict_and_the_largest_difference_is_given():
+    verdict = slow({0: rows(), 1: rows(), 2: rows(forward=0.0045)})
+    assert verdict.cause == "balanced" and "the largest difference, rank 2's compute, is 0.5 ms" in verdict.text
+
+
+def test_the_rank_whose_phase_stands_out_is_named_with_the_phase_and_the_numbers():
+    verdict = slow({0: rows(exposed=0.03), 1: rows(exposed=0.03), 2: rows(data=0.031)})
+    assert (verdict.cause, verdict.figures["ranks"]) == ("data", [2])
+    assert "slow input on rank 2: it waits for its input" in verdict.text and "31.0 ms a step" in verdict.text
+
+
+def test_a_pause_counted_in_a_phase_is_named_as_the_pause():
+    # a save on rank 1 happens between backward and the optimizer: it is in 'other' too, and named as the save
+    verdict = slow({0: rows(exposed=0.02), 1: rows(save=0.02, other=0.02)})
+    assert (verdict.cause, verdict.figures["ranks"]) == ("save", [1])
+
+
+def test_what_every_rank_does_is_said_for_all_and_crowded_ranks_are_not_called_communication_bound():
+    saves = slow({r: rows(save=0.01) for r in range(3)})
+    assert saves.cause == "save" and "on every rank" in saves.text
+    comm = {r: rows(exposed=0.05) for r in range(3)}
+    assert slow(comm).cause == "comm"
+    crowded = slow(comm, crowded="4 ranks on 2 cores")
+    assert crowded.cause == "balanced" and "4 ranks on 2 cores" in crowded.text
+
+
+def test_too_few_steps_one_rank_and_missing_ranks_are_said():
+    assert slow({0: rows(2), 1: rows(2)}).cause == "cannot"
+    alone = slow({0: rows()}, world=1)
+    assert alone.cause == "cannot" and "only one rank timed steps" in alone.text
+    gone = slow({0: rows(), 1: rows(data=0.03)}, world=3)
+    assert gone.cause == "data" and "rank(s) 2 timed no step" in gone.text
+
+
+def report(busy=True, collective=False, autograd=False, line=9, code="x", op=None, shapes=(), count=5):
+    stack = ["/x/torch/autograd/graph.py:1 in _engine_run_backward"] if autograd else ["<cell>:9 in <module>"]
+    return {
+        "busy": busy,
+        "in_collective": collective,
+        "stack": stack,
+        "cell_line": line,
+        "function": "f",
+        "cell_stack": [{"line": line, "function": "<module>", "code": code}],
+        "collective": {"op": op, "shapes": list(shapes), "count": count},
+    }
+
+
+def test_the_rank_outside_the_collective_the_others_wait_in_is_named_with_its_line():
+    said = {0: report(autograd=True, line=12), 1: report(line=8, code="time.sleep(3600)")}
+    verdict = hang(said, 3.2)
+    assert verdict.cause == "hang" and verdict.figures["ranks"] == [1]
+    assert "rank 1 is at cell line 8 (time.sleep(3600))" in verdict.text and "no step for 3.2 s" in verdict.text
+
+
+def test_ranks_in_different_collectives_are_a_desync_and_nobody_waiting_is_no_verdict():
+    said = {
+        0: report(collective=True, op="all_reduce", shapes=["[4] float32"]),
+        1: report(collective=True, op="all_reduce", shapes=["[3] float32"]),
+    }
+    verdict = hang(said, 4.0)
+    assert verdict.cause == "desync" and "rank 0 all_reduce [4] float32; rank 1 all_reduce [3] float32" in verdict.text
+    drifted = {**said, 1: report(autograd=True, count=9)}  # another count (a cell released before): still a desync
+    assert hang(drifted, 4.0).cause == "desync"
+    assert hang({0: report(), 1: report()}, 4.0) is None
+
+
+def test_the_dashboard_headline_says_the_verdict_when_the_steps_were_timed():
+    from nbdist.widgets.dashboard import headline_parts
+    from nbdist.widgets.store import MetricStore
+
+    store = MetricStore(ranks=3, judge=slow)
+    for rank, mine in {0: rows(exposed=0.03), 1: rows(exposed=0.03), 2: rows(data=0.031)}.items():
+        store.add(rank, mine)
+    assert "rank 2: slow input" in headline_parts(store)
+    plain = MetricStore(ranks=3)  # no judge handed in: nothing said
+    plain.add(0, rows())
+    assert not any("slow input" in p or "balanced" in p for p in headline_parts(plain))

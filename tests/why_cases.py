@@ -1,0 +1,94 @@
+"""A DDP training cell with one fault planted on one rank, for %dist_why (tests/integration/test_why.py and
+benchmarks/why.py). ``cell(fault, rank, seed)``; FAULTS: fault -> the causes %dist_why may name for it."""
+
+from __future__ import annotations
+
+FAULTS = {
+    "none": ("balanced",),
+    "data": ("data",),  # the loader sleeps on that rank
+    "compute": ("compute",),  # that rank's batch is 4 times the others'
+    "hook": ("hook",),  # its DDP communication hook sleeps on that rank
+    "gc": ("gc",),  # garbage: a collection of cyclic lists in each step on that rank
+    "io": ("other",),  # a file written and synced in each step on that rank
+    "save": ("save",),  # torch.save of a 16 MB state each step on that rank
+    "eval": ("eval",),  # a forward without gradients over a validation set each step on that rank
+    "hang": ("hang",),  # that rank stops at step 8, outside any collective
+    "desync": ("desync",),  # at step 8 that rank all-reduces 3 numbers, the others 4
+}
+
+CELL = """\
+import contextlib, gc, os, tempfile, time
+import torch
+import torch.distributed as dist
+from torch import nn
+from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
+
+FAULT, K, STEPS = {fault!r}, {rank}, {steps}
+rank = dist.get_rank()
+torch.manual_seed({seed})
+net = nn.Sequential(nn.Linear(64, 256), nn.ReLU(), nn.Linear(256, 256), nn.ReLU(), nn.Linear(256, 1))
+model = nn.parallel.DistributedDataParallel(net)
+
+
+def hook(state, bucket):
+    if FAULT == "hook" and rank == K:
+        time.sleep(0.03)
+    return default_hooks.allreduce_hook(state, bucket)
+
+
+model.register_comm_hook(None, hook)
+opt = torch.optim.SGD(model.parameters(), lr=0.01)
+g = torch.Generator().manual_seed({seed} * 100 + rank)
+rows = 2048 if FAULT == "compute" and rank == K else 512
+val = torch.randn(8192, 64, generator=g)
+big = torch.randn(4_000_000, generator=g)
+scratch = os.path.join(tempfile.gettempdir(), f"why-{{os.getpid()}}")
+
+
+class Batches(torch.utils.data.IterableDataset):
+    def __iter__(self):
+        for _ in range(STEPS):
+            if FAULT == "data" and rank == K:
+                time.sleep(0.03)
+            yield torch.randn(rows, 64, generator=g), torch.randn(rows, 1, generator=g)
+
+
+loader = torch.utils.data.DataLoader(Batches(), batch_size=None)
+STEP = globals().get("STEP") or (lambda model: contextlib.nullcontext())  # traceml's trace_step, in its script
+stamps = []  # each step's end (benchmarks/why.py reads the step time without %dist_why from them)
+for step, (x, y) in enumerate(loader):
+    with STEP(model):  # one step: traceml's boundary (a no-op here)
+        if FAULT == "hang" and rank == K and step == 8:
+            time.sleep(3600)
+        if FAULT == "desync" and step == 8:
+            dist.all_reduce(torch.ones(3 if rank == K else 4))
+        loss = nn.functional.mse_loss(model(x), y)
+        opt.zero_grad()
+        loss.backward()
+        if FAULT == "gc" and rank == K:
+            junk = [[] for _ in range(100_000)]
+            for item in junk:
+                item.append(item)
+            del junk
+            gc.collect()
+        if FAULT == "io" and rank == K:
+            with open(scratch, "wb") as fh:
+                fh.write(os.urandom(1 << 20))
+                fh.flush()
+                os.fsync(fh.fileno())
+        if FAULT == "save" and rank == K:
+            torch.save({{"model": model.state_dict(), "extra": big}}, scratch)
+        if FAULT == "eval" and rank == K:
+            net.eval()
+            with torch.no_grad():
+                net(val)
+            net.train()
+        opt.step()
+    stamps.append(time.perf_counter())
+if os.path.exists(scratch):
+    os.unlink(scratch)
+"""
+
+
+def cell(fault: str, rank: int, seed: int = 0, steps: int = 25) -> str:
+    return CELL.format(fault=fault, rank=rank, seed=seed, steps=steps)
