@@ -119,6 +119,7 @@ def main() -> None:
                 )
                 named = verdict.figures.get("ranks")
                 right = verdict.cause in FAULTS[fault] and (rank is None or named == [rank])
+                among = verdict.cause in FAULTS[fault] and (rank is None or rank in (named or []))
                 row = {
                     "fault": fault,
                     "seed": seed,
@@ -126,6 +127,7 @@ def main() -> None:
                     "verdict": verdict.cause,
                     "named": named,
                     "right": right,
+                    "cause_right_rank_among": among,
                     "seconds": time.perf_counter() - tic,
                     "stalled_s": verdict.figures.get("stalled_s"),
                     "text": verdict.text,
@@ -178,6 +180,7 @@ def main() -> None:
     cost = statistics.median(t / p for t, p in zip(timed, plain, strict=True)) - 1  # pair by pair
     summary = {
         "right_faulty": sum(r["right"] for r in faulty) / max(1, len(faulty)),
+        "cause_right_rank_among": sum(r["cause_right_rank_among"] for r in faulty) / max(1, len(faulty)),
         "false_alarms": sum(not r["right"] for r in balanced),
         "balanced_runs": len(balanced),
         "hang_named_after_s_max": max(stalls) if stalls else None,

@@ -191,13 +191,21 @@ def hang(reports: dict[int, dict[str, Any]], stalled_s: float) -> Verdict | None
     groups = sorted(set(calls.values()), key=lambda c: min(r for r in calls if calls[r] == c))
     if len(groups) < 2:
         return None  # every rank waits in the same collective: nothing here says which one is missing
-    odd = min(groups, key=lambda c: sum(1 for r in calls if calls[r] == c))
-    figures["ranks"] = sorted(r for r in calls if calls[r] == odd)
+    sizes = {c: sum(1 for r in calls if calls[r] == c) for c in groups}
+    fewest = min(sizes.values())
+    figures["ranks"] = sorted(r for r in calls if sizes[calls[r]] == fewest)  # the odd ones out (all, on a tie)
     said = "; ".join(f"{ranks_text([r for r in calls if calls[r] == c])} {c}" for c in groups)
+    tie = list(sizes.values()).count(fewest) > 1
     return Verdict(
         "desync",
         f"desync: the ranks wait in different collectives, which never match: {said} (no step for "
-        f"{stalled_s:.1f} s). {_where(busy)}",
+        f"{stalled_s:.1f} s)"
+        + (
+            "; the groups are as large, so which side called the odd one cannot be told from where they wait"
+            if tie
+            else ""
+        )
+        + f". {_where(busy)}",
         None,
         figures,
     )

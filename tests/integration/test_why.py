@@ -13,7 +13,7 @@ import nbdist
 from tests.helpers import run_cell
 from tests.why_cases import cell
 
-RELEASE_S = 25  # a hung cell's ranks are released after this (the verdict comes long before)
+RELEASE_S = 12  # a hung cell's ranks are released after this (the verdict comes 3-5 s after the cell starts)
 NAMED_WITHIN_S = 10
 
 
@@ -37,7 +37,8 @@ def test_a_hang_and_a_desync_are_named_while_they_hang_with_the_rank_and_line(cl
         assert verdict.figures["ranks"] == [1] and "rank 1 is at cell line" in verdict.text
         assert "(time.sleep(3600))" in verdict.text
     else:
-        assert "[3] float32" in verdict.text and "[4] float32" in verdict.text
+        # rank 1's all_reduce of 3 numbers returned against rank 0's of 4 (gloo does not check); it waits in backward
+        assert "all_reduce [4] float32" in verdict.text and "backward (DDP's gradient all-reduce)" in verdict.text
     result = cluster.run("_t = torch.ones(1); dist.all_reduce(_t)", sink=nbdist.cells.output.Sink())
     assert result.raise_for_error() and [float(t) for t in cluster.pull("_t")] == [2.0, 2.0]
 
