@@ -9,7 +9,7 @@ FAULTS = {
     "compute": ("compute",),  # that rank's batch is 4 times the others'
     "hook": ("hook",),  # its DDP communication hook sleeps on that rank
     "gc": ("gc",),  # garbage: a collection of cyclic lists in each step on that rank
-    "io": ("other",),  # a file written and synced in each step on that rank
+    "io": ("other",),  # 4 MiB written to a file and synced in each step on that rank
     "save": ("save",),  # torch.save of a 16 MB state each step on that rank
     "eval": ("eval",),  # a forward without gradients over a validation set each step on that rank
     "hang": ("hang",),  # that rank stops at step 8, outside any collective
@@ -73,7 +73,7 @@ for step, (x, y) in enumerate(loader):
             gc.collect()
         if FAULT == "io" and rank == K:
             with open(scratch, "wb") as fh:
-                fh.write(os.urandom(1 << 20))
+                fh.write(os.urandom(4 << 20))
                 fh.flush()
                 os.fsync(fh.fileno())
         if FAULT == "save" and rank == K:

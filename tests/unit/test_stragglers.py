@@ -94,3 +94,10 @@ def test_the_dashboard_headline_says_the_verdict_when_the_steps_were_timed():
     plain = MetricStore(ranks=3)  # no judge handed in: nothing said
     plain.add(0, rows())
     assert not any("slow input" in p or "balanced" in p for p in headline_parts(plain))
+
+
+def test_ranks_that_share_cores_need_a_larger_difference_to_be_named():
+    near = {0: rows(exposed=0.02), 1: rows(exposed=0.02), 2: rows(forward=0.008)}  # 4 ms more: 15% of the step
+    assert slow(near).cause == "compute"
+    crowded = slow(near, crowded="4 ranks on 2 cores")
+    assert crowded.cause == "balanced" and "the bar is 20%" in crowded.text
