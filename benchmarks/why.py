@@ -2,8 +2,9 @@
 
 One world of ``--ranks`` ranks (4: gloo, oversubscribed on a small machine). For each fault of tests/why_cases.py
 (slow input, compute skew, a slow DDP communication hook, a garbage-collection pause, I/O in the step, a checkpoint
-and an evaluation inside the loop, a hang, a desync) and ``--seeds`` seeds, the DDP cell with the fault on rank
-1 + seed % (ranks - 1) runs under %dist_why (hangs and desyncs released after 20 s); and as many balanced runs.
+and an evaluation inside the loop, a hang, a desync) and ``--seeds`` seeds, the cell with the fault on rank
+1 + seed % (ranks - 1) runs under %dist_why (hangs and desyncs released after 20 s); and as many balanced runs. Two
+loops (``--wraps``): DDP, and FSDP2 (``fully_shard`` per layer), which cannot have the hook and evaluation faults.
 Counted: the cause and the rank right, the time a hang took to be named (from the stall). The cost of timing: the
 balanced cell's median step (its own clock) run plainly and under %dist_why, alternating, ``--overhead`` pairs, on 2
 ranks (4 would share the 2 cores and measure their turns on them).
@@ -35,7 +36,7 @@ from _common import save
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))
 
 import nbdist  # noqa: E402
-from tests.why_cases import FAULTS, cell  # noqa: E402
+from tests.why_cases import FAULTS, FSDP_FAULTS, cell  # noqa: E402
 
 RELEASE_S = 20
 
@@ -47,7 +48,7 @@ TRACEML_RIGHT = {  # traceml's step-time kinds that name each planted fault's ca
 }
 
 
-def traceml(fault: str, rank: int, seed: int, ranks: int) -> dict:
+def traceml(fault: str, rank: int, seed: int, ranks: int, wrap: str = "ddp") -> dict:
     """traceml 0.5's primary diagnosis of the cell run as a script under ``traceml run``."""
     exe = shutil.which("traceml", path=str(pathlib.Path(sys.executable).parent))
     if exe is None:
@@ -57,7 +58,7 @@ def traceml(fault: str, rank: int, seed: int, ranks: int) -> dict:
         script.write_text(
             "import torch.distributed as dist\ndist.init_process_group('gloo')\nimport traceml_ai\ntraceml_ai.init()\n"
             "from traceml_ai import trace_step as STEP\n"
-            + cell(fault, rank, seed, steps=40)
+            + cell(fault, rank, seed, steps=40, wrap=wrap)
             + "dist.barrier()\ndist.destroy_process_group()\n"
         )
         done = subprocess.run(
@@ -105,50 +106,58 @@ def main() -> None:
     parser.add_argument("--seeds", type=int, default=10)
     parser.add_argument("--overhead", type=int, default=10)
     parser.add_argument("--faults", nargs="*", default=list(FAULTS))
+    parser.add_argument("--wraps", nargs="*", default=["ddp", "fsdp"], help="the loops: DDP, FSDP2 (fully_shard)")
     parser.add_argument("--traceml-seeds", type=int, default=3, help="seeds a fault run under traceml too (0: none)")
     args = parser.parse_args()
     rows, table = [], Counter()
     with nbdist.start(n=args.ranks, oversubscribe=True) as cluster:
-        for fault in args.faults:
-            for seed in range(args.seeds):
-                rank = 1 + seed % (args.ranks - 1) if fault != "none" else None
-                slow = fault in ("hang", "desync")
-                tic = time.perf_counter()
-                verdict = nbdist.why(
-                    cell(fault, rank if rank is not None else -1, seed), cluster, timeout=RELEASE_S if slow else None
-                )
-                named = verdict.figures.get("ranks")
-                right = verdict.cause in FAULTS[fault] and (rank is None or named == [rank])
-                among = verdict.cause in FAULTS[fault] and (rank is None or rank in (named or []))
-                row = {
-                    "fault": fault,
-                    "seed": seed,
-                    "rank": rank,
-                    "verdict": verdict.cause,
-                    "named": named,
-                    "right": right,
-                    "cause_right_rank_among": among,
-                    "seconds": time.perf_counter() - tic,
-                    "stalled_s": verdict.figures.get("stalled_s"),
-                    "text": verdict.text,
-                }
-                rows.append(row)
-                table[(fault, verdict.cause)] += 1
-                print(
-                    f"{fault:8} seed {seed} rank {rank}: {verdict.cause:9} {named} {'ok' if right else 'WRONG'}"
-                    + (f"  named after {row['stalled_s']:.1f} s of stall" if row["stalled_s"] else ""),
-                    flush=True,
-                )
-                if not right:
-                    print("    " + verdict.text, flush=True)
-                if seed < args.traceml_seeds and fault not in ("hang", "desync"):
-                    theirs = traceml(fault, rank if rank is not None else -1, seed, args.ranks)
-                    row["traceml"] = theirs
-                    row["traceml_rank_right"] = rank is None or theirs["rank"] == rank
-                    row["traceml_cause_right"] = (
-                        theirs["kind"] in TRACEML_RIGHT.get(fault, ()) and row["traceml_rank_right"]
+        for wrap in args.wraps:
+            for fault in [f for f in args.faults if wrap == "ddp" or f in FSDP_FAULTS]:
+                for seed in range(args.seeds):
+                    rank = 1 + seed % (args.ranks - 1) if fault != "none" else None
+                    slow = fault in ("hang", "desync")
+                    tic = time.perf_counter()
+                    verdict = nbdist.why(
+                        cell(fault, rank if rank is not None else -1, seed, wrap=wrap),
+                        cluster,
+                        timeout=RELEASE_S if slow else None,
                     )
-                    print(f"    traceml: {theirs['kind']} ({theirs.get('severity')}) rank {theirs['rank']}", flush=True)
+                    named = verdict.figures.get("ranks")
+                    right = verdict.cause in FAULTS[fault] and (rank is None or named == [rank])
+                    among = verdict.cause in FAULTS[fault] and (rank is None or rank in (named or []))
+                    row = {
+                        "wrap": wrap,
+                        "fault": fault,
+                        "seed": seed,
+                        "rank": rank,
+                        "verdict": verdict.cause,
+                        "named": named,
+                        "right": right,
+                        "cause_right_rank_among": among,
+                        "seconds": time.perf_counter() - tic,
+                        "stalled_s": verdict.figures.get("stalled_s"),
+                        "text": verdict.text,
+                    }
+                    rows.append(row)
+                    table[(wrap, fault, verdict.cause)] += 1
+                    print(
+                        f"{wrap:4} {fault:8} seed {seed} rank {rank}: {verdict.cause:9} {named} {'ok' if right else 'WRONG'}"
+                        + (f"  named after {row['stalled_s']:.1f} s of stall" if row["stalled_s"] else ""),
+                        flush=True,
+                    )
+                    if not right:
+                        print("    " + verdict.text, flush=True)
+                    if seed < args.traceml_seeds and fault not in ("hang", "desync"):
+                        theirs = traceml(fault, rank if rank is not None else -1, seed, args.ranks, wrap)
+                        row["traceml"] = theirs
+                        row["traceml_rank_right"] = rank is None or theirs["rank"] == rank
+                        row["traceml_cause_right"] = (
+                            theirs["kind"] in TRACEML_RIGHT.get(fault, ()) and row["traceml_rank_right"]
+                        )
+                        print(
+                            f"    traceml: {theirs['kind']} ({theirs.get('severity')}) rank {theirs['rank']}",
+                            flush=True,
+                        )
     # the cost of timing, where the ranks do not share cores: 2 ranks, the balanced cell, plain and timed alternately
     plain, timed = [], []
     with nbdist.start(n=2) as cluster:
@@ -157,23 +166,25 @@ def main() -> None:
             plain.append(step_s(cluster))
             nbdist.why(cell("none", -1, 0, steps=200), cluster)
             timed.append(step_s(cluster))
-    causes = sorted({c for _, c in table})
-    print("\nconfusion (rows: the fault planted; columns: the verdict)")
-    print(f"{'':9}" + "".join(f"{c:>10}" for c in causes))
-    for fault in args.faults:
-        print(f"{fault:9}" + "".join(f"{table[(fault, c)] or '':>10}" for c in causes))
-    print(f"\nbeside traceml 0.5 (the same cell as a script, seeds 0-{args.traceml_seeds - 1})")
-    print(f"{'':9}{'nbdist':>28}{'traceml':>40}")
-    for fault in args.faults:
-        mine = [r for r in rows if r["fault"] == fault and "traceml" in r]
-        if not mine:
-            continue
-        ours = Counter(f"{r['verdict']} {r['named']}" for r in mine)
-        theirs = Counter(f"{r['traceml']['kind']} r{r['traceml']['rank']}" for r in mine)
-        print(
-            f"{fault:9}{', '.join(f'{k} x{n}' for k, n in ours.items()):>28}"
-            f"{', '.join(f'{k} x{n}' for k, n in theirs.items()):>40}"
-        )
+    causes = sorted({c for *_, c in table})
+    for wrap in args.wraps:
+        print(f"\nconfusion, {wrap} loop (rows: the fault planted; columns: the verdict)")
+        print(f"{'':9}" + "".join(f"{c:>10}" for c in causes))
+        for fault in args.faults:
+            if any(table[(wrap, fault, c)] for c in causes):
+                print(f"{fault:9}" + "".join(f"{table[(wrap, fault, c)] or '':>10}" for c in causes))
+        print(f"\nbeside traceml 0.5, {wrap} loop (the same cell as a script, seeds 0-{args.traceml_seeds - 1})")
+        print(f"{'':9}{'nbdist':>34}{'traceml':>60}")
+        for fault in args.faults:
+            mine = [r for r in rows if r["fault"] == fault and r["wrap"] == wrap and "traceml" in r]
+            if not mine:
+                continue
+            ours = Counter(f"{r['verdict']} {r['named']}" for r in mine)
+            theirs = Counter(f"{r['traceml']['kind']} r{r['traceml']['rank']}" for r in mine)
+            print(
+                f"{fault:9}{', '.join(f'{k} x{n}' for k, n in ours.items()):>34}"
+                f"{', '.join(f'{k} x{n}' for k, n in theirs.items()):>60}"
+            )
     faulty = [r for r in rows if r["fault"] != "none"]
     balanced = [r for r in rows if r["fault"] == "none"]
     stalls = [r["stalled_s"] for r in rows if r["stalled_s"]]
@@ -204,7 +215,7 @@ def main() -> None:
             "seeds": args.seeds,
             "rows": rows,
             "summary": summary,
-            "confusion": {f"{f}->{c}": n for (f, c), n in table.items()},
+            "confusion": {f"{w} {f}->{c}": n for (w, f, c), n in table.items()},
         },
     )
 

@@ -48,7 +48,7 @@ WORDS = {
 
 def _phases(row: dict[str, float]) -> dict[str, float]:
     g = row.get
-    compute = g("why/forward_s", 0.0) + g("why/optimizer_s", 0.0)
+    compute = g("why/forward_s", 0.0) + g("why/optimizer_s", 0.0) - g("why/collective_s", 0.0)  # FSDP2's waits
     compute += g("why/backward_compute_s", g("why/backward_s", 0.0) - g("why/hook_s", 0.0))
     return {
         "data": g("why/data_s", 0.0),
@@ -58,7 +58,7 @@ def _phases(row: dict[str, float]) -> dict[str, float]:
         "other": g("why/other_s", 0.0),
         "save": g("why/save_s", 0.0),
         "eval": g("why/eval_s", 0.0),
-        "comm": g("why/exposed_s", 0.0),
+        "comm": g("why/exposed_s", 0.0) + g("why/collective_s", 0.0),
         "step": g("why/step_s", 0.0),
     }
 
@@ -74,7 +74,8 @@ def _ms(seconds: float) -> str:
 
 def slow(rows: dict[int, list[dict[str, Any]]], world: int | None = None, crowded: str = "") -> Verdict:
     """The verdict for each rank's step rows (those with ``why/step_s``). ``crowded``: why the ranks share cores
-    ('4 ranks on 2 cores'), when they do: their waits for each other are then turns on a core, not communication."""
+    ('4 ranks on 2 cores'), when they take all of them: their waits for each other are then turns on a core, not
+    communication, and their phases move more (the bar is ``CROWDED_SHARE``)."""
     timed = {r: [x for x in rs if "why/step_s" in x] for r, rs in rows.items()}
     timed = {r: rs[SKIP:][-WINDOW:] if len(rs) > SKIP + 2 else rs[-WINDOW:] for r, rs in timed.items() if rs}
     world = world or len(rows)

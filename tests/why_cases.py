@@ -1,5 +1,7 @@
-"""A DDP training cell with one fault planted on one rank, for %dist_why (tests/integration/test_why.py and
-benchmarks/why.py). ``cell(fault, rank, seed)``; FAULTS: fault -> the causes %dist_why may name for it."""
+"""A DDP (or FSDP2) training cell with one fault planted on one rank, for %dist_why (tests/integration/test_why.py
+and benchmarks/why.py). ``cell(fault, rank, seed, wrap=...)``; FAULTS: fault -> the causes %dist_why may name for
+it; FSDP_FAULTS: those an FSDP2 loop can have (its forward needs every rank, so one rank cannot evaluate alone, and it
+has no DDP communication hook)."""
 
 from __future__ import annotations
 
@@ -16,6 +18,8 @@ FAULTS = {
     "desync": ("desync",),  # at step 8 that rank all-reduces 3 numbers, the others 4
 }
 
+FSDP_FAULTS = [f for f in FAULTS if f not in ("hook", "eval")]
+
 CELL = """\
 import contextlib, gc, os, tempfile, time
 import torch
@@ -23,11 +27,19 @@ import torch.distributed as dist
 from torch import nn
 from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
 
-FAULT, K, STEPS = {fault!r}, {rank}, {steps}
+FAULT, K, STEPS, WRAP = {fault!r}, {rank}, {steps}, {wrap!r}
 rank = dist.get_rank()
 torch.manual_seed({seed})
 net = nn.Sequential(nn.Linear(64, 256), nn.ReLU(), nn.Linear(256, 256), nn.ReLU(), nn.Linear(256, 1))
-model = nn.parallel.DistributedDataParallel(net)
+if WRAP == "fsdp":
+    from torch.distributed.fsdp import fully_shard
+
+    for layer in net:
+        if isinstance(layer, nn.Linear):
+            fully_shard(layer)
+    model = fully_shard(net)
+else:
+    model = nn.parallel.DistributedDataParallel(net)
 
 
 def hook(state, bucket):
@@ -36,7 +48,8 @@ def hook(state, bucket):
     return default_hooks.allreduce_hook(state, bucket)
 
 
-model.register_comm_hook(None, hook)
+if WRAP == "ddp":
+    model.register_comm_hook(None, hook)
 opt = torch.optim.SGD(model.parameters(), lr=0.01)
 g = torch.Generator().manual_seed({seed} * 100 + rank)
 rows = 2048 if FAULT == "compute" and rank == K else 512
@@ -90,5 +103,5 @@ if os.path.exists(scratch):
 """
 
 
-def cell(fault: str, rank: int, seed: int = 0, steps: int = 25) -> str:
-    return CELL.format(fault=fault, rank=rank, seed=seed, steps=steps)
+def cell(fault: str, rank: int, seed: int = 0, steps: int = 25, wrap: str = "ddp") -> str:
+    return CELL.format(fault=fault, rank=rank, seed=seed, steps=steps, wrap=wrap)

@@ -46,6 +46,7 @@ from .torch_private import (
     ddp_time_every_step,
     ddp_timers,
     fsdp_collective_classes,
+    fsdp_waits,
     group_sequence_number,
     world_of_one,
 )
@@ -179,6 +180,11 @@ PRIVATE_APIS = (
         "torch",
         "engine.equiv: %dist_equiv runs a cell on rank 0 in a world of one rank, then the world's group is back",
     ),
+    PrivateAPI(
+        "torch FSDP2 FSDPParamGroup.wait_for_unshard / post_backward (wrapped)",
+        "torch",
+        "engine.why: the time a rank waits for FSDP2's all-gathers and reduce-scatters, apart from its compute",
+    ),
 )
 
 __all__ = [
@@ -196,6 +202,7 @@ __all__ = [
     "ddp_timers",
     "drop_unreadable_messages",
     "fsdp_collective_classes",
+    "fsdp_waits",
     "group_sequence_number",
     "io_paused",
     "launcher_popen",

@@ -59,3 +59,14 @@ def world_of_one() -> Iterator[None]:
     finally:
         c10d._world.default_pg = world
         dist.destroy_process_group(one)  # no longer the default: only its own entries go
+
+
+def fsdp_waits() -> list[tuple[Any, str]]:
+    """FSDP2's methods in which a rank waits for its collectives on the main thread: an all-gather's wait and
+    copy-out before a module's forward or backward, and the post-backward that issues (on CPU: runs) the
+    reduce-scatter. (class, method name) pairs; none where FSDP2 is missing."""
+    try:
+        from torch.distributed.fsdp._fully_shard._fsdp_param_group import FSDPParamGroup
+    except ImportError:
+        return []
+    return [(FSDPParamGroup, "wait_for_unshard"), (FSDPParamGroup, "post_backward")]

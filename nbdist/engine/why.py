@@ -12,6 +12,8 @@ logging keeps its x axis) holds, in seconds:
 - ``exposed_s`` / ``backward_compute_s``: from DDP's own timers when the model is a DDP model: the part of
   backward spent waiting for the all-reduce after the gradients were computed, and the computation;
 - ``hook_s``: time inside a DDP communication hook registered while recording (its Python, on this rank);
+- ``collective_s``: FSDP2's waits for its all-gathers and reduce-scatters on this rank (inside the forward and
+  backward above; with DDP, ``exposed_s`` says the same);
 - ``optimizer_s``: inside ``Optimizer.step``;
 - ``gc_s``: garbage collection (``gc.callbacks``); ``save_s``: ``torch.save``; ``eval_s``: forwards without
   gradients or in eval mode (an evaluation inside the loop);
@@ -25,9 +27,10 @@ import gc
 import time
 from typing import Any
 
+from .. import compat
 from . import metrics
 
-PHASES = ("data", "forward", "backward", "optimizer", "gc", "save", "eval", "hook")
+PHASES = ("data", "forward", "backward", "optimizer", "gc", "save", "eval", "hook", "collective")
 
 
 class Timer:
@@ -57,6 +60,8 @@ class Timer:
         self.saved: dict[tuple[Any, str], Any] = {}
         self._wrap(torch.Tensor, "backward", "backward")
         self._wrap(torch, "save", "save")
+        for owner, name in compat.fsdp_waits():
+            self._wrap(owner, name, "collective")
         timer = self
         register = DistributedDataParallel.register_comm_hook
         self.saved[(DistributedDataParallel, "register_comm_hook")] = register
@@ -104,8 +109,6 @@ class Timer:
             if self.training_forward and self.first_forward is None:
                 self.first_forward = self.forward_at
             if self.training_forward and _is_ddp(module) and all(m is not module for m in self.ddp):
-                from .. import compat
-
                 compat.ddp_time_every_step(module)
                 self.ddp.append(module)
         self.depth += 1
@@ -125,10 +128,11 @@ class Timer:
         first = self.first_forward if self.first_forward is not None else now
         s = self.sums
         # what happened before the first forward is data, less the pauses, saves and evaluations in it
-        row = {f"why/{p}_s": s[p] for p in PHASES if p != "data"}
+        row = {f"why/{p}_s": s[p] for p in PHASES if p != "data" and (p != "collective" or s[p])}
         row["why/data_s"] = max(0.0, first - self.last_end - s["gc"] - s["save"] - s["eval"])
         row["why/step_s"] = now - self.last_end
-        row["why/other_s"] = max(0.0, row["why/step_s"] - sum(v for k, v in row.items() if k != "why/step_s"))
+        inside = ("why/step_s", "why/collective_s")  # the collectives' waits are inside forward and backward
+        row["why/other_s"] = max(0.0, row["why/step_s"] - sum(v for k, v in row.items() if k not in inside))
         row.update(self._ddp_split())
         metrics.log(None, **row)
         self.steps += 1
@@ -137,8 +141,6 @@ class Timer:
         self.last_end = time.perf_counter()
 
     def _ddp_split(self) -> dict[str, float]:
-        from .. import compat
-
         if len(self.ddp) != 1:
             return {}
         try:

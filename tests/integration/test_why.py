@@ -26,6 +26,17 @@ def test_a_fault_on_rank_1_is_named_with_its_cause_and_a_balanced_run_gets_none(
         assert (verdict.cause, verdict.figures.get("ranks")) == (fault, [1]), verdict.text
 
 
+@pytest.mark.parametrize("fault", ["none", "data", "compute", "save"])
+def test_the_same_verdicts_for_an_fsdp2_loop(cluster, fault):
+    """FSDP2's waits for its all-gathers and reduce-scatters are timed apart from compute: a rank with 4 times the
+    rows is compute skew, not the waiting ranks."""
+    verdict = nbdist.why(cell(fault, 1 if fault != "none" else -1, wrap="fsdp"), cluster)
+    if fault == "none":
+        assert verdict.cause == "balanced", verdict.text
+    else:
+        assert (verdict.cause, verdict.figures.get("ranks")) == (fault, [1]), verdict.text
+
+
 @pytest.mark.parametrize("fault", ["hang", "desync"])
 def test_a_hang_and_a_desync_are_named_while_they_hang_with_the_rank_and_line(cluster, fault, capsys):
     verdict = nbdist.why(cell(fault, 1), cluster, timeout=RELEASE_S)

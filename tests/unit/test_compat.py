@@ -320,3 +320,13 @@ def test_probe_world_of_one(tmp_path):
         assert t.tolist() == [1.0, 1.0]
     finally:
         dist.destroy_process_group()
+
+
+def test_probe_fsdp_waits():
+    """FSDP2's wait points are methods of FSDPParamGroup that take the group (and post_backward, *unused)."""
+    import inspect
+
+    waits = compat.fsdp_waits()
+    assert [name for _, name in waits] == ["wait_for_unshard", "post_backward"], "see compat.fsdp_waits"
+    for owner, name in waits:
+        assert list(inspect.signature(getattr(owner, name)).parameters)[0] == "self"
