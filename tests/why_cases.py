@@ -8,7 +8,7 @@ from __future__ import annotations
 FAULTS = {
     "none": ("balanced",),
     "data": ("data",),  # the loader sleeps on that rank
-    "compute": ("compute",),  # that rank's batch is 4 times the others'
+    "compute": ("compute",),  # that rank's batch is 8 times the others'
     "hook": ("hook",),  # its DDP communication hook sleeps on that rank
     "gc": ("gc",),  # garbage: a collection of cyclic lists in each step on that rank
     "io": ("other",),  # 4 MiB written to a file and synced in each step on that rank
@@ -52,7 +52,7 @@ if WRAP == "ddp":
     model.register_comm_hook(None, hook)
 opt = torch.optim.SGD(model.parameters(), lr=0.01)
 g = torch.Generator().manual_seed({seed} * 100 + rank)
-rows = 2048 if FAULT == "compute" and rank == K else 512
+rows = 4096 if FAULT == "compute" and rank == K else 512
 val = torch.randn(8192, 64, generator=g)
 big = torch.randn(4_000_000, generator=g)
 scratch = os.path.join(tempfile.gettempdir(), f"why-{{os.getpid()}}")

@@ -28,7 +28,7 @@ def test_a_fault_on_rank_1_is_named_with_its_cause_and_a_balanced_run_gets_none(
 
 @pytest.mark.parametrize("fault", ["none", "data", "compute", "save"])
 def test_the_same_verdicts_for_an_fsdp2_loop(cluster, fault):
-    """FSDP2's waits for its all-gathers and reduce-scatters are timed apart from compute: a rank with 4 times the
+    """FSDP2's waits for its all-gathers and reduce-scatters are timed apart from compute: a rank with 8 times the
     rows is compute skew, not the waiting ranks."""
     verdict = nbdist.why(cell(fault, 1 if fault != "none" else -1, wrap="fsdp"), cluster)
     if fault == "none":
