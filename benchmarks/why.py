@@ -3,7 +3,7 @@
 One world of ``--ranks`` ranks (4: gloo, oversubscribed on a small machine). For each fault of tests/why_cases.py
 (slow input, compute skew, a slow DDP communication hook, a garbage-collection pause, I/O in the step, a checkpoint
 and an evaluation inside the loop, a hang, a desync) and ``--seeds`` seeds, the cell with the fault on rank
-1 + seed % (ranks - 1) runs under %dist_why (hangs and desyncs released after 20 s); and as many balanced runs. Two
+1 + seed % (ranks - 1) runs under %dist_why (hangs and desyncs released after 12 s); and as many balanced runs. Two
 loops (``--wraps``): DDP, and FSDP2 (``fully_shard`` per layer), which cannot have the hook and evaluation faults.
 Counted: the cause and the rank right, the time a hang took to be named (from the stall). The cost of timing: the
 balanced cell's median step (its own clock) run plainly and under %dist_why, alternating, ``--overhead`` pairs, on 2
@@ -38,7 +38,7 @@ sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))
 import nbdist  # noqa: E402
 from tests.why_cases import FAULTS, FSDP_FAULTS, cell  # noqa: E402
 
-RELEASE_S = 20
+RELEASE_S = 12
 
 
 TRACEML_RIGHT = {  # traceml's step-time kinds that name each planted fault's cause (it has no word for the others)
