@@ -181,7 +181,7 @@ PRIVATE_APIS = (
         "engine.equiv: %dist_equiv runs a cell on rank 0 in a world of one rank, then the world's group is back",
     ),
     PrivateAPI(
-        "torch FSDP2 FSDPParamGroup.wait_for_unshard / post_backward (wrapped)",
+        "torch FSDP2 FSDPParamGroup.unshard / wait_for_unshard / post_backward / finalize_backward (wrapped)",
         "torch",
         "engine.why: the time a rank waits for FSDP2's all-gathers and reduce-scatters, apart from its compute",
     ),

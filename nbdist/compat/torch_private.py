@@ -62,11 +62,13 @@ def world_of_one() -> Iterator[None]:
 
 
 def fsdp_waits() -> list[tuple[Any, str]]:
-    """FSDP2's methods in which a rank waits for its collectives on the main thread: an all-gather's wait and
-    copy-out before a module's forward or backward, and the post-backward that issues (on CPU: runs) the
-    reduce-scatter. (class, method name) pairs; none where FSDP2 is missing."""
+    """FSDP2's methods in which a rank waits for its collectives on the main thread: the all-gather (issued, and on
+    CPU run, by ``unshard``), its wait and copy-out before a module's forward or backward, the post-backward that
+    issues (on CPU: runs) the reduce-scatter, and the end of backward that waits for what is left. (class, method
+    name) pairs; none where FSDP2 is missing."""
     try:
         from torch.distributed.fsdp._fully_shard._fsdp_param_group import FSDPParamGroup
     except ImportError:
         return []
-    return [(FSDPParamGroup, "wait_for_unshard"), (FSDPParamGroup, "post_backward")]
+    names = ("unshard", "wait_for_unshard", "post_backward", "finalize_backward")
+    return [(FSDPParamGroup, name) for name in names]

@@ -327,6 +327,6 @@ def test_probe_fsdp_waits():
     import inspect
 
     waits = compat.fsdp_waits()
-    assert [name for _, name in waits] == ["wait_for_unshard", "post_backward"], "see compat.fsdp_waits"
+    assert [name for _, name in waits] == ["unshard", "wait_for_unshard", "post_backward", "finalize_backward"]
     for owner, name in waits:
         assert list(inspect.signature(getattr(owner, name)).parameters)[0] == "self"
