@@ -80,3 +80,27 @@ def test_bad_input_gets_one_line_that_says_what_cannot_be_told(cluster, ip):
     with pytest.raises(nbdist.ConfigError, match=r"steps \(0\)"):
         nbdist.equiv(CORRECT, cluster, steps=0)
     _world_whole(cluster)
+
+
+def test_the_one_rank_run_is_what_python_prog_py_gives(cluster, tmp_path):
+    """The reference itself: the correct cell as a plain one-process program (``python prog.py``, a gloo world of
+    one it makes itself) prints each step's loss; %dist_equiv's one-rank run recorded the same losses."""
+    import subprocess
+    import sys
+
+    from tests.helpers import free_port
+
+    prog = tmp_path / "prog.py"
+    prog.write_text(
+        "import os\nimport torch.distributed as dist\n"
+        f"os.environ.update(MASTER_ADDR='127.0.0.1', MASTER_PORT='{free_port()}')\n"
+        "dist.init_process_group('gloo', rank=0, world_size=1)\n"
+        + CORRECT.replace("        opt.step()", "        opt.step()\n        print(repr(loss.item()))")
+        + "dist.destroy_process_group()\n"
+    )
+    done = subprocess.run([sys.executable, str(prog)], capture_output=True, text=True, timeout=120, check=True)
+    theirs = [float(x) for x in done.stdout.split()][:20]
+    verdict = nbdist.equiv(CORRECT, cluster)
+    ours = [one for one, _ in verdict.figures["losses"]]
+    assert len(ours) == len(theirs) == 20
+    assert max(abs(a - b) / abs(b) for a, b in zip(ours, theirs, strict=True)) <= 1e-12, (ours, theirs)
