@@ -119,6 +119,8 @@ def slow(rows: dict[int, list[dict[str, Any]]], world: int | None = None, crowde
         culprits = sorted(r for r in typical if excess[(r, phase)] >= 0.5 * most)
         rest = [t[phase] for r, t in typical.items() if r not in culprits] or [0.0]
         name, does = WORDS[phase]
+        if phase == "compute" and any(x.get("why/cuda") for r in culprits for x in timed[r]):
+            does += " on its GPU (CUDA events)"
         figures["ranks"] = culprits
         return Verdict(
             phase,

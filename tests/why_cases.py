@@ -17,6 +17,9 @@ FAULTS = {
     "hang": ("hang",),  # that rank stops at step 8, outside any collective
     "desync": ("desync",),  # at step 8 that rank all-reduces 3 numbers, the others 4
 }
+GPU_FAULTS = {  # on a GPU (``devices``): a slow device, the device's work queued by the host and not waited for
+    "device": ("compute",),  # that rank's GPU spins 20 ms inside the forward (torch.cuda._sleep): host time ~0
+}
 
 FSDP_FAULTS = [f for f in FAULTS if f not in ("hook", "eval")]
 
@@ -27,10 +30,20 @@ import torch.distributed as dist
 from torch import nn
 from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
 
-FAULT, K, STEPS, WRAP = {fault!r}, {rank}, {steps}, {wrap!r}
+FAULT, K, STEPS, WRAP, DEVICES = {fault!r}, {rank}, {steps}, {wrap!r}, {devices!r}
 rank = dist.get_rank()
+dev = torch.device(DEVICES[rank] if DEVICES else "cpu")
 torch.manual_seed({seed})
-net = nn.Sequential(nn.Linear(64, 256), nn.ReLU(), nn.Linear(256, 256), nn.ReLU(), nn.Linear(256, 1))
+
+
+class Spin(nn.Module):  # the "device" fault: the GPU busy for about 20 ms, the host not
+    def forward(self, x):
+        if FAULT == "device" and rank == K:
+            torch.cuda._sleep(40_000_000)  # cycles: 20 ms at 2 GHz
+        return x
+
+
+net = nn.Sequential(nn.Linear(64, 256), nn.ReLU(), nn.Linear(256, 256), nn.ReLU(), nn.Linear(256, 1), Spin()).to(dev)
 if WRAP == "fsdp":
     from torch.distributed.fsdp import fully_shard
 
@@ -63,7 +76,7 @@ class Batches(torch.utils.data.IterableDataset):
         for _ in range(STEPS):
             if FAULT == "data" and rank == K:
                 time.sleep(0.03)
-            yield torch.randn(rows, 64, generator=g), torch.randn(rows, 1, generator=g)
+            yield torch.randn(rows, 64, generator=g).to(dev), torch.randn(rows, 1, generator=g).to(dev)
 
 
 loader = torch.utils.data.DataLoader(Batches(), batch_size=None)
@@ -94,7 +107,7 @@ for step, (x, y) in enumerate(loader):
         if FAULT == "eval" and rank == K:
             net.eval()
             with torch.no_grad():
-                net(val)
+                net(val.to(dev))
             net.train()
         opt.step()
     stamps.append(time.perf_counter())
@@ -103,5 +116,8 @@ if os.path.exists(scratch):
 """
 
 
-def cell(fault: str, rank: int, seed: int = 0, steps: int = 25, wrap: str = "ddp") -> str:
-    return CELL.format(fault=fault, rank=rank, seed=seed, steps=steps, wrap=wrap)
+def cell(
+    fault: str, rank: int, seed: int = 0, steps: int = 25, wrap: str = "ddp", devices: tuple[str, ...] | None = None
+) -> str:
+    """``devices``: each rank's device ('cuda:0', 'cpu'); None: all on the CPU."""
+    return CELL.format(fault=fault, rank=rank, seed=seed, steps=steps, wrap=wrap, devices=devices)

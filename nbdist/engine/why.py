@@ -18,6 +18,11 @@ logging keeps its x axis) holds, in seconds:
 - ``gc_s``: garbage collection (``gc.callbacks``); ``save_s``: ``torch.save``; ``eval_s``: forwards without
   gradients or in eval mode (an evaluation inside the loop);
 - ``other_s``: the rest of the step (host work between backward and the optimizer: logging, I/O, sleeps).
+
+On a GPU (the training model's parameters on CUDA) the host only queues the work, so ``forward_s``, ``backward_s``,
+``optimizer_s`` and ``eval_s`` are the device's times, from CUDA events recorded on the current stream around
+them, and DDP's own CUDA timers split backward (``why/cuda`` marks such rows). The GPU may still run a step when
+its ``Optimizer.step`` returns, so its row is logged at the next step's end (a loop's last step has no row there).
 """
 
 from __future__ import annotations
@@ -31,6 +36,7 @@ from .. import compat
 from . import metrics
 
 PHASES = ("data", "forward", "backward", "optimizer", "gc", "save", "eval", "hook", "collective")
+ON_DEVICE = ("forward", "backward", "optimizer", "eval")  # timed by CUDA events when the model is on a GPU
 
 
 class Timer:
@@ -49,6 +55,10 @@ class Timer:
         self.gc_at: float | None = None
         self.ddp: list[Any] = []  # DDP models seen: their C++ timers give the exposed all-reduce
         self.steps = 0
+        self.cuda: Any = None  # torch.cuda once a training forward ran on a GPU model; False on the CPU
+        self.spans: list[tuple[str, Any, Any]] = []  # (phase, start event, end event) of this step on the GPU
+        self.started: dict[str, Any] = {}
+        self.pending: tuple[dict[str, float], list[tuple[str, Any, Any]]] | None = None  # the last step, on a GPU
         nn = torch.nn.modules.module
         self.handles = [
             nn.register_module_forward_pre_hook(self._pre),
@@ -83,15 +93,32 @@ class Timer:
         original = getattr(owner, name)
         self.saved[(owner, name)] = original
         sums = self.sums
+        timer = self
 
         def timed(*args: Any, **kwargs: Any) -> Any:
             tic = time.perf_counter()
+            if phase in ON_DEVICE:
+                timer._begin(phase)
             try:
                 return original(*args, **kwargs)
             finally:
                 sums[phase] += time.perf_counter() - tic
+                if phase in ON_DEVICE:
+                    timer._end(phase)
 
         setattr(owner, name, timed)
+
+    def _begin(self, phase: str) -> None:
+        if self.cuda:
+            self.started[phase] = self.cuda.Event(enable_timing=True)
+            self.started[phase].record()
+
+    def _end(self, phase: str) -> None:
+        start = self.started.pop(phase, None)
+        if self.cuda and start is not None:
+            end = self.cuda.Event(enable_timing=True)
+            end.record()
+            self.spans.append((phase, start, end))
 
     def _gc(self, phase: str, info: dict[str, Any]) -> None:
         if phase == "start":
@@ -108,21 +135,30 @@ class Timer:
             self.training_forward = module.training and torch.is_grad_enabled()
             if self.training_forward and self.first_forward is None:
                 self.first_forward = self.forward_at
+            if self.training_forward and self.cuda is None:
+                self.cuda = _cuda_of(module)
+            self._begin("forward" if self.training_forward else "eval")
             if self.training_forward and _is_ddp(module) and all(m is not module for m in self.ddp):
                 compat.ddp_time_every_step(module)
                 self.ddp.append(module)
+            if self.training_forward and self.pending is not None and "why/exposed_s" not in self.pending[0]:
+                self.pending[0].update(self._ddp_split())  # the last step's, before DDP's forward resets them
         self.depth += 1
 
     def _post(self, module: Any, args: Any, output: Any) -> None:
         self.depth = max(0, self.depth - 1)
         if self.depth == 0 and self.forward_at is not None:
-            self.sums["forward" if self.training_forward else "eval"] += time.perf_counter() - self.forward_at
+            phase = "forward" if self.training_forward else "eval"
+            self.sums[phase] += time.perf_counter() - self.forward_at
+            self._end(phase)
             self.forward_at = None
 
     def _step_pre(self, optimizer: Any, args: Any, kwargs: Any) -> None:
         self.opt_at = time.perf_counter()
+        self._begin("optimizer")
 
     def _step_post(self, optimizer: Any, args: Any, kwargs: Any) -> None:
+        self._end("optimizer")
         now = time.perf_counter()
         self.sums["optimizer"] += now - self.opt_at
         first = self.first_forward if self.first_forward is not None else now
@@ -131,14 +167,33 @@ class Timer:
         row = {f"why/{p}_s": s[p] for p in PHASES if p != "data" and (p != "collective" or s[p])}
         row["why/data_s"] = max(0.0, first - self.last_end - s["gc"] - s["save"] - s["eval"])
         row["why/step_s"] = now - self.last_end
-        inside = ("why/step_s", "why/collective_s")  # the collectives' waits are inside forward and backward
-        row["why/other_s"] = max(0.0, row["why/step_s"] - sum(v for k, v in row.items() if k not in inside))
-        row.update(self._ddp_split())
-        metrics.log(None, **row)
+        if self.cuda:
+            # the GPU may still run this step: its row is completed, and logged, at the next step's end (waiting
+            # then for this step's events, done by then unless the host is a step ahead); its DDP timers are read
+            # at the next step's first forward, where DDP itself reads them
+            self._complete()
+            self.pending, self.spans = (row, self.spans), []
+        else:
+            row.update(self._ddp_split())
+            _log(row)
         self.steps += 1
         self.sums.update(dict.fromkeys(PHASES, 0.0))  # in place: the wrapped functions hold this dict
         self.first_forward = None
         self.last_end = time.perf_counter()
+
+    def _complete(self) -> None:
+        """Log the last step's row with the seconds the GPU spent in each of its phases."""
+        if self.pending is None:
+            return
+        row, spans = self.pending
+        self.pending = None
+        if spans:
+            spans[-1][2].synchronize()  # the last event recorded: the others are done too (one stream)
+        row.update({f"why/{p}_s": 0.0 for p in ON_DEVICE})
+        for phase, start, end in spans:
+            row[f"why/{phase}_s"] += start.elapsed_time(end) / 1e3
+        row["why/cuda"] = 1.0
+        _log(row)
 
     def _ddp_split(self) -> dict[str, float]:
         if len(self.ddp) != 1:
@@ -147,6 +202,12 @@ class Timer:
             ints = compat.ddp_timers(self.ddp[0].logger)
         except Exception:  # timers not there (no backward yet)
             return {}
+        if self.cuda:  # DDP's CUDA timers: differences of events (its host timestamps are when work was queued)
+            compute, comm = ints.get("backward_compute_time"), ints.get("backward_comm_time")
+            overlap = ints.get("backward_compute_comm_overlap_time")
+            if not (compute and comm and overlap is not None):
+                return {}
+            return {"why/backward_compute_s": compute / 1e9, "why/exposed_s": max(0, comm - overlap) / 1e9}
         start, end = ints.get("backward_compute_time_start"), ints.get("backward_compute_time_end")
         comm_end = ints.get("backward_comm_time_end")
         if not (start and end and comm_end):
@@ -161,6 +222,21 @@ class Timer:
         for (owner, name), original in self.saved.items():
             setattr(owner, name, original)
         return self.steps
+
+
+def _log(row: dict[str, float]) -> None:
+    # the step itself; the collectives' waits and DDP's split are inside forward and backward
+    skip = ("why/step_s", "why/collective_s", "why/cuda", "why/backward_compute_s", "why/exposed_s")
+    row["why/other_s"] = max(0.0, row["why/step_s"] - sum(v for k, v in row.items() if k not in skip))
+    metrics.log(None, **row)
+
+
+def _cuda_of(module: Any) -> Any:
+    """torch.cuda when the module's parameters are on a GPU (its phases are then timed there), else False."""
+    import torch
+
+    param = next(module.parameters(), None)
+    return torch.cuda if param is not None and param.is_cuda else False
 
 
 def _is_ddp(module: Any) -> bool:

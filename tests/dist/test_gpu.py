@@ -209,3 +209,42 @@ def test_a_killed_rank_on_a_gpu_is_rebuilt_from_the_living_one(tmp_path, on="cud
         for i, (mine, theirs) in enumerate(zip(final[rank], reference[rank], strict=True)):
             assert torch.equal(mine, theirs), (loops.SEED, rank, i, (mine - theirs).abs().max())
     assert 48 <= computed[1 - victim] <= 49, computed
+
+
+@pytest.fixture(scope="module")
+def two_ranks():
+    import nbdist
+
+    with nbdist.start(n=2) as cluster:  # one GPU: they share it over gloo
+        yield cluster
+
+
+@needs_gpus(1)
+@pytest.mark.parametrize(
+    "fault, devices, want, ranks",
+    [
+        ("none", ("cuda:0", "cuda:0"), "balanced", None),
+        ("device", ("cuda:0", "cuda:0"), "compute", [1]),  # its GPU spins 20 ms in the forward, its host does not
+        ("data", ("cuda:0", "cuda:0"), "data", [1]),
+        ("device", ("cuda:0", "cpu"), "compute", [0]),  # a GPU rank beside a CPU rank (gloo), its GPU slowed
+    ],
+    ids=["balanced", "slow-gpu", "data", "slow-gpu-vs-cpu"],
+)
+def test_why_times_a_gpu_rank_on_its_gpu(two_ranks, fault, devices, want, ranks):
+    """%dist_why on GPU ranks: the host only queues the forward, so the phases come from CUDA events, and DDP's own
+    CUDA timers split backward; a rank whose device is slow is compute skew on it, not a wait elsewhere."""
+    import nbdist
+    from tests.why_cases import cell
+
+    culprit = ranks[0] if ranks else -1
+    verdict = nbdist.why(cell(fault, culprit, seed=0, steps=30, devices=devices), two_ranks)
+    print(verdict.text)
+    assert verdict.cause == want and verdict.figures.get("ranks") == ranks, verdict.text
+    rows = two_ranks.last.metrics
+    gpu = [r for r, dev in enumerate(devices) if dev.startswith("cuda")]
+    assert all(row.get("why/cuda") == 1.0 for r in gpu for row in rows[r] if "why/step_s" in row)
+    if fault == "device":
+        spun = [row["why/forward_s"] for row in rows[culprit] if "why/step_s" in row][2:]
+        assert min(spun) >= 0.005, spun  # the spin is in the forward's device time
+        if ranks == [1]:
+            assert "on its GPU (CUDA events)" in verdict.text
