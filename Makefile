@@ -6,7 +6,7 @@ BIN := $(VENV)/bin
 RUNTIME := $(VENV)/.runtime
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test unit lint bench clean system labextension
+.PHONY: demo test unit lint bench clean system labextension compat
 
 # What the demo needs: nbdist and its runtime dependencies (a user's install).
 $(RUNTIME): pyproject.toml
@@ -44,6 +44,29 @@ test: $(STAMP)
 # The tests that need no cluster, no browser and no system package: under a minute, for the edit-test loop.
 unit: $(STAMP)
 	OMP_NUM_THREADS=1 $(BIN)/python -m pytest -q -p no:cacheprovider tests/unit
+
+# The compatibility tier: the unit tests, the core integration tests (start, cells, failure, recovery, DDP and FSDP
+# against one process, %dist_why and %dist_equiv, which reach into torch's privates) and one notebook, on another
+# torch in a venv of its own. COMPAT_TORCH=2.14.1 is a CUDA build on this machine's disk (5.5 GB; it runs on the
+# CPU). A release newer than pip's cap here (/etc/xdg/pip): `make compat COMPAT_TORCH=2.15.0 PIP_CONFIG_FILE=/dev/null`.
+COMPAT_TORCH ?= 2.14.1
+COMPAT := .venv-torch-$(COMPAT_TORCH)
+COMPAT_TESTS := tests/unit tests/integration/test_lifecycle.py tests/integration/test_cells.py \
+	tests/integration/test_recovery.py tests/integration/test_peer_recovery.py tests/dist/test_ddp.py \
+	tests/dist/test_sharded.py tests/integration/test_why.py tests/integration/test_equiv.py
+
+$(COMPAT)/.installed: pyproject.toml
+	@echo "make: installing torch $(COMPAT_TORCH), nbdist and the dev extras into $(COMPAT)"
+	$(PY) -m venv $(COMPAT)
+	$(COMPAT)/bin/pip install --quiet --upgrade pip
+	$(COMPAT)/bin/pip install --quiet "torch==$(COMPAT_TORCH)"
+	$(COMPAT)/bin/pip install --quiet -e ".[dev]"
+	$(COMPAT)/bin/python -c "import torch; assert torch.__version__.split('+')[0] == '$(COMPAT_TORCH)', torch.__version__"
+	touch $@
+
+compat: $(COMPAT)/.installed
+	OMP_NUM_THREADS=1 $(COMPAT)/bin/python -m pytest -q -p no:cacheprovider --durations=10 $(COMPAT_TESTS) \
+	  "tests/notebooks/test_notebooks.py::test_notebook_runs_top_to_bottom[01_data_parallel.ipynb]"
 
 # The prebuilt lab extension (nbdist/labextension, committed): rebuild after editing js/src. Needs Node and npm;
 # `make demo` and `make test` do not (they use the committed build).

@@ -330,3 +330,18 @@ def test_probe_fsdp_waits():
     assert [name for _, name in waits] == ["unshard", "wait_for_unshard", "post_backward", "finalize_backward"]
     for owner, name in waits:
         assert list(inspect.signature(getattr(owner, name)).parameters)[0] == "self"
+
+
+def test_the_torch_requirement_has_no_ceiling_so_pip_keeps_a_newer_torch():
+    """A ceiling made pip replace a hub's newer torch (a GPU build of several GB) with an older one, or fail: the
+    requirement admits every release from the oldest checked on, the next ones included (README, "Which torch")."""
+    import pathlib
+
+    from packaging.requirements import Requirement
+
+    tomllib = pytest.importorskip("tomllib", reason="Python 3.11 reads pyproject.toml")
+
+    meta = tomllib.loads((pathlib.Path(__file__).resolve().parents[2] / "pyproject.toml").read_text())
+    [torch] = [Requirement(r) for r in meta["project"]["dependencies"] if Requirement(r).name == "torch"]
+    for release in (compat.CHECKED["torch"][0] + ".0", "2.14.1", "2.15.0", "2.16.0", "3.0.0"):
+        assert torch.specifier.contains(release, prereleases=False), f"{torch} refuses torch {release}"
