@@ -14,7 +14,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from .store import MetricStore
+from .store import TIMED, MetricStore
 
 # One colour per rank, the same in every panel (plotly's default sequence, then Dark24's first).
 PALETTE = (
@@ -35,7 +35,7 @@ TOTAL_COLOUR = "#333333"
 BAND_ABOVE = 8  # ranks: up to this many, one line per rank; above, the spread and the ranks that stand out
 BAND_COLOUR = "rgba(99, 110, 250, 0.18)"
 MEDIAN_COLOUR = "#3949ab"
-AUTO_PREFIXES = ("comm/", "time/", "throughput/", "memory/")
+AUTO_PREFIXES = ("comm/", "time/", "throughput/", "memory/", TIMED)  # not the user's: no panel of their own
 MAX_USER_PANELS = 3  # the user's own metrics (loss first); the automatic panels come after
 MEMORY_SPAN_MIB = 64  # the memory panel shows at least this range: a rank's few MiB of noise is not growth
 PARTS = (("compute", ""), ("exposed comm", "/"), ("data wait", "."))  # the step split: name, bar pattern

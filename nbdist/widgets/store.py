@@ -22,6 +22,7 @@ from typing import Any
 Judge = Callable[[dict[int, list[dict[str, float]]], int], Any]
 
 SKIP = {"t", "step"}
+TIMED = "why/"  # %dist_why's step timings (engine/why.py): the verdict reads them; they are not plotted
 RECENT = 20  # steps the headline and the step split average over
 
 
@@ -170,6 +171,7 @@ class MetricStore:
         self.series: dict[tuple[str, int], Series] = {}
         self.last: dict[tuple[str, int], float] = {}
         self.counts: dict[int, int] = {}
+        self.timed: dict[int, int] = {}  # %dist_why's rows per rank (TIMED keys only, numbered apart)
         self.steps: dict[int, float] = {}  # the last step each rank logged
         self.spreads: dict[str, Spread] = {}
         self.loggers: dict[str, set[int]] = {}  # the ranks that log each metric
@@ -178,10 +180,16 @@ class MetricStore:
 
     def add(self, rank: int, rows: Iterable[dict[str, Any]]) -> None:
         for row in rows:
-            n = self.counts.get(rank, 0)
-            self.counts[rank] = n + 1
-            x = float(row["step"]) if row.get("step") is not None else float(n)
-            self.steps[rank] = max(x, self.steps.get(rank, x))
+            if row.get("step") is None and TIMED + "step_s" in row:
+                # %dist_why's rows (no step of their own; a batch's last row also carries the memory): numbered
+                # apart, so the cell's steps stay the x axis and the headline's step
+                x = float(self.timed.get(rank, 0))
+                self.timed[rank] = int(x) + 1
+            else:
+                n = self.counts.get(rank, 0)
+                self.counts[rank] = n + 1
+                x = float(row["step"]) if row.get("step") is not None else float(n)
+                self.steps[rank] = max(x, self.steps.get(rank, x))
             for key, value in row.items():
                 if key in SKIP:
                     continue
@@ -288,7 +296,8 @@ class MetricStore:
         if verdict is not None and verdict.cause != "cannot":
             out["why"] = verdict
         step = self.per_rank("time/step_s")
-        if len(step) > 1:
+        if len(step) > 1 and "why" not in out:  # the verdict says which rank holds the others, and why
+            # (in a synchronous step every rank's step time is the slowest's: "ranks within 3%" beside it misleads)
             slow = max(step, key=step.__getitem__)
             fast = min(step.values())
             out["slowest"] = (slow, 100.0 * (step[slow] - fast) / fast if fast > 0 else 0.0)
@@ -296,7 +305,7 @@ class MetricStore:
 
     def why(self) -> Any:
         """%dist_why's verdict (the judge's) on the ranks' recent ``why/`` rows; None without a judge or rows."""
-        keys = [k for k in self.keys() if k.startswith("why/")]
+        keys = [k for k in self.keys() if k.startswith(TIMED)]
         if self.judge is None or "why/step_s" not in keys:
             return None
         rows: dict[int, list[dict[str, float]]] = {}

@@ -27,8 +27,8 @@ CHROMIUM = "/usr/bin/chromium"
 CELLS = [
     "%load_ext nbdist\n%dist_start -n 2",
     # a small DDP model trains for about 15 s: apply_ddp logs throughput, overhead and bytes by itself,
-    # shard()'s loader the time waited for data
-    "%%distributed\n"
+    # shard()'s loader the time waited for data; under %%dist_why, with rank 1 slow to get its input
+    "%%dist_why\n"
     "import time, nbdist\n"
     "from nbdist.parallel import apply_ddp, shard\n"
     "torch.manual_seed(0)\n"
@@ -36,6 +36,7 @@ CELLS = [
     "opt = torch.optim.SGD(model.parameters(), lr=0.05)\n"
     "data = torch.utils.data.TensorDataset(torch.randn(1024, 256), torch.randint(0, 10, (1024,)))\n"
     "for step, (x, y) in shard(data, batch_size=64).steps(300):\n"
+    "    time.sleep(0.03 if dist.get_rank() == 1 else 0)\n"
     "    opt.zero_grad()\n"
     "    loss = torch.nn.functional.cross_entropy(model(x), y)\n"
     "    loss.backward()\n"
@@ -284,15 +285,23 @@ def test_dashboard_plot_grows_in_jupyterlab(lab):
         # the headline: what a person reads first, and it moves while the cell runs
         live = [h for h in heads if h]  # (the last look may come after the cell ended)
         assert len(live) >= 2, heads
-        for name in ("step", "loss", "samples_per_s", "comm_pct", "slowest"):
+        for name in ("step", "loss", "samples_per_s", "comm_pct", "why"):
             assert name in live[-1], (name, live[-1])
+        assert "slowest" not in live[-1], live[-1]  # the verdict replaces "ranks within 3% of each other"
+        assert max(int(h["step"]) for h in live) < 300, heads  # %dist_why's rows take no step numbers
         assert len({h["step"] for h in live}) > 1, f"the step in the headline should advance: {heads}"
+        # %dist_why's verdict, live: the rank that holds the others and why, as the verdict printed at the end says
+        assert live[-1].get("why", "").startswith("rank 1"), live[-1]
+        assert "slow input" in page.inner_text(".nbdist-stat[data-name='why']"), live[-1]
         assert live[-1]["comm_pct"].endswith("%"), live[-1]
         # one legend entry per rank, however many panels
         live_legend = max(_legend(page), key=len)
         assert live_legend == ["rank 0", "rank 1"], live_legend
         # the run finishes, the static figure stays, and the last cell stops the cluster
         page.wait_for_function("() => document.body.innerText.includes('cluster stopped')", timeout=120_000)
+        body = page.inner_text("body")
+        assert "slow input on rank 1" in body  # the verdict %%dist_why prints when the cell ends
+        assert "step 299 · loss" in body and "rank 1: slow input" in body  # the final headline: the loop's last step
         assert _longest_trace(page) == 300, "the final figure should hold every logged step"
         titles = set(_titles(page))
         for panel in (
@@ -304,6 +313,7 @@ def test_dashboard_plot_grows_in_jupyterlab(lab):
         ):
             assert panel in titles, f"the dashboard should have a panel titled {panel!r}: {titles}"
         assert "Step time, ms: compute · comm ▨ · data ⋯" in titles, titles  # the split, data from shard()
+        assert not [t for t in titles if t.startswith("why/")], titles  # %dist_why's timings feed the verdict only
         assert max(_legend(page), key=len) == ["rank 0", "rank 1"]
         assert second > 0
         _dismiss_news(page)

@@ -85,12 +85,20 @@ def test_ranks_in_different_collectives_are_a_desync_and_nobody_waiting_is_no_ve
 
 def test_the_dashboard_headline_says_the_verdict_when_the_steps_were_timed():
     from nbdist.widgets.dashboard import headline_parts
+    from nbdist.widgets.figure import panels
     from nbdist.widgets.store import MetricStore
 
     store = MetricStore(ranks=3, judge=slow)
+    # the cell's own rows (a step each, and a step time every rank shares, as a synchronous step makes it), then
+    # %dist_why's: the timings take no step number, draw no panel, and the verdict replaces "ranks within 3%"
+    for rank in range(3):
+        store.add(rank, [{"step": s, "loss": 1.0 / (s + 1), "time/step_s": 0.04} for s in range(5)])
     for rank, mine in {0: rows(exposed=0.03), 1: rows(exposed=0.03), 2: rows(data=0.031)}.items():
+        mine[-1]["memory/rss_MiB"] = 300.0  # as a batch's last row carries it (engine/metrics.flush)
         store.add(rank, mine)
     assert "rank 2: slow input" in headline_parts(store)
+    assert store.headline()["step"] == 4 and "slowest" not in store.headline()
+    assert not [p.key for p in panels(store) if p.key.startswith("why/")], panels(store)
     plain = MetricStore(ranks=3)  # no judge handed in: nothing said
     plain.add(0, rows())
     assert not any("slow input" in p or "balanced" in p for p in headline_parts(plain))
