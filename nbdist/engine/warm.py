@@ -13,7 +13,8 @@ becomes that engine. End of input (the pool closing the pipe, or the kernel dyin
 this process; engines already forked keep running, watching the kernel themselves.
 
 Forking is safe because nothing here starts a thread before ``fork()``: torch's OpenMP
-pool, gloo's threads and ipyparallel's IO threads all start in the child. The child
+pool, gloo's threads and ipyparallel's IO threads all start in the child. Each fork checks that first
+(``unsafe()``: no thread besides the main one, CUDA not initialised) and refuses with the reason otherwise. The child
 gets a new session (no terminal Ctrl-C, like ipyparallel's engines), default signal
 handlers, its own random seeds (numpy's legacy global RNG would otherwise be the same
 on every rank), and watches the kernel.
@@ -50,6 +51,38 @@ def _become(job: dict) -> None:
     sys.argv = [sys.argv[0], *args]
     if sys.path and sys.path[0] != job["cwd"]:
         sys.path[0] = job["cwd"]  # what `python -m` started in cwd would have
+
+
+def unsafe() -> str:
+    """Why a fork from this process would not be safe now, in words ('' when it is): CUDA initialised in it (a
+    forked child cannot use CUDA), or a thread besides the main one (a fork copies only the calling thread, and a
+    lock another thread held stays locked in the child: the child hangs, or dies, later). This process starts no
+    thread and never touches CUDA; something that runs at its start (a sitecustomize, a .pth file) can."""
+    torch = sys.modules.get("torch")
+    if torch is not None and torch.cuda.is_initialized():
+        return "CUDA is initialised in it (a forked rank could not use CUDA)"
+    try:
+        tasks = [t for t in os.listdir("/proc/self/task") if int(t) != os.getpid()]
+    except OSError:  # no /proc: the threads Python knows of
+        import threading
+
+        names = [t.name for t in threading.enumerate() if t is not threading.main_thread()]
+    else:
+        names = [_thread_name(t) for t in tasks]
+    if names:
+        return (
+            f"{len(names)} thread(s) besides its main one run in it ({', '.join(sorted(set(names)))}): a fork copies "
+            "none of them, and a lock one holds stays locked in the forked rank"
+        )
+    return ""
+
+
+def _thread_name(task: str) -> str:
+    try:
+        with open(f"/proc/self/task/{task}/comm") as fh:
+            return fh.read().strip()
+    except OSError:
+        return task
 
 
 def _job_waiting(timeout: float = 0.0) -> bool:
@@ -182,6 +215,10 @@ def main() -> None:
             job = json.loads(line)
         except ValueError:
             os.write(1, b"-1\n")  # the pool starts that engine cold
+            continue
+        reason = unsafe()
+        if reason:  # checked before every fork: the pool starts that engine cold, and says why
+            os.write(1, f"-1 {reason}\n".encode())
             continue
         pid = os.fork()
         if pid == 0:

@@ -100,6 +100,17 @@ class Server:
         with self.lock:
             try:
                 pid = procs.ask_fork(self.proc, job, timeout)
+            except procs.ForkRefused as refused:
+                print(
+                    f"nbdist: the warm process (pid {self.pid}) cannot fork ranks safely: {refused}. They start cold "
+                    "instead (a fresh Python each: about a second of a core more per rank). Something that runs "
+                    "when Python starts (a sitecustomize, a .pth file) did this; NBDIST_WARM=0 starts ranks cold "
+                    "without asking.",
+                    file=sys.stderr,
+                    flush=True,
+                )
+                self.close(kill=True)  # it stays unsafe: the next start makes a new one
+                return None
             except (OSError, TimeoutError, EOFError):
                 self.close(kill=True)
                 return None

@@ -107,9 +107,14 @@ def process_env(threads: int, keep: float | str | None = None) -> dict[str, str]
     return env
 
 
+class ForkRefused(RuntimeError):
+    """The warm process refused to fork: forking from it is not safe now (the reason, in words)."""
+
+
 def ask_fork(proc: Any, job: dict[str, Any], timeout: float) -> int:
     """Hand a job to a warm process (engine/warm.py) through its pipes and read back the pid of the engine it
-    forked (-1: it could not). Raises OSError, TimeoutError or EOFError when it does not answer."""
+    forked (-1: it could not). Raises OSError, TimeoutError or EOFError when it does not answer, and
+    ForkRefused when it says a fork is not safe there (engine/warm.unsafe)."""
     import json
     import select
     import time
@@ -125,4 +130,7 @@ def ask_fork(proc: Any, job: dict[str, Any], timeout: float) -> int:
         if not chunk:
             raise EOFError
         line += chunk
-    return int(line.strip() or -1)
+    pid, _, reason = line.decode(errors="replace").strip().partition(" ")
+    if reason:
+        raise ForkRefused(reason)
+    return int(pid or -1)

@@ -112,7 +112,7 @@ class _NodeWarm:
                 return 0
             try:
                 return max(procs.ask_fork(self.proc, job, FORK_S), 0)
-            except (OSError, TimeoutError, EOFError):
+            except (OSError, TimeoutError, EOFError, procs.ForkRefused):  # refused: it stays unsafe
                 self.proc.kill()
                 return 0
 

@@ -248,3 +248,32 @@ def test_why_times_a_gpu_rank_on_its_gpu(two_ranks, fault, devices, want, ranks)
         assert min(spun) >= 0.005, spun  # the spin is in the forward's device time
         if ranks == [1]:
             assert "on its GPU (CUDA events)" in verdict.text
+
+
+@needs_gpus(1)
+def test_a_warm_process_with_cuda_initialised_refuses_to_fork_and_the_ranks_start_cold(tmp_path, monkeypatch, capfd):
+    """CUDA initialised in the warm process (planted by a sitecustomize): a forked rank could not use CUDA, so it
+    refuses to fork, says so, and the ranks start cold and use the GPU."""
+    import os
+
+    import psutil
+
+    import nbdist
+    from nbdist.config import default_threads
+    from nbdist.launch import pool
+
+    (tmp_path / "sitecustomize.py").write_text(
+        "import sys\nif 'nbdist.engine.warm' in sys.orig_argv:\n    import torch\n    torch.zeros(1, device='cuda')\n"
+    )
+    monkeypatch.setenv("PYTHONPATH", f"{tmp_path}{os.pathsep}{os.environ.get('PYTHONPATH', '')}")
+    pool.shutdown()
+    server = pool.warm(1, default_threads(1))
+    try:
+        with nbdist.start(n=1) as cluster:
+            assert psutil.Process(cluster.ranks[0].pid).ppid() != server
+            cluster.run("t = torch.ones(2, device='cuda')\ndist.all_reduce(t)\nv = t.sum().item()").raise_for_error()
+            assert cluster.pull("v") == [2.0]
+    finally:
+        pool.shutdown()
+    said = capfd.readouterr().err
+    assert "cannot fork ranks safely: CUDA is initialised in it" in said, said

@@ -185,3 +185,28 @@ def test_an_empty_numba_cache_is_filled_beside_the_warm_process_and_no_start_wai
 
         poll(restarted_ranks_have_the_kernels_loaded, 30, every=0.5)
         assert cluster.pull(f"{kernels}.sign_unpack.stats.cache_misses") == [{}, {}], "loaded, not compiled"
+
+
+POISON = """
+import sys, threading, time
+if "nbdist.engine.warm" in sys.orig_argv:  # only in the warm process: a thread started when Python starts
+    threading.Thread(target=time.sleep, args=(3600,), name="planted", daemon=True).start()
+"""
+
+
+def test_a_warm_process_that_cannot_fork_safely_refuses_and_the_ranks_start_cold(tmp_path, monkeypatch, capfd):
+    """A thread besides the main one in the warm process (here planted by a sitecustomize, as a .pth file or an
+    import hook might start one): it refuses to fork, says why in one line, and the ranks start cold and work."""
+    (tmp_path / "sitecustomize.py").write_text(POISON)
+    monkeypatch.setenv("PYTHONPATH", f"{tmp_path}{os.pathsep}{os.environ.get('PYTHONPATH', '')}")
+    server = pool.warm(2, default_threads(2))
+    assert server
+    with nbdist.start(n=2) as cluster:
+        assert all(_parent(r.pid) != server for r in cluster.ranks), "a rank was forked from the poisoned process"
+        cluster.run("t = torch.ones(1)\ndist.all_reduce(t)\nv = t.item()").raise_for_error()
+        assert cluster.pull("v") == [2.0, 2.0]
+    said = capfd.readouterr().err
+    assert said.count("cannot fork ranks safely") == 1, said  # once: the refused server is ended, not asked again
+    assert f"the warm process (pid {server}) cannot fork ranks safely: 1 thread(s) besides its main one" in said, said
+    assert "They start cold instead" in said and "NBDIST_WARM=0" in said, said
+    assert not psutil.pid_exists(server) or psutil.Process(server).status() == psutil.STATUS_ZOMBIE
