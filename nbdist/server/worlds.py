@@ -139,13 +139,20 @@ def slowest(workdir: str) -> dict[str, Any] | None:
     paths = transcript.cells(workdir)
     if not paths:
         return None
-    store = shown_store(paths[-1])
+    return slowest_of(shown_store(paths[-1]))
+
+
+def slowest_of(store: Any) -> dict[str, Any] | None:
+    """What the panel says of a cell's metrics (a MetricStore): %dist_why's verdict where the steps were timed,
+    else the slowest rank by step time and the largest part of its step."""
     head = store.headline()
     verdict = head.get("why")  # %dist_why timed the steps: its verdict names the rank and the cause
     if verdict is not None and verdict.figures.get("ranks"):
         rank = verdict.figures["ranks"][0]
         pct = 100.0 * verdict.figures.get("excess_s", 0.0) / max(verdict.figures.get("step_s", 1.0), 1e-9)
         return {"rank": rank, "pct": round(pct, 1), "holds": verdict.text.split(" on ")[0], "verdict": verdict.text}
+    if verdict is not None and verdict.cause == "balanced":  # the panel's "ranks within 3% of each other"
+        return {"rank": verdict.figures.get("rank", 0), "pct": 0.0, "holds": "nothing", "verdict": verdict.text}
     found = head.get("slowest")
     if not found:
         return None

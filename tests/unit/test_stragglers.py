@@ -104,6 +104,23 @@ def test_the_dashboard_headline_says_the_verdict_when_the_steps_were_timed():
     assert not any("slow input" in p or "balanced" in p for p in headline_parts(plain))
 
 
+def test_the_world_panel_says_the_verdict_and_a_balanced_one_as_even():
+    from nbdist.server.worlds import slowest_of
+    from nbdist.widgets.store import MetricStore
+
+    store = MetricStore(ranks=3, judge=slow)
+    for rank, mine in {0: rows(exposed=0.03), 1: rows(exposed=0.03), 2: rows(data=0.031)}.items():
+        store.add(rank, mine)
+    said = slowest_of(store)
+    assert said["rank"] == 2 and said["holds"] == "slow input" and said["pct"] > 50, said
+    even = MetricStore(ranks=3, judge=slow)
+    for rank in range(3):  # balanced, beside step times every rank shares (no "slowest" in the headline then)
+        even.add(rank, [{"step": s, "time/step_s": 0.04} for s in range(5)])
+        even.add(rank, rows())
+    said = slowest_of(even)
+    assert said is not None and said["pct"] < 3 and said["verdict"].startswith("balanced"), said
+
+
 def test_ranks_that_share_cores_need_a_larger_difference_to_be_named():
     near = {0: rows(exposed=0.02), 1: rows(exposed=0.02), 2: rows(forward=0.008)}  # 4 ms more: 15% of the step
     assert slow(near).cause == "compute"
