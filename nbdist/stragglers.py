@@ -203,19 +203,56 @@ def hang(reports: dict[int, dict[str, Any]], stalled_s: float) -> Verdict | None
     figures["ranks"] = sorted(r for r in calls if sizes[calls[r]] == fewest)  # the odd ones out (all, on a tie)
     said = "; ".join(f"{ranks_text([r for r in calls if calls[r] == c])} {c}" for c in groups)
     tie = list(sizes.values()).count(fewest) > 1
+    odd = _odd_call(busy) if tie else None
+    if odd is not None:  # where they wait ties; what each called last does not
+        figures["ranks"], theirs, others = odd
+        told = (
+            f"; from the line where they wait, {ranks_text(figures['ranks'])} called {theirs}, the others "
+            f"{others}"
+        )
+    elif tie:
+        told = "; the groups are as large, so which side called the odd one cannot be told from where they wait"
+    else:
+        told = ""
     return Verdict(
         "desync",
         f"desync: the ranks wait in different collectives, which never match: {said} (no step for "
-        f"{stalled_s:.1f} s)"
-        + (
-            "; the groups are as large, so which side called the odd one cannot be told from where they wait"
-            if tie
-            else ""
-        )
-        + f". {_where(busy)}",
+        f"{stalled_s:.1f} s){told}. {_where(busy)}",
         None,
         figures,
     )
+
+
+def _odd_call(reports: dict[int, dict[str, Any]]) -> tuple[list[int], str, str] | None:
+    """The ranks that called something else than the others from the line where some of them wait in a collective:
+    (those ranks, their call, the others'); None when that does not single out a minority. A mismatched collective
+    can return on some ranks (gloo pairs them up), which then wait in backward beside a rank that is in step: where
+    they wait ties, what each called from that line does not. Each rank's last few collectives come with the file
+    and line that called them (engine/collectives.py)."""
+    recent = {r: (rep.get("collective") or {}).get("recent") or [] for r, rep in reports.items()}
+    lines = {_site(calls[-1]) for r, calls in recent.items() if calls and reports[r].get("in_collective")}
+    if len(lines) != 1:
+        return None
+    [line] = lines
+    called = {}
+    for r, calls in recent.items():
+        there = [c for c in calls if _site(c) == line]
+        if not there:
+            return None  # a rank's call from that line is out of its recent ones
+        called[r] = f"{there[-1]['op']} {', '.join(there[-1].get('shapes') or [])}".strip()
+    kinds = sorted(set(called.values()), key=lambda c: sum(1 for v in called.values() if v == c))
+    if len(kinds) != 2:
+        return None
+    theirs, others = kinds
+    ranks = sorted(r for r, c in called.items() if c == theirs)
+    if len(ranks) * 2 >= len(called):  # not a minority
+        return None
+    return ranks, theirs, others
+
+
+def _site(call: dict[str, Any]) -> str:
+    """'3106666263.py:64' of a call's 'file:line': a cell's file is in a folder of each rank's own (ipykernel_PID)."""
+    return str(call.get("at", "")).replace("\\", "/").rsplit("/", 1)[-1]
 
 
 def _waits(rep: dict[str, Any]) -> bool:

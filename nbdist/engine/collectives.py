@@ -12,7 +12,9 @@ ranks, so ranks calling different collectives fail at once instead of hanging.
 
 from __future__ import annotations
 
+import collections
 import functools
+import inspect
 import threading
 import time
 from dataclasses import dataclass, field
@@ -50,8 +52,12 @@ class Last:
     count: int = 0  # collectives this rank entered through torch.distributed's Python functions
     since: float | None = None  # when it entered it (time.time())
     done: bool = True  # whether it returned
+    # the last few: (op, shapes, 'file:line' that called it), newest last; %dist_why compares the ranks' calls from
+    # the line where some of them wait (a desync: which rank called something else there)
+    recent: collections.deque = field(default_factory=lambda: collections.deque(maxlen=RECENT))
 
 
+RECENT = 8
 LAST = Last()
 _LOCAL = threading.local()
 _RECORDED: set[Any] = set()  # the wrappers record() made (a collective is wrapped once)
@@ -79,6 +85,10 @@ def _recorded(name: str, fn: Any) -> Any:
         if getattr(_LOCAL, "inside", False):  # all_gather_object calls all_gather: record the outer call
             return fn(*args, **kwargs)
         LAST.op, LAST.shapes, LAST.count, LAST.since, LAST.done = name, _shapes(args), LAST.count + 1, time.time(), False
+        caller = inspect.currentframe()
+        caller = caller.f_back if caller is not None else None  # who called this collective
+        at = f"{caller.f_code.co_filename}:{caller.f_lineno}" if caller is not None else "?"
+        LAST.recent.append((name, LAST.shapes, at))
         _LOCAL.inside = True
         try:
             return fn(*args, **kwargs)
@@ -116,6 +126,7 @@ def describe() -> dict[str, Any] | None:
     if LAST.op is None and group_seq is None:
         return None
     out: dict[str, Any] = {"op": LAST.op, "shapes": LAST.shapes, "count": LAST.count, "done": LAST.done}
+    out["recent"] = [{"op": op, "shapes": shapes, "at": at} for op, shapes, at in LAST.recent]
     out["seconds"] = round(time.time() - LAST.since, 1) if LAST.since else None
     out["group_seq"] = group_seq
     return out

@@ -83,6 +83,39 @@ def test_ranks_in_different_collectives_are_a_desync_and_nobody_waiting_is_no_ve
     assert hang({0: report(), 1: report()}, 4.0) is None
 
 
+def test_a_desync_whose_waits_tie_is_told_by_what_each_rank_called_from_the_line_they_wait_at():
+    """4 ranks, rank 2 all-reduces 3 numbers, the others 4 (cell line 64): gloo let ranks 0 and 2 return, and they
+    wait in backward, whose DDP hook all-reduced a bucket since; 1 and 3 wait in the all-reduce (2 against 2, as in
+    benchmarks/why.py). What each called from line 64 says rank 2 called the odd one."""
+    cell, hook = "/tmp/ipykernel_{}/3106666263.py:64", "torch/distributed/algorithms/ddp_comm_hooks/default_hooks.py:40"
+
+    def calls(rank, mine, then_hook):  # a cell's file is in a folder of each rank's own
+        made = [
+            {"op": "all_reduce", "shapes": ["[82689] float32"], "at": hook},
+            {"op": "all_reduce", "shapes": [mine], "at": cell.format(4300 + rank)},
+        ]
+        return made + made[:1] if then_hook else made
+
+    def rep(rank, mine, waiting):
+        out = report(autograd=not waiting, collective=waiting, op="all_reduce", shapes=[mine], count=10)
+        out["collective"]["recent"] = calls(rank, mine, then_hook=not waiting)
+        return out
+
+    said = {
+        0: rep(0, "[4] float32", False),
+        1: rep(1, "[4] float32", True),
+        2: rep(2, "[3] float32", False),
+        3: rep(3, "[4] float32", True),
+    }
+    verdict = hang(said, 3.0)
+    assert verdict.cause == "desync" and verdict.figures["ranks"] == [2], verdict.text
+    assert (
+        "from the line where they wait, rank 2 called all_reduce [3] float32, the others all_reduce [4]" in verdict.text
+    )
+    even = {**said, 0: rep(0, "[3] float32", False)}  # 2 called each: nothing singles a side out
+    assert hang(even, 3.0).figures["ranks"] == [0, 1, 2, 3]
+
+
 def test_the_dashboard_headline_says_the_verdict_when_the_steps_were_timed():
     from nbdist.widgets.dashboard import headline_parts
     from nbdist.widgets.figure import panels
