@@ -17,6 +17,7 @@ import sys
 from collections import Counter
 
 from _common import save
+from why import step_s  # the cell's own median step, as the CPU suite reads it
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))
 
@@ -31,11 +32,6 @@ CASES = [  # (name, fault, devices, the verdict, the ranks it names)
 ]
 HOST_ONLY = "import nbdist.engine.why as _w\n_w._cuda_of, _w._kept = (lambda module: False), _w._cuda_of"
 RESTORE = "import nbdist.engine.why as _w\n_w._cuda_of = _w._kept"
-
-
-def step_s(cluster) -> float:
-    stamps = cluster.pull("stamps")[0]
-    return statistics.median(b - a for a, b in zip(stamps[2:], stamps[3:], strict=False))
 
 
 def main() -> None:
