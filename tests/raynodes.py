@@ -160,6 +160,24 @@ class TwoNodeRay:
             f"{count} Ray node(s) did not come up within {timeout:.0f} s: {said[-400:]} {self._log_tail()}"
         )
 
+    def logs_tail(self, lines: int = 12) -> str:
+        """The last lines of the head's Ray Client server logs (the proxier's and each driver's own server's) and of
+        its GCS: what a failed test prints, since a Ray Client driver that never gets placed says nothing itself."""
+        import glob
+
+        logs = os.path.join(self.workdir, HEAD, "session_latest", "logs")
+        found = sorted(glob.glob(os.path.join(logs, "ray_client_server*"))) + [os.path.join(logs, "gcs_server.err")]
+        said = []
+        for path in found:
+            try:
+                with open(path, errors="replace") as fh:
+                    tail = fh.read().splitlines()[-lines:]
+            except OSError:
+                continue
+            if tail:
+                said.append(f"== {os.path.basename(path)}\n" + "\n".join(tail))
+        return "\n".join(said) or f"no Ray Client server logs under {logs}"
+
     def _log_tail(self) -> str:
         tails = []
         for name in NODES:

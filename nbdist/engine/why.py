@@ -37,6 +37,29 @@ from . import metrics
 
 PHASES = ("data", "forward", "backward", "optimizer", "gc", "save", "eval", "hook", "collective")
 ON_DEVICE = ("forward", "backward", "optimizer", "eval")  # timed by CUDA events when the model is on a GPU
+# Steps with torch's global module hooks, which find the modules a loop calls at the top (its model, its loss, an
+# evaluation's model): they make every submodule's call take torch's slow path (+30 us a forward of a 7-module
+# model), so after these steps only the modules found are hooked. One first called at the top later (an evaluation
+# every 100 steps with a model of its own) is not timed apart: its time is the host's ('other') or input's.
+FIND_STEPS = 2
+
+
+class _Hook:
+    """A module hook that calls the timer while it runs; a copy of the module (``copy.deepcopy``, an EMA model)
+    shares it, and pickling the module (``torch.save(model)``) saves a hook that does nothing."""
+
+    def __init__(self, call: Any) -> None:
+        self.call = call
+
+    def __call__(self, *args: Any) -> None:
+        if self.call is not None:
+            self.call(*args)
+
+    def __deepcopy__(self, memo: dict[int, Any]) -> _Hook:
+        return self
+
+    def __reduce__(self) -> tuple[Any, tuple[Any, ...]]:
+        return (_Hook, (None,))
 
 
 class Timer:
@@ -60,9 +83,13 @@ class Timer:
         self.started: dict[str, Any] = {}
         self.pending: tuple[dict[str, float], list[tuple[str, Any, Any]]] | None = None  # the last step, on a GPU
         nn = torch.nn.modules.module
-        self.handles = [
+        self.outer: list[Any] = []  # the modules called at the top while the global hooks find them
+        self.finding = [
             nn.register_module_forward_pre_hook(self._pre),
             nn.register_module_forward_hook(self._post, always_call=True),
+        ]
+        self.hooks: list[_Hook] = []
+        self.handles = [
             register_optimizer_step_pre_hook(self._step_pre),
             register_optimizer_step_post_hook(self._step_post),
         ]
@@ -131,6 +158,8 @@ class Timer:
         import torch
 
         if self.depth == 0:
+            if self.finding and all(m is not module for m in self.outer):
+                self.outer.append(module)
             self.forward_at = time.perf_counter()
             self.training_forward = module.training and torch.is_grad_enabled()
             if self.training_forward and self.first_forward is None:
@@ -177,9 +206,21 @@ class Timer:
             row.update(self._ddp_split())
             _log(row)
         self.steps += 1
+        if self.finding and self.steps >= FIND_STEPS and self.depth == 0:
+            self._hook_found()
         self.sums.update(dict.fromkeys(PHASES, 0.0))  # in place: the wrapped functions hold this dict
         self.first_forward = None
         self.last_end = time.perf_counter()
+
+    def _hook_found(self) -> None:
+        """From now on only the modules found at the top are hooked (torch's fast path for every other module)."""
+        for handle in self.finding:
+            handle.remove()
+        self.finding = []
+        self.hooks = [_Hook(self._pre), _Hook(self._post)]
+        for module in self.outer:
+            self.handles.append(module.register_forward_pre_hook(self.hooks[0]))
+            self.handles.append(module.register_forward_hook(self.hooks[1], always_call=True))
 
     def _complete(self) -> None:
         """Log the last step's row with the seconds the GPU spent in each of its phases."""
@@ -215,8 +256,10 @@ class Timer:
         return {"why/backward_compute_s": (end - start) / 1e9, "why/exposed_s": max(0, comm_end - end) / 1e9}
 
     def close(self) -> int:
-        for handle in self.handles:
+        for handle in self.finding + self.handles:
             handle.remove()
+        for hook in self.hooks:  # a copy of a module made meanwhile still has them
+            hook.call = None
         if self._gc in gc.callbacks:
             gc.callbacks.remove(self._gc)
         for (owner, name), original in self.saved.items():

@@ -263,20 +263,35 @@ def test_a_kept_ray_world_is_attached_from_another_process_and_ends_by_itself_wh
     import subprocess
     import sys
 
-    waiting = subprocess.Popen([sys.executable, "-c", KEPT.replace("KEEP", "30").replace("N", "2"), ray_nodes.address])
+    stopped = False
     try:
-        poll(lambda: _held(ray_nodes) == (6, 2), within=HANG_S)  # its group waits beside the first world's
+        waiting = subprocess.Popen([sys.executable, "-c", KEPT.replace("KEEP", "30").replace("N", "2"), ray_nodes.address])
+        try:
+            seen: list[tuple[int, int]] = []
+
+            def second_group_waits() -> bool:
+                seen.append(_held(ray_nodes))
+                return seen[-1] == (6, 2)
+
+            try:
+                poll(second_group_waits, within=HANG_S)  # its group waits beside the first world's
+            except BaseException:
+                raise AssertionError(f"Ray held (actors, groups) {sorted(set(seen))}, never (6, 2)") from None
+        finally:
+            waiting.kill()
+            waiting.wait()
+        poll(lambda: _held(ray_nodes) == (6, 1), within=HANG_S)
+        cluster = nbdist.attach()
+        try:
+            assert [r.host for r in cluster.ranks] == ["rnode1", "rnode1", "rnode2", "rnode2"]
+            cluster.run("t = torch.ones(1) * kept_value\ndist.all_reduce(t)\nsummed = t.item()").raise_for_error()
+            assert cluster.pull("summed") == [4006.0] * 4
+        finally:
+            cluster.stop()
+            stopped = True
     finally:
-        waiting.kill()
-        waiting.wait()
-    poll(lambda: _held(ray_nodes) == (6, 1), within=HANG_S)
-    cluster = nbdist.attach()
-    try:
-        assert [r.host for r in cluster.ranks] == ["rnode1", "rnode1", "rnode2", "rnode2"]
-        cluster.run("t = torch.ones(1) * kept_value\ndist.all_reduce(t)\nsummed = t.item()").raise_for_error()
-        assert cluster.pull("summed") == [4006.0] * 4
-    finally:
-        cluster.stop()
+        if not stopped:  # the kept world would hold every CPU of the Ray cluster for the module's next tests
+            nbdist.attach().stop()
     assert _left(ray_nodes) == (0, 0), "%dist_stop in the attached process ends the kept world's actors"
     print(f"attached, used and stopped: {time.monotonic() - tic:.1f} s")
     _start_and_kill_kernel(KEPT.replace("KEEP", "3").replace("N", "2"), ray_nodes.address)
