@@ -96,6 +96,16 @@ def slurm(two_nodes, monkeypatch):
 # ---------------------------------------------------------------- a real two-node Ray cluster (root only)
 
 
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item, call):
+    """A failed test on the two-node Ray cluster shows the head's Ray Client logs beside its own output."""
+    outcome = yield
+    report = outcome.get_result()
+    nodes = getattr(item, "funcargs", {}).get("ray_nodes")
+    if report.failed and nodes is not None and nodes.workdir:
+        report.sections.append(("Ray head's client server and GCS logs", nodes.logs_tail()))
+
+
 @pytest.fixture(scope="module")
 def ray_nodes():
     from tests.raynodes import TwoNodeRay

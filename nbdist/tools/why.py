@@ -16,6 +16,7 @@ import sys
 import time
 from typing import Any
 
+from ..cells import transcript
 from ..cells.output import TaggedPrinter
 from ..cluster import Cluster, current
 from ..engine import why as timer
@@ -72,11 +73,16 @@ def why(code: str, cluster: Cluster | None = None, timeout: float | None = None)
     assert engines is not None  # current() is a running cluster
     ranks = list(range(cluster.world_size))
     engines.call(ranks, timer.begin, timeout=CALL_S).ordered("%dist_why", ranks)
-    sink = Watching(cluster, ranks)
+    # kept as %%distributed keeps a cell: for a page opened later, and the world panel's line (the verdict's words)
+    kept = transcript.start(engines.workdir)
+    sink = Watching(cluster, ranks, transcript=kept)
+    result = None
     try:
         result = cluster.run(code, timeout=timeout, sink=sink)
     finally:
         engines.call(ranks, timer.end, timeout=CALL_S)  # a dead rank has nothing to stop
+        if kept is not None:
+            kept.end(result if isinstance(result, RunResult) else None)
     if sink.hung is not None:
         return sink.hung
     assert isinstance(result, RunResult)

@@ -73,7 +73,9 @@ def _server(tmp_path: pathlib.Path, app: str, settings: dict[str, dict] | None =
     ``settings``: user settings by plugin id (``{"@jupyterlab/docmanager-extension:plugin": {"autosave": False}}``),
     in a settings directory of the test's own."""
     port, token = free_port(), secrets.token_hex(16)
-    env = dict(os.environ)
+    # its own workspaces: JupyterLab restores the last layout of ~/.jupyter/lab/workspaces, which another server
+    # (another test, or the same test's earlier page) wrote, with notebooks this server does not have
+    env = {**os.environ, "JUPYTERLAB_WORKSPACES_DIR": str(tmp_path / "lab-workspaces")}
     if settings:
         root = tmp_path / "lab-settings"
         for plugin, values in settings.items():

@@ -15,6 +15,7 @@ import urllib.request
 from tests.browser.test_dashboard_browser import ARTIFACTS, _browser, _dismiss_news, _server, _write_notebook
 from tests.browser.test_leave_and_return import _end_kernels, _select_kernel
 from tests.helpers import wait_gone
+from tests.why_cases import cell
 
 RANKS = 16
 CELLS = [
@@ -191,20 +192,22 @@ def test_sixteen_ranks_a_killed_rank_and_the_actions_while_a_cell_runs(tmp_path)
 HANG = [
     "%load_ext nbdist\n%dist_start -n 2",
     "%%distributed\nimport time\nif dist.get_rank() == 1:\n    time.sleep(600)  # late\ndist.barrier()",
+    "%%dist_why\n" + cell("data", 1, 0),  # rank 1's loader sleeps 30 ms a step
 ]
 
 
 def test_two_ranks_at_the_panels_width_with_headers_and_who_a_hang_waits_for(tmp_path):
     """At its default width the panel shows one row per rank under headers (rank, state, where, memory), only the
     state wrapping, the four actions on one line; during a barrier that rank 1 is late to, rank 0's state says what
-    %dist_where knows: waiting in barrier for rank 1."""
+    %dist_where knows: waiting in barrier for rank 1. Then a %%dist_why cell with slow input on rank 1: the panel's
+    line takes the verdict's words."""
     _write_notebook(tmp_path / "live.ipynb", HANG)
     with _server(tmp_path, "jupyterlab") as (base, token), _browser() as browser:
         try:
             page = _open_lab(browser, base, token)
             page.click("li[data-id='nbdist-worlds']", timeout=30_000)
-            page.click("text=Run", timeout=30_000)
-            page.click("text=Run All Cells", timeout=30_000)
+            _run_cell(page, 0)
+            _run_cell(page, 1)
             page.wait_for_function(
                 "() => document.getElementById('nbdist-worlds').innerText.includes('waiting in barrier for rank 1')",
                 timeout=120_000,
@@ -237,5 +240,15 @@ def test_two_ranks_at_the_panels_width_with_headers_and_who_a_hang_waits_for(tmp
                 ".querySelector('.jp-InputPrompt').textContent.includes('*')",
                 timeout=60_000,
             )
+            _run_cell(page, 2)
+            page.wait_for_function(
+                "() => document.getElementById('nbdist-worlds').innerText.includes('held by slow input')",
+                timeout=120_000,
+            )
+            line = page.locator("#nbdist-worlds .nbdist-slowest").inner_text()
+            assert re.fullmatch(r"rank 1 slowest, \+\d+(\.\d)?%, held by slow input", line), line
+            page.wait_for_selector(".jp-Notebook-ExecutionIndicator[data-status='idle']", timeout=90_000)
+            page.wait_for_timeout(1500)  # the panel's next refresh
+            page.screenshot(path=str(ARTIFACTS / "panel-two-ranks-why.png"))
         finally:
             _end_kernels(base, token)
