@@ -33,13 +33,19 @@ system:
 	@sh tests/system-packages.sh
 
 # The fast tier first (lint, types, the unit tests: about a minute, before any system package is installed),
-# stopping at its first failure; then the system packages and the rest.
+# stopping at its first failure; then the system packages and the rest: on TEST_WORKERS pytest-xdist workers (a
+# test waits on its ranks, its browser or its nodes most of the time; each module, and the tests that share one set
+# of nodes, on one worker: tests/conftest.py), then the tests marked `alone`, which measure the machine, by
+# themselves.
+TEST_WORKERS ?= 2
 test: $(STAMP)
 	$(BIN)/ruff check nbdist tests benchmarks notebooks deploy
 	$(BIN)/mypy
 	OMP_NUM_THREADS=1 $(BIN)/python -m pytest -q -p no:cacheprovider -x tests/unit
 	@sh tests/system-packages.sh
-	OMP_NUM_THREADS=1 $(BIN)/python -m pytest -q -p no:cacheprovider --durations=30 tests --ignore=tests/unit
+	OMP_NUM_THREADS=1 $(BIN)/python -m pytest -q -p no:cacheprovider --durations=30 -n $(TEST_WORKERS) \
+	  -m "not alone" tests --ignore=tests/unit
+	OMP_NUM_THREADS=1 $(BIN)/python -m pytest -q -p no:cacheprovider --durations=10 -m alone tests --ignore=tests/unit
 
 # The tests that need no cluster, no browser and no system package: under a minute, for the edit-test loop.
 unit: $(STAMP)

@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import importlib.util
 import os
 import signal
+import sys
 
 import pytest
 
@@ -27,24 +29,112 @@ def _nbdist_processes() -> set[int]:
     return found
 
 
-@pytest.fixture(scope="session", autouse=True)
-def no_leaked_processes():
-    """Fail the run if any controller or engine started during it outlives it (orphans included)."""
+def _in_a_worker(config: pytest.Config) -> bool:
+    return hasattr(config, "workerinput")  # an xdist worker; the controller (or a plain run) has none
+
+
+def pytest_sessionstart(session: pytest.Session) -> None:
+    if not _in_a_worker(session.config):
+        session.config.stash[_BEFORE] = _nbdist_processes()
+
+
+def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
+    """Fail the run if any controller or engine started during it outlives it (orphans included). Checked once,
+    by the process that ran the session (the xdist controller, after every worker has ended)."""
     import time
 
     import psutil
 
-    before = _nbdist_processes()
-    yield
-    import nbdist.launch.pool
-
-    nbdist.launch.pool.shutdown()  # warm engines nobody took (started by %load_ext) end with the session
+    before = session.config.stash.get(_BEFORE, None)
+    if before is None:
+        return
     deadline = time.monotonic() + 10
     leaked = _nbdist_processes() - before
     while leaked and time.monotonic() < deadline:
         time.sleep(0.2)
         leaked = {p for p in _nbdist_processes() - before if psutil.pid_exists(p)}
-    assert not leaked, f"nbdist processes outlived the tests: {sorted(leaked)}"
+    if leaked:
+        said = f"nbdist processes outlived the tests: {sorted(leaked)}"
+        reporter = session.config.pluginmanager.get_plugin("terminalreporter")
+        if reporter is not None:
+            reporter.write_line("")
+            reporter.write_sep("=", said, red=True)
+        else:
+            print(said, file=sys.stderr)
+        session.exitstatus = pytest.ExitCode.TESTS_FAILED
+
+
+_BEFORE = pytest.StashKey[set]()
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _warm_engines_end_with_the_session():
+    """Warm engines nobody took (started by %load_ext in this process) end with its session."""
+    yield
+    import nbdist.launch.pool
+
+    nbdist.launch.pool.shutdown()
+
+
+# ---------------------------------------------------------------- two workers (make test: pytest -n 2)
+
+# What runs on one worker, one test after another: the tests that share one set of nodes (they exist once per
+# machine: fixed namespaces, bridges and state files), and each module whose tests share a module fixture (a
+# cluster, a built wheel). pytest-xdist's xdist_group marks cannot say this: on pytest 9.2 the worker's renamed node
+# ids no longer reach its scheduler (pytest-dev/pytest-xdist#1386), and tests of one group ran on both workers.
+SHARED_NODES = {
+    "tests/multinode/test_multinode.py": "the two Slurm nodes",
+    "tests/hub/test_jupyterhub.py": "the two Slurm nodes",
+    "tests/notebooks/test_notebooks.py::test_multinode_notebook_on_a_two_node_slurm": "the two Slurm nodes",
+    "tests/multinode/test_ray.py": "the two Ray nodes",
+}
+EACH_ALONE = ("tests/notebooks/", "tests/browser/")  # no module fixture: each test may go to either worker
+# The longest first, so that neither worker is left with a long one at the end (seconds in CI, serial: the
+# two Ray nodes 420, the Slurm nodes 300, a notebook 15-42, a browser test 20-133, a packaging test 184 in all).
+FIRST = (
+    "tests/multinode/test_ray.py",
+    "tests/multinode/test_multinode.py",
+    "tests/hub/test_jupyterhub.py",
+    "tests/notebooks/test_notebooks.py::test_multinode_notebook_on_a_two_node_slurm",
+    "tests/packaging/",
+    "tests/browser/test_first_hour_walk.py",
+    "tests/integration/test_elastic.py",
+    "tests/interop/",
+    "tests/browser/",
+    "tests/notebooks/",
+    "tests/integration/test_resume.py",
+)
+
+
+def scope_of(nodeid: str) -> str:
+    """The unit one worker runs: the nodes a test shares with others, else its module (or itself)."""
+    for key, nodes in SHARED_NODES.items():
+        if nodeid == key or nodeid.startswith(key + "::"):
+            return nodes
+    return nodeid if nodeid.startswith(EACH_ALONE) else nodeid.split("::", 1)[0]
+
+
+def _longest_first(nodeid: str) -> int:
+    return next((i for i, prefix in enumerate(FIRST) if nodeid.startswith(prefix)), len(FIRST))
+
+
+@pytest.hookimpl(trylast=True)
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    if _in_a_worker(config):  # the order the scheduler hands the units out in (the same on every worker)
+        items.sort(key=lambda item: _longest_first(item.nodeid))
+
+
+if importlib.util.find_spec("xdist") is not None:  # the hook exists only where pytest-xdist is installed
+
+    def pytest_xdist_make_scheduler(config: pytest.Config, log: object) -> object:
+        from xdist.scheduler import LoadScopeScheduling
+
+        class ByModuleAndNodes(LoadScopeScheduling):  # type: ignore[misc]
+            def _split_scope(self, nodeid: str) -> str:  # xdist's documented way to choose the unit
+                return scope_of(nodeid)
+
+        config.option.loadscopereorder = False  # in the order collected (longest first), not by count
+        return ByModuleAndNodes(config, log)
 
 
 @pytest.fixture(scope="module")

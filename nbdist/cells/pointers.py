@@ -85,8 +85,10 @@ def unpoint(workdir: str) -> None:
 
 
 def prune(alive: set[str]) -> int:
-    """Remove the pointers of kernels that are not ``alive`` (a server starting: its kernels of before
-    are gone); the number removed."""
+    """Remove the pointers of kernels that are gone: neither ``alive`` (this server's kernels, as it starts: its
+    kernels of before are gone) nor running still. Another Jupyter server of this user (a second JupyterLab, a
+    hub's) shares the runtime directory: its kernels' pointers stay, or its pages could not show their cells
+    when opened again. The number removed."""
     from jupyter_core.paths import jupyter_runtime_dir
 
     where = os.path.join(jupyter_runtime_dir(), POINTERS)
@@ -96,10 +98,26 @@ def prune(alive: set[str]) -> int:
     except OSError:
         return 0
     for name in names:
-        if name.endswith(".json") and name[: -len(".json")] not in alive:
-            try:
-                os.unlink(os.path.join(where, name))
-                removed += 1
-            except OSError:
-                pass
+        kernel_id = name[: -len(".json")]
+        path = os.path.join(where, name)
+        if not name.endswith(".json") or kernel_id in alive or _running(path, kernel_id):
+            continue
+        try:
+            os.unlink(path)
+            removed += 1
+        except OSError:
+            pass
     return removed
+
+
+def _running(path: str, kernel_id: str) -> bool:
+    """Whether the kernel that wrote the pointer at ``path`` still runs: its pid is a process started with that
+    kernel's connection file (kernel-<id>.json), so a reused pid does not count."""
+    import psutil
+
+    try:
+        with open(path) as fh:
+            pid = int(json.load(fh)["pid"])
+        return any(f"kernel-{kernel_id}.json" in arg for arg in psutil.Process(pid).cmdline())
+    except (OSError, ValueError, KeyError, TypeError, psutil.Error):
+        return False

@@ -211,16 +211,27 @@ def main(argv: list[str]) -> int:
     if why:
         _say_preflight(why)
         return 2
+    where = args.address or "the Ray node of this host (RAY_ADDRESS unset)"
+    # The kernel's wait says so, and its --timeout does not run meanwhile: Ray Client may take a minute (a server
+    # for this client that died starting is found only after 30 s, then _connect tries again); bounded here.
+    _say(f"nbdist: connecting to the Ray cluster at {args.address or 'auto'}")
+    _waiting(f"connecting to the Ray cluster at {where}")
+    watchdog = threading.Timer(CONNECT_LIMIT_S, _connect_timed_out, (where,))
+    watchdog.daemon = True
+    watchdog.start()
     try:
         _connect(ray, args.address or "auto")
     except Exception as exc:
-        where = args.address or "the Ray node of this host (RAY_ADDRESS unset)"
         _say_preflight(
             f"cannot reach the Ray cluster at {where}: {str(exc).splitlines()[0][:200]}. Name its head with --address "
             "ray://HEAD:10001 (Ray Client), or start the notebook on a Ray node."
         )
         return 2
+    finally:
+        watchdog.cancel()
+        _waiting("")
     world = rayworld.World(ray, args.cpus, args.gpus, env)
+    _say(f"nbdist: connected; placing {args.n} rank(s)")
     short = world.cannot_hold(args.n)
     if short:
         _say_preflight(short)
@@ -279,6 +290,18 @@ def _watch_kernel(gone: Any) -> None:
         gone()
 
     threading.Thread(target=watch, name="nbdist-ray-kernel", daemon=True).start()
+
+
+CONNECT_LIMIT_S = 150.0  # Ray Client's own bound on three tries is about 110 s
+
+
+def _connect_timed_out(where: str) -> None:
+    _say_preflight(
+        f"the Ray cluster at {where} did not answer within {CONNECT_LIMIT_S:.0f} s: its head's Ray Client server "
+        "logs say why (ray_client_server*.err in /tmp/ray/session_latest/logs on the head); start again once it "
+        "answers."
+    )
+    os._exit(2)
 
 
 def _connect(ray: Any, address: str, tries: int = 3) -> None:

@@ -110,6 +110,7 @@ def test_the_gpu_timing_hook_run_on_cpu_reduces_like_torch_and_times_the_step(cl
             assert row["comm/bytes"] == 4 * (8 * 16 + 16 + 16 + 1)  # every gradient, float32
 
 
+@pytest.mark.alone  # two timings compared: with no other test taking the cores between them
 def test_reported_overhead_agrees_with_skipping_communication(cluster):
     # The dashboard's comm/overhead(%) from apply_ddp's own instrumentation, against an
     # independent figure: 1 - t(step with communication skipped) / t(step), same cell, same

@@ -17,6 +17,7 @@ from nbdist.world import registration
 from tests.helpers import wait_gone
 
 
+@pytest.mark.alone  # 64 engines take the whole machine: beside another test, both only wait longer
 def test_a_64_rank_world_starts_reduces_folds_one_print_into_one_line_and_stops_leaving_nothing():
     with nbdist.start(n=64, oversubscribe=True, pin=False, timeout=240) as cluster:
         assert cluster.world_size == 64 and sorted(r.rank for r in cluster.ranks) == list(range(64))

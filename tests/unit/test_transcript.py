@@ -8,6 +8,8 @@ import json
 import os
 import shutil
 import stat
+import subprocess
+import sys
 
 from nbdist.cells import pointers as P
 from nbdist.cells import transcript as T
@@ -131,6 +133,26 @@ def test_the_pointer_names_the_world_and_is_private(tmp_path, monkeypatch):
     assert stat.S_IMODE(os.stat(os.path.dirname(path)).st_mode) == 0o700
     P.point(str(tmp_path / "world"))  # outside a kernel: nothing to point from, nothing written
     assert os.listdir(os.path.dirname(path)) == ["k-123.json"]
+
+
+def test_a_server_starting_removes_only_the_pointers_of_kernels_that_ended(tmp_path, monkeypatch):
+    """Another Jupyter server of this user shares the runtime directory: the pointers of its running kernels stay
+    (they did not: a second server's start removed them, and its reopened pages showed nothing of their cells)."""
+    monkeypatch.setenv("JUPYTER_RUNTIME_DIR", str(tmp_path / "runtime"))
+    other = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)", "-f", "/x/kernel-other.json"])
+    ended = subprocess.Popen([sys.executable, "-c", "pass"])
+    ended.wait()
+    try:
+        for kernel, pid in [("mine", 1), ("other", other.pid), ("ended", ended.pid), ("reused", os.getpid())]:
+            P.point(str(tmp_path / kernel), kernel)
+            with open(P.pointer_path(kernel), "w") as fh:  # as that kernel wrote it: its own pid
+                json.dump({"workdir": str(tmp_path / kernel), "pid": pid}, fh)
+        assert P.prune({"mine"}) == 2
+        assert sorted(os.listdir(os.path.dirname(P.pointer_path("mine")))) == ["mine.json", "other.json"]
+    finally:
+        other.kill()
+        other.wait()
+    assert P.prune({"mine"}) == 1  # the other server's kernel ended since
 
 
 def test_outside_a_kernel_nothing_is_kept(tmp_path):
