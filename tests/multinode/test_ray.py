@@ -195,7 +195,9 @@ def test_a_killed_kernel_leaves_no_actor_placement_group_or_engine(ray_nodes):
         text=True,
     )
     try:
-        pids = [int(p) for p in kernel.stdout.readline().split()]  # type: ignore[union-attr]
+        # the start's progress lines come first ('connecting to the Ray cluster at ...; waited 3 s'), then the pids
+        lines = kernel.stdout  # type: ignore[union-attr]
+        pids = [int(p) for p in next(line for line in lines if line[:1].isdigit()).split()]
         assert len(pids) == 2, "the world did not start"
         assert _held(ray_nodes)[0] == 3  # two ranks on rnode1 (the placement packs them) and its warm process
     finally:
