@@ -68,7 +68,13 @@ def _phases(row: dict[str, float]) -> dict[str, float]:
 
 def _typical(rows: list[dict[str, float]]) -> dict[str, float]:
     phases = [_phases(r) for r in rows]
-    return {k: (statistics.fmean if k in SPARSE else statistics.median)([p[k] for p in phases]) for k in phases[0]}
+    typical = {k: (statistics.fmean if k in SPARSE else statistics.median)([p[k] for p in phases]) for k in phases[0]}
+    # DDP's split of backward is read on some steps only (engine/why.py DDP_EVERY): compute and communication
+    # come from those rows (in the others backward's wait for the all-reduce would count as compute)
+    split = [p for p, r in zip(phases, rows, strict=True) if "why/exposed_s" in r]
+    if split and len(split) < len(phases):
+        typical.update({k: statistics.median(p[k] for p in split) for k in ("compute", "comm")})
+    return typical
 
 
 def _ms(seconds: float) -> str:

@@ -60,10 +60,7 @@ def _say_once(what: str, text: str) -> None:
 def log(step: int | None = None, **metrics: Any) -> None:
     """Record metrics for this rank (numbers: loss=0.3, lr=1e-3, ...). On a rank that uses a GPU
     the row also gets ``memory/gpu_MiB``: what its tensors hold on the GPU now (the dashboard's panel)."""
-    row: dict[str, Any] = {"t": time.time(), "step": step}
-    torch = sys.modules.get("torch")
-    if torch is not None and torch.cuda.is_initialized():  # never initialises CUDA itself
-        row["memory/gpu_MiB"] = gpu.memory_mib()
+    row = _stamped(step)
     if step is not None:
         try:
             at = float(step)
@@ -97,6 +94,28 @@ def log(step: int | None = None, **metrics: Any) -> None:
                 f"nbdist.log: {key}={value!r} is not a number; it is left out of the row (and later rows). Log "
                 "numbers: use .item() on a tensor.",
             )
+    _buffer(row)
+
+
+def record(row: dict[str, float]) -> None:
+    """A row nbdist's own step timer made (engine/why.py: numbers, under a fixed set of names, no step of its
+    own): buffered as ``log`` buffers, without its checks (a few microseconds a step less)."""
+    if not STATE.names.issuperset(row):
+        STATE.names.update(row)
+    stamped = _stamped(None)
+    stamped.update(row)
+    _buffer(stamped)
+
+
+def _stamped(step: Any) -> dict[str, Any]:
+    row: dict[str, Any] = {"t": time.time(), "step": step}
+    torch = sys.modules.get("torch")
+    if torch is not None and torch.cuda.is_initialized():  # never initialises CUDA itself
+        row["memory/gpu_MiB"] = gpu.memory_mib()
+    return row
+
+
+def _buffer(row: dict[str, Any]) -> None:
     with _LOCK:
         _BUFFER.append(row)
     if threading.current_thread() is threading.main_thread() and time.monotonic() - STATE.last >= FLUSH_S:

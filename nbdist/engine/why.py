@@ -10,7 +10,8 @@ logging keeps its x axis) holds, in seconds:
 - ``forward_s`` and ``backward_s``: the outermost module's training forwards, and the ``backward()`` calls
   (which include the wait for DDP's all-reduce to finish: ``exposed_s``);
 - ``exposed_s`` / ``backward_compute_s``: from DDP's own timers when the model is a DDP model: the part of
-  backward spent waiting for the all-reduce after the gradients were computed, and the computation;
+  backward spent waiting for the all-reduce after the gradients were computed, and the computation (on a CPU,
+  only in the rows of the steps DDP's timers are read in: ``DDP_ALL``, ``DDP_EVERY``);
 - ``hook_s``: time inside a DDP communication hook registered while recording (its Python, on this rank);
 - ``collective_s``: FSDP2's waits for its all-gathers and reduce-scatters on this rank (inside the forward and
   backward above; with DDP, ``exposed_s`` says the same);
@@ -42,6 +43,11 @@ ON_DEVICE = ("forward", "backward", "optimizer", "eval")  # timed by CUDA events
 # model), so after these steps only the modules found are hooked. One first called at the top later (an evaluation
 # every 100 steps with a model of its own) is not timed apart: its time is the host's ('other') or input's.
 FIND_STEPS = 2
+# DDP's timers are read (25-45 us a step: most of the timer's cost on a CPU) on the first DDP_ALL steps, then on
+# every DDP_EVERY-th; the verdict takes compute and communication from those rows (stragglers._typical). On a GPU
+# they are read every step (where DDP's forward reads them anyway, and steps are long).
+DDP_ALL = 8
+DDP_EVERY = 4
 
 
 class _Hook:
@@ -203,7 +209,8 @@ class Timer:
             self._complete()
             self.pending, self.spans = (row, self.spans), []
         else:
-            row.update(self._ddp_split())
+            if self.steps < DDP_ALL or self.steps % DDP_EVERY == 0:
+                row.update(self._ddp_split())
             _log(row)
         self.steps += 1
         if self.finding and self.steps >= FIND_STEPS and self.depth == 0:
@@ -271,7 +278,7 @@ def _log(row: dict[str, float]) -> None:
     # the step itself; the collectives' waits and DDP's split are inside forward and backward
     skip = ("why/step_s", "why/collective_s", "why/cuda", "why/backward_compute_s", "why/exposed_s")
     row["why/other_s"] = max(0.0, row["why/step_s"] - sum(v for k, v in row.items() if k not in skip))
-    metrics.log(None, **row)
+    metrics.record(row)
 
 
 def _cuda_of(module: Any) -> Any:

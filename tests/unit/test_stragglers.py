@@ -43,6 +43,23 @@ def test_what_every_rank_does_is_said_for_all_and_crowded_ranks_are_not_called_c
     assert crowded.cause == "balanced" and "4 ranks on 2 cores" in crowded.text
 
 
+def _split_read_every_4th(rs):
+    """engine/why.py reads DDP's split of backward on some steps only: the other rows have backward_s alone."""
+    for i, r in enumerate(rs):
+        if i % 4:
+            del r["why/exposed_s"], r["why/backward_compute_s"]
+    return rs
+
+
+def test_compute_and_communication_come_from_the_rows_with_ddps_split():
+    comm = {r: _split_read_every_4th(rows(20, exposed=0.05)) for r in range(3)}
+    assert slow(comm).cause == "comm"  # backward's wait in the rows without the split is not compute
+    data = {0: rows(20, exposed=0.03), 1: rows(20, exposed=0.03), 2: rows(20, data=0.031)}
+    verdict = slow({r: _split_read_every_4th(rs) for r, rs in data.items()})
+    assert (verdict.cause, verdict.figures["ranks"]) == ("data", [2]), verdict.text
+    assert verdict.figures["typical"][0]["compute"] == verdict.figures["typical"][2]["compute"]
+
+
 def test_too_few_steps_one_rank_and_missing_ranks_are_said():
     assert slow({0: rows(2), 1: rows(2)}).cause == "cannot"
     alone = slow({0: rows()}, world=1)

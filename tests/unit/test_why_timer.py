@@ -70,3 +70,26 @@ def test_after_the_first_steps_only_the_top_modules_are_hooked_and_an_evaluation
         with torch.no_grad():
             assert torch.equal(loaded(x), expected)
             assert torch.equal(copies[0](x), expected)
+
+
+def test_ddps_split_of_backward_is_read_on_the_first_steps_then_every_few():
+    torch.manual_seed(0)
+    with compat.world_of_one():
+        model = nn.parallel.DistributedDataParallel(nn.Sequential(nn.Linear(8, 16), nn.ReLU(), nn.Linear(16, 1)))
+        opt = torch.optim.SGD(model.parameters(), lr=0.01)
+        x, y = torch.randn(32, 8), torch.randn(32, 1)
+        metrics.flush()
+        seen = len(metrics.local_rows())
+        why.begin()
+        try:
+            for _ in range(17):
+                opt.zero_grad()
+                nn.functional.mse_loss(model(x), y).backward()
+                opt.step()
+        finally:
+            why.end()
+        metrics.flush()
+        rows = [r for r in metrics.local_rows()[seen:] if "why/step_s" in r]
+    split = [i for i, r in enumerate(rows) if "why/exposed_s" in r]
+    assert (why.DDP_ALL, why.DDP_EVERY) == (8, 4) and split == [0, 1, 2, 3, 4, 5, 6, 7, 8, 12, 16], split
+    assert all(0 < rows[i]["why/backward_compute_s"] and 0 <= rows[i]["why/exposed_s"] for i in split), rows
