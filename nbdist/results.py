@@ -84,6 +84,22 @@ def state_phrase(state: str, line: int | None = None) -> str:
     return f"{state} at cell line {line}" if line and state in (RankState.BUSY, RankState.DEBUGGING) else str(state)
 
 
+def state_groups(states: dict[int, Any]) -> list[tuple[list[int], str]]:
+    """The ranks by state, in rank order of each state's first rank: [([0, 1, 2], 'busy'), ([3], 'failed')]."""
+    groups: dict[str, list[int]] = {}
+    for rank, state in sorted(states.items()):
+        groups.setdefault(str(state), []).append(rank)
+    return [(ranks, state) for state, ranks in groups.items()]
+
+
+def chips(states: dict[int, Any]) -> list[tuple[str, str, int | None]]:
+    """The cell's dashboard's chips, (label, state, rank): one per rank up to GROUP_ABOVE ranks ('rank 3: busy'),
+    above it one per state, as the panel groups them ('ranks 0-13,15: busy', rank None)."""
+    if len(states) <= GROUP_ABOVE:
+        return [(f"rank {rank}: {state}", str(state), rank) for rank, state in sorted(states.items())]
+    return [(f"{ranks_text(ranks)}: {state}", state, None) for ranks, state in state_groups(states)]
+
+
 def grouped(rows: Iterable[dict[str, Any]]) -> list[str]:
     """The ranks as one line per kind (state phrase and what they run on), each naming its hosts:
     'ranks 0-13,15: busy at cell line 7 on node1, node2 (cpu, gloo)'. A row: rank, state, line, host, device

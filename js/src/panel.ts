@@ -36,6 +36,10 @@ interface IWorld {
 }
 
 const EVERY_MS = 1000;
+// An action's line ('interrupt sent') is shown this long, then goes; one still waiting for the running cell stays
+// until its answer replaces it.
+const SAID_MS = 15000;
+const WAITING = 'after the running cell';
 
 function el(tag: string, text = '', cls = ''): HTMLElement {
   const node = document.createElement(tag);
@@ -60,7 +64,7 @@ function memoryText(rank: IRank): string {
 
 export class WorldPanel extends Widget {
   private timer: number | undefined;
-  private said = new Map<string, string>(); // kernel -> the last action's line
+  private said = new Map<string, { line: string; at: number }>(); // kernel -> the last action's line, and when
 
   constructor(
     private app: JupyterFrontEnd,
@@ -154,8 +158,8 @@ export class WorldPanel extends Widget {
     actions.appendChild(this.button('Stop', 'interrupt the cell, then stop the world', () => this.stop(world)));
     box.appendChild(actions);
     const said = this.said.get(world.kernel);
-    if (said) {
-      box.appendChild(el('div', said, 'nbdist-said'));
+    if (said && (said.line.includes(WAITING) || Date.now() - said.at < SAID_MS)) {
+      box.appendChild(el('div', said.line, 'nbdist-said'));
     }
     if (world.groups.length) {
       for (const line of world.groups) {
@@ -209,9 +213,9 @@ export class WorldPanel extends Widget {
   private async interrupt(world: IWorld): Promise<void> {
     const url = URLExt.join(this.settings.baseUrl, 'api/kernels', world.kernel, 'interrupt');
     const response = await ServerConnection.makeRequest(url, { method: 'POST' }, this.settings);
-    const pending = this.said.get(world.kernel) || '';
+    const pending = this.said.get(world.kernel)?.line || '';
     const sent = response.ok ? 'interrupt sent' : `interrupt refused: ${response.status}`;
-    this.say(world, pending.includes('after the running cell') ? `${sent}; ${pending}` : sent);
+    this.say(world, pending.includes(WAITING) ? `${sent}; ${pending}` : sent);
   }
 
   private async stop(world: IWorld): Promise<void> {
@@ -224,7 +228,7 @@ export class WorldPanel extends Widget {
    * when the kernel is idle, else right after the running cell; the answer is its result, shown as it is.
    */
   private async act(world: IWorld, action: string, ranks: number[] | null, doing: string): Promise<void> {
-    this.say(world, `${doing} (after the running cell, if one runs)`);
+    this.say(world, `${doing} (${WAITING}, if one runs)`);
     const url = URLExt.join(this.settings.baseUrl, 'nbdist/api/kernels', world.kernel, 'actions');
     try {
       const response = await ServerConnection.makeRequest(
@@ -244,7 +248,7 @@ export class WorldPanel extends Widget {
   }
 
   private say(world: IWorld, line: string): void {
-    this.said.set(world.kernel, line);
+    this.said.set(world.kernel, { line, at: Date.now() });
     this.schedule(0);
   }
 

@@ -12,7 +12,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from ..results import STATE_COLOURS, RankState, ranks_text
+from ..results import STATE_COLOURS, RankState, chips, ranks_text, state_groups
 from ..stragglers import slow
 from .fold import Folder, Shown
 from .transcript import Transcript
@@ -179,7 +179,7 @@ class TaggedPrinter(Sink):
                 return
             from ..widgets.dashboard import Dashboard
 
-            self.dashboard = Dashboard(ranks=len(self.folder.ranks), palette=STATE_COLOURS, judge=slow)
+            self.dashboard = Dashboard(ranks=len(self.folder.ranks), palette=STATE_COLOURS, judge=slow, chips=chips)
             self.dashboard.states.update(self._states)
             self.dashboard.show()
         self.dashboard.update(rank, rows)
@@ -217,10 +217,7 @@ class TaggedPrinter(Sink):
 
 def states_line(states: dict[int, Any]) -> str:
     """The ranks' states, ranks alike grouped: 'ranks 0-14: idle · rank 15: failed'."""
-    groups: dict[str, list[int]] = {}
-    for rank, state in sorted(states.items()):
-        groups.setdefault(str(state), []).append(rank)
-    return " · ".join(f"{ranks_text(ranks)}: {state}" for state, ranks in groups.items())
+    return " · ".join(f"{ranks_text(ranks)}: {state}" for ranks, state in state_groups(states))
 
 
 def _write_all(items: list[Shown], record: Callable[[dict[str, Any]], None] | None = None) -> None:

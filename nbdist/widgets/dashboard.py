@@ -108,6 +108,7 @@ class Dashboard:
         ranks: int = 0,
         palette: dict[str, str] | None = None,
         judge: Judge | None = None,
+        chips: Callable[[dict[int, str]], list[tuple[str, str, int | None]]] | None = None,
     ) -> None:
         self.store = MetricStore(max_points, ranks=ranks, judge=judge)
         self.palette = dict(palette or {})  # a rank state's word -> its colour (results.STATE_COLOURS: given, not known)
@@ -117,6 +118,7 @@ class Dashboard:
         self.rebuilds = 0
         self.render_s = 0.0  # the last refresh's cost: refreshes are spaced to keep the kernel free
         self.states: dict[int, str] = {}
+        self.chips = chips  # states -> the badges (label, state, rank or None): results.chips (given, not known)
         self._last = 0.0
         self._shape: tuple = ()
         self._titles: list[str] = []
@@ -145,14 +147,17 @@ class Dashboard:
         self.render()
 
     def strip_html(self) -> str:
-        """Each rank's state as a badge in its colour's row."""
+        """The ranks' states as badges in their state's colour (a rank's own badge edged in its line's colour), as
+        ``chips`` gives them (one per rank, or ranks grouped), each kept on one line."""
+        mine = sorted(self.states.items())
+        chips = self.chips(self.states) if self.chips else [(f"rank {r}: {s}", str(s), r) for r, s in mine]
         badges = []
-        for rank in sorted(self.states):
-            state = self.states[rank]
-            colour = self.palette.get(str(state), "#555")
+        for label, state, rank in chips:
+            edge = f"border-left:6px solid {rank_colour(rank)};" if rank is not None else ""
             badges.append(
-                f'<span class="nbdist-rank" style="border-left:6px solid {rank_colour(rank)};background:{colour};'
-                f'color:white;padding:1px 8px;margin-right:6px;border-radius:3px">rank {rank}: {state}</span>'
+                f'<span class="nbdist-rank" style="{edge}background:{self.palette.get(state, "#555")};color:white;'
+                f'padding:1px 8px;margin:0 6px 3px 0;border-radius:3px;display:inline-block;white-space:nowrap">'
+                f"{html.escape(label)}</span>"
             )
         return '<div class="nbdist-ranks" style="margin-top:4px">' + "".join(badges) + "</div>"
 

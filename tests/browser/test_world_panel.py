@@ -250,5 +250,9 @@ def test_two_ranks_at_the_panels_width_with_headers_and_who_a_hang_waits_for(tmp
             page.wait_for_selector(".jp-Notebook-ExecutionIndicator[data-status='idle']", timeout=90_000)
             page.wait_for_timeout(1500)  # the panel's next refresh
             page.screenshot(path=str(ARTIFACTS / "panel-two-ranks-why.png"))
+            # the Interrupt's 'interrupt sent' goes 15 s after it was said (it stayed for good, next to later cells)
+            page.wait_for_function(
+                "() => !document.getElementById('nbdist-worlds').innerText.includes('interrupt sent')", timeout=30_000
+            )
         finally:
             _end_kernels(base, token)

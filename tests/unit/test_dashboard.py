@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import math
 import random
+import re
 
 import pytest
 
@@ -214,6 +215,22 @@ def test_state_strip_shows_each_rank_in_the_colour_of_the_one_vocabulary():
     html = board.strip_html()
     assert html.index("rank 0: busy") < html.index("rank 1: failed")
     assert f"background:{STATE_COLOURS['failed']}" in html and f"background:{STATE_COLOURS['busy']}" in html
+
+
+def test_above_the_panels_grouping_size_the_chips_group_ranks_as_the_panel_does():
+    from nbdist.results import GROUP_ABOVE, STATE_COLOURS, chips
+
+    board = Dashboard(palette=STATE_COLOURS, chips=chips)
+    for rank in range(GROUP_ABOVE):
+        board.set_state(rank, "busy")
+    assert [c[0] for c in chips(board.states)] == [f"rank {r}: busy" for r in range(GROUP_ABOVE)]
+    for rank in range(GROUP_ABOVE, 16):
+        board.set_state(rank, "busy")
+    board.set_state(5, "dead")
+    html = board.strip_html()
+    labels = re.findall(r'<span class="nbdist-rank"[^>]*>([^<]*)</span>', html)
+    assert labels == ["ranks 0-4,6-15: busy", "rank 5: dead"], labels  # the panel's words (results.grouped)
+    assert html.count("white-space:nowrap") == 2 and f"background:{STATE_COLOURS['dead']}" in html
 
 
 def test_one_vocabulary_for_a_ranks_state():
