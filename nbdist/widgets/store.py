@@ -172,6 +172,9 @@ class MetricStore:
         self.last: dict[tuple[str, int], float] = {}
         self.counts: dict[int, int] = {}
         self.timed: dict[int, int] = {}  # %dist_why's rows per rank (TIMED keys only, numbered apart)
+        # and the last RECENT of them as they came, for the judge (not every row has every key: engine/why.py reads
+        # DDP's split of backward on some steps only, so they cannot be rebuilt from the series)
+        self.timed_rows: dict[int, deque[dict[str, float]]] = {}
         self.steps: dict[int, float] = {}  # the last step each rank logged
         self.spreads: dict[str, Spread] = {}
         self.loggers: dict[str, set[int]] = {}  # the ranks that log each metric
@@ -185,6 +188,8 @@ class MetricStore:
                 # apart, so the cell's steps stay the x axis and the headline's step
                 x = float(self.timed.get(rank, 0))
                 self.timed[rank] = int(x) + 1
+                kept = self.timed_rows.setdefault(rank, deque(maxlen=RECENT))
+                kept.append({k: float(v) for k, v in row.items() if k.startswith(TIMED)})
             else:
                 n = self.counts.get(rank, 0)
                 self.counts[rank] = n + 1
@@ -231,6 +236,7 @@ class MetricStore:
         self.last = {(k, new[r]): v for (k, r), v in self.last.items() if r in new}
         self.counts = {new[r]: n for r, n in self.counts.items() if r in new}
         self.steps = {new[r]: x for r, x in self.steps.items() if r in new}
+        self.timed_rows = {new[r]: rows for r, rows in self.timed_rows.items() if r in new}
         self.loggers = {k: {new[r] for r in who if r in new} for k, who in self.loggers.items()}
         self.world = len(new)
         self.resizes.append((step, len(new)))
@@ -305,15 +311,9 @@ class MetricStore:
 
     def why(self) -> Any:
         """%dist_why's verdict (the judge's) on the ranks' recent ``why/`` rows; None without a judge or rows."""
-        keys = [k for k in self.keys() if k.startswith(TIMED)]
-        if self.judge is None or "why/step_s" not in keys:
+        if self.judge is None or not self.timed_rows:
             return None
-        rows: dict[int, list[dict[str, float]]] = {}
-        for rank in self.ranks():
-            columns = {k: list(self.series[(k, rank)].recent) for k in keys if (k, rank) in self.series}
-            n = len(columns.get("why/step_s", []))
-            if n:
-                rows[rank] = [{k: v[i] for k, v in columns.items() if len(v) == n} for i in range(n)]
+        rows = {rank: list(kept) for rank, kept in sorted(self.timed_rows.items()) if kept}
         return self.judge(rows, max(self.world, len(rows)))
 
     def split(self) -> dict[int, dict[str, float]]:

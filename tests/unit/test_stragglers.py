@@ -152,6 +152,16 @@ def test_the_dashboard_headline_says_the_verdict_when_the_steps_were_timed():
     plain = MetricStore(ranks=3)  # no judge handed in: nothing said
     plain.add(0, rows())
     assert not any("slow input" in p or "balanced" in p for p in headline_parts(plain))
+    # DDP's split read on every 4th step only: the store hands the judge the rows as they came
+    sampled = MetricStore(ranks=3, judge=slow)
+    data = {0: rows(20, exposed=0.03), 1: rows(20, exposed=0.03), 2: rows(20, data=0.031)}
+    for rank, mine in data.items():
+        sampled.add(rank, _split_read_every_4th(mine))
+    assert sampled.why().text == slow(data).text and "rank 2: slow input" in headline_parts(sampled)
+    waits = MetricStore(ranks=3, judge=slow)
+    for rank in range(3):
+        waits.add(rank, _split_read_every_4th(rows(20, exposed=0.05)))
+    assert waits.why().cause == "comm", waits.why().text  # every rank waits for the all-reduce, not computes
 
 
 def test_the_world_panel_says_the_verdict_and_a_balanced_one_as_even():
