@@ -248,9 +248,12 @@ def where(frame: Any) -> dict[str, Any]:
 
 
 def _main_thread_cpu() -> float | None:
-    """Seconds of CPU the main thread (where cells run) has used, from /proc; None where there is no /proc."""
+    """Seconds of CPU the main thread (where cells run) has used, from /proc; None where there is no /proc. The main
+    thread's id is the process's: ``threading.main_thread().native_id`` is the warm process's in a rank forked from
+    it (Python 3.11 keeps it across fork), which made every rank's CPU unknown, and a rank working at one line for
+    two looks after a release was ended as stuck."""
     try:
-        with open(f"/proc/self/task/{threading.main_thread().native_id}/stat") as fh:
+        with open(f"/proc/self/task/{os.getpid()}/stat") as fh:
             fields = fh.read().rsplit(")", 1)[1].split()
         return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")  # utime + stime
     except (OSError, ValueError, IndexError):
