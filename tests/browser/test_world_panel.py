@@ -254,5 +254,6 @@ def test_two_ranks_at_the_panels_width_with_headers_and_who_a_hang_waits_for(tmp
             page.wait_for_function(
                 "() => !document.getElementById('nbdist-worlds').innerText.includes('interrupt sent')", timeout=30_000
             )
+            page.screenshot(path=str(ARTIFACTS / "panel-two-ranks-later.png"))
         finally:
             _end_kernels(base, token)
