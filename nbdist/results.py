@@ -17,9 +17,12 @@ from .doctor import collective_text, odd_ranks, ranks_text
 from .errors import Failure, RankError, RunTimeout
 
 ANSI = re.compile(r"\x1b\[[0-9;]*[A-Za-z]")
-_CELL_LINE = re.compile(r"(?:Cell In\[\d+\]|<cell[^>]*>|ipykernel_\d+/\d+\.py)\D+line (\d+)")
-_SCRIPT_RUNNER = re.compile(r"engine/hosted\.py:\d+, in run_script")  # %dist_run's frame (engine/hosted.py)
-_FILE_LINE = re.compile(r"^File (\S+?):(\d+)")
+# a cell's frame: "Cell In[3], line 7" (IPython's context mode), "ipykernel_12/34.py:7" (its plain mode)
+_CELL_LINE = re.compile(r"(?:Cell In\[\d+\]|<cell[^>]*>|ipykernel_\d+/\d+\.py)(?:\D+line |:)(\d+)")
+# %dist_run's frame (engine/hosted.py), and a frame's first line, in IPython's context and plain modes (the plain
+# one indents and has no comma: a lost group's errors, engine/runtime.py)
+_SCRIPT_RUNNER = re.compile(r"engine/hosted\.py:\d+,? in run_script")
+_FILE_LINE = re.compile(r"^\s*File (\S+?):(\d+)")
 # An error raised by a broken process group (the release of a rank waiting in a collective).
 _DIST_ERROR = re.compile(
     r"gloo|nccl|Connection closed by peer|DistBackendError|c10d|ProcessGroup|mismatch between collectives", re.I
