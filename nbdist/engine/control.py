@@ -7,6 +7,8 @@ the engine but its state, so ``preempt`` and ``parallel.checkpoint`` can use it 
 
 from __future__ import annotations
 
+import os
+import socket
 from typing import Any
 
 from .state import STATE
@@ -37,7 +39,44 @@ Ends = tuple[tuple[str, int], tuple[str, int]]  # a TCP connection's local and r
 
 
 def tcp_connections() -> dict[int, Ends]:
-    """This process's established TCP connections: file descriptor -> its two ends."""
+    """This process's connected TCP sockets: file descriptor -> its two ends, asked of each socket among its own file
+    descriptors. (psutil reads the host's whole table, /proc/net/tcp, to find a process's own: 74 ms against 3 ms
+    for a rank's 130 sockets among 4,000 on the host, and at 64 ranks every rank reads it at once, three times in a
+    recovery.)"""
+    try:
+        fds = [int(name) for name in os.listdir("/proc/self/fd")]
+    except OSError:  # no /proc (not Linux)
+        return _from_psutil()
+    found = {}
+    for fd in fds:
+        try:
+            if not os.readlink(f"/proc/self/fd/{fd}").startswith("socket:"):
+                continue
+        except OSError:  # closed since
+            continue
+        ends = ends_of(fd)
+        if ends is not None:
+            found[fd] = ends
+    return found
+
+
+def ends_of(fd: int) -> Ends | None:
+    """The two ends of the connected TCP socket ``fd``; None when ``fd`` is no such socket (closed, another kind)."""
+    try:
+        sock = socket.socket(fileno=fd)
+    except OSError:
+        return None
+    try:
+        if sock.type != socket.SOCK_STREAM or sock.family not in (socket.AF_INET, socket.AF_INET6):
+            return None
+        return tuple(sock.getsockname()[:2]), tuple(sock.getpeername()[:2])  # type: ignore[return-value]
+    except OSError:  # not connected
+        return None
+    finally:
+        sock.detach()  # the fd stays open: it is the group's
+
+
+def _from_psutil() -> dict[int, Ends]:
     import psutil
 
     return {

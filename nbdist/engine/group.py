@@ -127,9 +127,8 @@ def abort_world() -> str:
         except Exception as exc:  # pragma: no cover - GPU only
             return f"nccl abort failed: {exc}"
     closed = 0
-    now = control.tcp_connections()
     for fd, ends in STATE.pg_fds.items():
-        if now.get(fd) != ends:  # closed since, and the number given to another socket: not the group's any more
+        if control.ends_of(fd) != ends:  # closed since, and the number given to another socket: not the group's any more
             continue
         try:
             sock = socket.socket(fileno=fd)

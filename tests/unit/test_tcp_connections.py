@@ -1,0 +1,66 @@
+"""The TCP connections a rank finds among its own file descriptors (engine/control.py): what the watcher shuts to
+release a rank from a blocked collective, so they must be exactly the process's connected TCP sockets. psutil's
+reading of the host's table is the reference."""
+
+from __future__ import annotations
+
+import socket
+
+import psutil
+import pytest
+
+from nbdist.engine import control
+
+
+def _psutil() -> dict:
+    return {
+        c.fd: (tuple(c.laddr), tuple(c.raddr))
+        for c in psutil.Process().net_connections("tcp")
+        if c.status == psutil.CONN_ESTABLISHED and c.fd >= 0 and c.raddr
+    }
+
+
+@pytest.fixture
+def sockets():
+    made: list[socket.socket] = []
+    yield made
+    for s in made:
+        s.close()
+
+
+def _pairs(family: int, host: str, n: int, made: list[socket.socket]) -> None:
+    server = socket.socket(family, socket.SOCK_STREAM)
+    server.bind((host, 0))
+    server.listen(n)
+    made.append(server)  # listening: no peer, not a connection
+    for _ in range(n):
+        client = socket.create_connection(server.getsockname()[:2])
+        accepted, _ = server.accept()
+        made += [client, accepted]
+
+
+def test_the_connections_are_those_psutil_finds_in_the_hosts_table(sockets):
+    _pairs(socket.AF_INET, "127.0.0.1", 5, sockets)
+    if socket.has_ipv6:
+        try:
+            _pairs(socket.AF_INET6, "::1", 2, sockets)
+        except OSError:  # no IPv6 loopback here
+            pass
+    udp = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+    udp.connect(("127.0.0.1", 9))  # connected, but not TCP
+    unconnected = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    sockets += [udp, unconnected]
+    found = control.tcp_connections()
+    assert found == _psutil()
+    assert {s.fileno() for s in sockets[1:11]} <= set(found)  # the ten IPv4 ends
+    for other in (sockets[0], udp, unconnected):
+        assert other.fileno() not in found and control.ends_of(other.fileno()) is None
+
+
+def test_a_closed_descriptor_has_no_ends_and_stays_closed(sockets):
+    _pairs(socket.AF_INET, "127.0.0.1", 1, sockets)
+    client = sockets[1]
+    fd, ends = client.fileno(), control.tcp_connections()[client.fileno()]
+    assert control.ends_of(fd) == ends == (client.getsockname(), client.getpeername())
+    client.close()
+    assert control.ends_of(fd) is None
