@@ -8,7 +8,9 @@ own parts as nbdist measured them (``Recovery.phases``: asking the living ranks 
 with the process group formed again, replaying the setup cell, giving the state); counted: whether the final
 weights equal the reference's, bit for bit (above 2 ranks the reference has a fresh DDP at the step recovery rebuilt:
 see the comment in one_size), and the ranks the recovery line names as lost (1 is right).
-Targets: <= 0.5 s at 8 ranks, <= 1.0 s at 64. JSON under results/recovery_scale.json.
+Also timed: a step of the loop without a kill (the reference run's time over its steps), since kill -> progress
+includes finishing at least one step. Targets: <= 0.5 s at 8 ranks, <= 1.0 s at 64. JSON under
+results/recovery_scale.json.
 """
 
 from __future__ import annotations
@@ -62,7 +64,9 @@ def one_size(n: int, steps: int, kill_at: int, workdir: str) -> dict:
     with nbdist.start(n, max_restarts=1, oversubscribe=True, timeout=300, progress=lambda s: None) as c:
         started = time.perf_counter() - tic
         c.run(SETUP, setup=True, sink=Sink()).raise_for_error()
+        tic = time.perf_counter()
         c.run(f"PROGRESS = {progress!r}\n" + TRAIN.format(steps=steps), sink=Sink()).raise_for_error()
+        step_s = (time.perf_counter() - tic) / steps  # a step of the loop at this size, with no kill: the floor
         reference = c.pull("final", ranks=[0])[0]
         c.run(SETUP, setup=True, sink=Sink()).raise_for_error()  # the same start again
         for r in range(n):
@@ -107,6 +111,7 @@ def one_size(n: int, steps: int, kill_at: int, workdir: str) -> dict:
         "start_s": round(started, 2),
         "ok": result.ok,
         "kill_to_progress_s": round(times["progress"] - times["kill"], 3) if "progress" in times else None,
+        "step_s": round(step_s, 3),
         "recovery_phases_s": {k: round(v, 3) for k, v in phases.items()},
         "bit_for_bit": same,
         "largest_difference": diff,
@@ -126,7 +131,7 @@ def main() -> int:
             row = one_size(n, args.steps, args.kill_at, workdir)
             rows.append(row)
             print(
-                f"{n:3d} ranks: kill -> progress {row['kill_to_progress_s']} s, recovery parts "
+                f"{n:3d} ranks: kill -> progress {row['kill_to_progress_s']} s (a step: {row['step_s']} s), recovery parts "
                 f"{row['recovery_phases_s']}, bit for bit {row['bit_for_bit']} (largest difference {row['largest_difference']}), start {row['start_s']} s",
                 flush=True,
             )

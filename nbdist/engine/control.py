@@ -90,6 +90,13 @@ def added(before: dict[int, Ends], after: dict[int, Ends]) -> dict[int, Ends]:
     """The connections a process group made: new since ``before``, and not to a peer this process was connected to
     already. The engine's own sockets (ipyparallel's, through zmq's I/O thread) can connect again at any moment, to
     the controller's ports they had before; one that did so while a group formed is not the group's, and shutting
-    it would lose the rank's reply to the cell (it happened: 'its cell over, no reply sent')."""
+    it would lose the rank's reply to the cell (it happened: 'its cell over, no reply sent'). On the rank that serves
+    the rendezvous store, the ranks' connections to it come while the group forms; they are the store's, which
+    outlives the group (group.join_world), and shutting them would break every rank's next forming."""
     known = {ends[1] for ends in before.values()}
-    return {fd: ends for fd, ends in after.items() if fd not in before and ends[1] not in known}
+    served = STATE.store_at[1] if STATE.store_at is not None and STATE.store_at[2] else None
+    return {
+        fd: ends
+        for fd, ends in after.items()
+        if fd not in before and ends[1] not in known and ends[0][1] != served  # nor the store's: it outlives the group
+    }

@@ -28,6 +28,8 @@ def open_store(host: str, timeout: float) -> int:
     """
     from torch.distributed import TCPStore
 
+    if STATE.store is not None and STATE.store_at is not None and STATE.store_at[0] == host and STATE.store_at[2]:
+        return STATE.store_at[1]  # the store this rank serves already: a world formed again uses a new prefix in it
     listener = net.listen_on(host)
     port = int(listener.getsockname()[1])
     store = TCPStore(
@@ -39,7 +41,7 @@ def open_store(host: str, timeout: float) -> int:
         timeout=datetime.timedelta(seconds=timeout),
         master_listen_fd=listener.detach(),  # the store's server owns and closes it
     )
-    STATE.store = store
+    STATE.update(store=store, store_at=(host, port, True))
     return port
 
 
@@ -53,15 +55,20 @@ def join_world(
     gpu_index: int | None = None,
     debug: bool = False,
     restarts: int = 0,
+    prefix: str = "",
 ) -> float:
     """Join the process group and prove it with one all_reduce; return its sum.
 
     Under nccl the rank first binds ``cuda:gpu_index`` (engine/gpu.py holds the rule).
     ``debug``: torch checks every collective across ranks first (engine/collectives.py).
-    ``restarts``: how many times the world was restarted (torchrun's TORCHELASTIC_RESTART_COUNT)."""
+    ``restarts``: how many times the world was restarted (torchrun's TORCHELASTIC_RESTART_COUNT).
+    ``prefix``: this forming's keys in the store. A rank keeps its connection to the store while the store's
+    address stays the same, so a world formed again (a rank replaced, the world shrunk or grown) connects only
+    its new ranks to it: 64 ranks connecting at once left a few unanswered for 5 s (torch's store accepting late,
+    as measured on this 2-core machine)."""
     import torch
     import torch.distributed as dist
-    from torch.distributed import TCPStore
+    from torch.distributed import PrefixStore, TCPStore
 
     rank, world_size = STATE.placed()
     cpu_only = backend == "gloo" and gpu_index is None
@@ -74,7 +81,7 @@ def join_world(
                 f"{net.likely_fix(reason)}; open the port range between the nodes, or start with --ip on "
                 "the interface the nodes share."
             )
-    if rank != 0 or STATE.store is None:
+    if STATE.store is None or STATE.store_at is None or STATE.store_at[:2] != (master_addr, port):
         STATE.store = TCPStore(
             master_addr,
             port,
@@ -82,6 +89,7 @@ def join_world(
             is_master=False,
             timeout=datetime.timedelta(seconds=timeout),
         )
+        STATE.store_at = (master_addr, port, False)
     before = control.tcp_connections()
     kwargs: dict[str, Any] = {}
     device = torch.device("cpu")
@@ -91,7 +99,7 @@ def join_world(
     collectives.set_debug(debug)
     hosted.init_world(
         backend,
-        store=STATE.store,
+        store=PrefixStore(prefix, STATE.store) if prefix else STATE.store,
         rank=rank,
         world_size=world_size,
         timeout=datetime.timedelta(seconds=pg_timeout),
@@ -105,7 +113,8 @@ def join_world(
 
 
 def leave_world() -> None:
-    """Destroy this rank's process group and store, whatever state they are in."""
+    """Destroy this rank's process group, whatever state it is in (its connection to the store is kept for the
+    next forming: ``join_world``)."""
     import torch.distributed as dist
 
     try:
@@ -113,7 +122,7 @@ def leave_world() -> None:
             hosted.destroy_world()
     except Exception:  # a broken group may refuse a clean destroy; drop it anyway
         pass
-    STATE.update(store=None, pg_fds={}, backend=None, control={}, control_of=None)
+    STATE.update(pg_fds={}, backend=None, control={}, control_of=None)
     preempt.reset()
 
 

@@ -14,7 +14,8 @@ class RankSide:
     rank: int | None = None
     world_size: int | None = None
     backend: str | None = None  # the world's, while this rank is in it
-    store: Any = None  # the rendezvous TCPStore (rank 0 hosts it)
+    store: Any = None  # the rendezvous TCPStore (rank 0 hosts it), kept while its address stays the world's
+    store_at: tuple[str, int, bool] | None = None  # the store's address and port, and whether this rank serves it
     pg_fds: dict[int, Any] = field(default_factory=dict)  # the groups' TCP sockets: fd -> its two ends (shut by the watcher)
     control: dict[str, Any] = field(default_factory=dict)  # control.control_group(purpose): nbdist's own gloo groups
     control_of: Any = None  # the default group they belong to (a rebuilt world makes new ones)

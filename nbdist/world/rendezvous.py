@@ -9,6 +9,7 @@ all_reduce. ``build_world`` returns a ``World``; it changes nothing else.
 
 from __future__ import annotations
 
+import secrets
 import socket
 import time
 from dataclasses import dataclass
@@ -165,6 +166,7 @@ def build_world(
             + opened.problem("opening the store")
         )
     port = int(opened.values[0])
+    prefix = f"nbdist-{secrets.token_hex(6)}/"  # this forming's keys in the store, which outlives a forming
     joined = engines.call_each(
         {
             r.rank: (
@@ -179,6 +181,7 @@ def build_world(
                     gpu_index=r.gpu,
                     debug=debug,
                     restarts=restarts,
+                    prefix=prefix,
                 ),
             )
             for r in ranks

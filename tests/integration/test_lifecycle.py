@@ -216,3 +216,29 @@ def test_the_first_cell_run_again_keeps_the_world_and_another_start_asks_for_res
         assert nbdist.current().world_size == 3 and wait_gone(pids, 30) == []
     finally:
         run_cell(ip, "%dist_stop")
+
+
+STORE = "(__import__('os').environ['MASTER_PORT'], id(__import__('nbdist.engine.state', fromlist=['STATE']).STATE.store))"
+SUM = "__import__('torch').distributed.all_reduce(t := __import__('torch').ones(1) * (dist.get_rank() + 1)) or t.item()"
+
+
+def test_a_world_formed_again_keeps_its_store_and_connects_only_its_new_ranks():
+    """A rebuilt group, a replaced rank: the ranks keep their connection to rank 0's store (a new prefix of keys
+    each forming, so nothing of the last one is read); a new rank 0 opens a new store and every rank connects."""
+    with nbdist.start(3, oversubscribe=True) as c:
+        first = c.pull(STORE)
+        c.rebuild_world()
+        c.rebuild_world()  # twice: a forming that read the last one's keys would pair the ranks wrongly, or hang
+        assert c.pull(STORE) == first
+        c.restart([2])
+        after = c.pull(STORE)
+        assert after[:2] == first[:2] and after[2][0] == first[2][0], (first, after)
+        assert c.pull(SUM) == [6.0] * 3
+        hung = c.run("if dist.get_rank() == 0:\n    dist.barrier()", timeout=3)  # the release shuts the group on rank 0
+        assert hung.released and c.pull(STORE) == after  # the store's connections were not the group's
+        assert c.pull(SUM) == [6.0] * 3
+        c.restart([0])
+        moved = c.pull(STORE)
+        assert len({port for port, _ in moved}) == 1 and moved[0][0] != first[0][0], (first, moved)
+        assert all(m[1] != a[1] for m, a in zip(moved, after, strict=True)), (after, moved)
+        assert c.pull(SUM) == [6.0] * 3
