@@ -67,13 +67,36 @@ def ends_of(fd: int) -> Ends | None:
     except OSError:
         return None
     try:
-        if sock.type != socket.SOCK_STREAM or sock.family not in (socket.AF_INET, socket.AF_INET6):
-            return None
+        return _ends(sock)
+    finally:
+        sock.detach()  # the fd stays open: it is the group's
+
+
+def shut(fd: int, ends: Ends) -> bool:
+    """Shut both ways the TCP connection ``fd`` if it still has these ends (else the number was closed and given to
+    another socket since: not the group's any more); whether it was shut."""
+    try:
+        sock = socket.socket(fileno=fd)
+    except OSError:
+        return False
+    try:
+        if _ends(sock) != ends:
+            return False
+        sock.shutdown(socket.SHUT_RDWR)
+        return True
+    except OSError:
+        return False
+    finally:
+        sock.detach()
+
+
+def _ends(sock: socket.socket) -> Ends | None:
+    if sock.type != socket.SOCK_STREAM or sock.family not in (socket.AF_INET, socket.AF_INET6):
+        return None
+    try:
         return tuple(sock.getsockname()[:2]), tuple(sock.getpeername()[:2])  # type: ignore[return-value]
     except OSError:  # not connected
         return None
-    finally:
-        sock.detach()  # the fd stays open: it is the group's
 
 
 def _from_psutil() -> dict[int, Ends]:

@@ -135,20 +135,5 @@ def abort_world() -> str:
             return "nccl abort"
         except Exception as exc:  # pragma: no cover - GPU only
             return f"nccl abort failed: {exc}"
-    closed = 0
-    for fd, ends in STATE.pg_fds.items():
-        if control.ends_of(fd) != ends:  # closed since, and the number given to another socket: not the group's any more
-            continue
-        try:
-            sock = socket.socket(fileno=fd)
-        except OSError:
-            continue
-        try:
-            if sock.type == socket.SOCK_STREAM:
-                sock.shutdown(socket.SHUT_RDWR)
-                closed += 1
-        except OSError:
-            pass
-        finally:
-            sock.detach()
+    closed = sum(control.shut(fd, ends) for fd, ends in STATE.pg_fds.items())
     return f"closed {closed} gloo connections"
