@@ -22,6 +22,7 @@ __all__ = [
     "breakpoint",
     "current",
     "equiv",
+    "fit",
     "headline",
     "load_ipython_extension",
     "log",
@@ -44,6 +45,10 @@ def __getattr__(name: str) -> Any:
         from .tools.why import why
 
         return why
+    if name == "fit":
+        from .forecast import fit
+
+        return fit
     if name == "equiv":
         from .tools.equiv import equiv
 

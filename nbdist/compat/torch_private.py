@@ -72,3 +72,58 @@ def fsdp_waits() -> list[tuple[Any, str]]:
         return []
     names = ("unshard", "wait_for_unshard", "post_backward", "finalize_backward")
     return [(FSDPParamGroup, name) for name in names]
+
+
+def mem_tracker() -> Any:
+    """torch's MemTracker, which also follows a module called more than once per step at the top level (a pipeline
+    stage runs once per micro-batch). MemTracker refuses that as "the next iteration" in its private pre-forward
+    hook; forgetting the module's own stats there lets it count on. Its peak, which nbdist reads, is global."""
+    from torch.distributed._tools.mem_tracker import MemTracker
+
+    class _MicrobatchTracker(MemTracker):  # type: ignore[misc]
+        def _pre_fw_hook(self, module: Any, inputs: Any) -> None:
+            name = self._mod_tracker.get_known_fqn(module)
+            if module in self.memory_tracking and not self._mod_tracker.is_bw:
+                if set(self._mod_tracker.parents) - {name} == {"Global"}:
+                    del self.memory_tracking[module]
+            super()._pre_fw_hook(module, inputs)
+
+    return _MicrobatchTracker()
+
+
+def ddp_on_a_fake_group(model: Any, **kwargs: Any) -> Any:
+    """DistributedDataParallel over a fake process group and fake tensors, holding the memory the real one holds.
+
+    Three of DDP's private steps read what a fake group's collectives carry, which is nothing: the constructor
+    compares parameter shapes across ranks, the first forward rebuilds the buckets in an order the ranks broadcast,
+    and the all-reduce's future holds no tensor. The check is skipped, the rebuild kept off (the buckets keep their
+    sizes), and each bucket reduced in place, as the built-in hook does."""
+    import torch
+    import torch.nn.parallel.distributed as ddp_module
+
+    verify = ddp_module._verify_param_shape_across_processes
+    ddp_module._verify_param_shape_across_processes = lambda *a, **k: None
+    try:
+        ddp = ddp_module.DistributedDataParallel(model, **kwargs)
+    finally:
+        ddp_module._verify_param_shape_across_processes = verify
+
+    def in_place(state, bucket):  # type: ignore[no-untyped-def]  # DDP reads a hook's annotations: give none
+        fut = torch.futures.Future()
+        fut.set_result(bucket.buffer())
+        return fut
+
+    ddp.register_comm_hook(None, in_place)
+
+    class KeptBuckets:
+        def __init__(self, reducer: Any) -> None:
+            self._reducer = reducer
+
+        def _rebuild_buckets(self) -> bool:
+            return False
+
+        def __getattr__(self, name: str) -> Any:
+            return getattr(self._reducer, name)
+
+    ddp.reducer = KeptBuckets(ddp.reducer)
+    return ddp

@@ -1,6 +1,7 @@
 """Configs that check themselves, in sections (start.py), the launchers and the options each declares
 (launchers.py), and the values every part reads the same way (values.py)."""
 
+from .fit import STRATEGIES, FitConfig, parse_bytes
 from .launchers import LauncherOptions, LauncherSpec, Option, option
 from .start import BACKENDS, RECOVER_FROM, RECOVERY, WORLD, RecoveryConfig, RunConfig, StartConfig, WorldConfig
 from .values import (
@@ -17,7 +18,9 @@ __all__ = [
     "BACKENDS",
     "RECOVERY",
     "RECOVER_FROM",
+    "STRATEGIES",
     "WORLD",
+    "FitConfig",
     "LauncherOptions",
     "LauncherSpec",
     "Option",
@@ -31,6 +34,7 @@ __all__ = [
     "did_you_mean",
     "format_cpus",
     "option",
+    "parse_bytes",
     "parse_duration",
     "parse_ranks",
 ]

@@ -130,7 +130,7 @@ def test_the_core_points_down():
 # (cluster.py, __init__, demo), which may import any folder below the magics.
 SHARED = {"errors", "config", "compat", "wire", "results", "doctor", "equivalence", "stragglers"}  # doctor, equivalence, stragglers: pure verdicts
 FOLDERS = {
-    "magics": {"tools", "cluster", "cells", "world", "launch", "widgets"},  # faces: parse, call the API
+    "magics": {"tools", "cluster", "cells", "world", "launch", "widgets", "forecast"},  # faces: parse, call the API
     "server": {"cells", "world", "widgets"},  # the Jupyter server's side: what the kernel wrote, read from disk
     "tools": {"cluster", "cells", "world", "launch", "engine", "parallel", "compression"},
     # a world's life: its membership and every change to it, a cell's way through it, recovery, grow; the on-rank
@@ -144,6 +144,8 @@ FOLDERS = {
     "compression": set(),  # kernels and hooks: numpy, numba, torch
     "widgets": set(),  # draw what they are given; not even the shared words
     "tutorials": set(),
+    # the forecast: a cell run under fake tensors in a process of its own, and the real step it is checked against
+    "forecast": {"parallel"},
 }
 # Named exceptions, each with its reason.
 EXCEPTIONS = {

@@ -1,0 +1,74 @@
+"""Will it fit: a per-rank forecast of a training step's peak memory, before anything the model's size exists.
+
+``nbdist.fit(cell_source, strategies=..., world_sizes=..., memory=...)`` runs the cell in a process of its own under
+fake tensors and a fake process group, once per strategy and world size (and per stage of a pipeline), and counts
+one rank's step with torch's MemTracker: parameters, gradients, optimizer state, activations, temporaries. The
+notebook's kernel and world are not touched. ``%%dist_fit`` is its face.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+from typing import Any
+
+from ..config import FitConfig
+from ..errors import NbdistError
+from .report import Forecast, Option
+
+__all__ = ["Forecast", "Option", "fit"]
+
+
+def fit(source: str, **config: Any) -> Forecast:
+    """Forecast each rank's peak memory for the model ``source`` builds.
+
+    ``source``: code that defines ``model`` (a torch.nn.Module) and ``batch`` (one rank's input, or (input,
+    target)); optionally ``loss_fn(output, target)``, ``optimizer`` (params -> optimizer; default AdamW),
+    ``tp_plan`` (for parallelize_module) and ``microbatches``. ``config``: FitConfig's fields: ``strategies``
+    (ddp, fsdp, tp, pp), ``world_sizes``, ``memory`` ("16GiB": then ``best`` names the smallest world that fits),
+    ``microbatches``, ``timeout``.
+    """
+    cfg = FitConfig(**config)
+    configs = [[s, n] for s in cfg.strategies for n in cfg.world_sizes]
+    request = json.dumps({"source": source, "configs": configs, "microbatches": cfg.microbatches})
+    paths = [p for p in sys.path if p and os.path.isdir(p)]
+    env = {
+        **os.environ,
+        "OMP_NUM_THREADS": "1",
+        "CUDA_VISIBLE_DEVICES": "",
+        "PYTHONPATH": os.pathsep.join([os.getcwd(), *paths]),
+    }
+    tic = time.monotonic()
+    try:
+        done = subprocess.run(
+            [sys.executable, "-m", "nbdist.forecast"],
+            input=request,
+            capture_output=True,
+            text=True,
+            env=env,
+            timeout=cfg.timeout,
+            check=False,
+        )
+    except subprocess.TimeoutExpired:
+        raise NbdistError(
+            f"the forecast took more than {cfg.timeout:.0f} s and was ended; forecast fewer strategies or world sizes, "
+            "or pass timeout= (%%dist_fit --timeout S)."
+        ) from None
+    options = {(s, n): Option(s, n) for s, n in configs}
+    for line in done.stdout.splitlines():
+        row = json.loads(line)
+        opt = options[(row["strategy"], row["world"])]
+        if "error" in row:
+            opt.error = row["error"]
+        else:
+            opt.ranks[row["rank"]] = row
+    if done.returncode != 0 and not any(o.ranks or o.error for o in options.values()):
+        tail = (done.stderr.strip().splitlines() or ["(nothing on stderr)"])[-1]
+        raise NbdistError(f"the forecast's process failed (exit {done.returncode}): {tail}")
+    for opt in options.values():
+        if not opt.ranks and not opt.error:
+            opt.error = "the forecast's process ended before it (see its stderr)"
+    return Forecast(list(options.values()), memory=cfg.memory, seconds=time.monotonic() - tic)

@@ -1,0 +1,62 @@
+"""The forecast's own process: a person's cell run under fake tensors and a fake process group, once per strategy,
+world size and (for a pipeline) stage. Nothing the size of the model is allocated, and the notebook's kernel and
+world are never touched: a model that would not fit, or a cell that fails, fails here.
+
+Read a request (JSON) on stdin; write one JSON line per forecast rank on stdout.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+import traceback
+from typing import Any
+
+CELL = "<%%dist_fit cell>"
+
+
+def _cell_line(exc: BaseException) -> int | None:
+    lines = [f.lineno for f in traceback.extract_tb(exc.__traceback__) if f.filename == CELL]
+    return lines[-1] if lines else None
+
+
+def one(source: str, strategy: str, world: int, rank: int, microbatches: int) -> dict[str, Any]:
+    """Forecast one rank: run the cell, wrap its model, step it twice under fake tensors; MemTracker's counts."""
+    import torch
+    import torch.distributed as dist
+    from torch._subclasses.fake_tensor import FakeTensorMode
+    from torch.testing._internal.distributed.fake_pg import FakeStore
+
+    from . import step as st
+
+    out: dict[str, Any] = {"strategy": strategy, "world": world, "rank": rank}
+    dist.init_process_group("fake", rank=rank, world_size=world, store=FakeStore())
+    try:
+        mesh = st.mesh_of(strategy)
+        with FakeTensorMode(allow_non_fake_inputs=True):
+            torch.manual_seed(0)
+            ns: dict[str, Any] = {"__name__": "__fit__"}
+            exec(compile(source, CELL, "exec"), ns)  # noqa: S102 - the person's own cell, in a process of its own
+            spec = st.Spec(ns, microbatches=microbatches)
+            out["params"] = sum(p.numel() * p.element_size() for p in spec.model.parameters())
+            model = st.wrap(strategy, spec, mesh, fake=True)
+            out.update(st.measure(model, st.stepper(strategy, spec, model)))
+    except Exception as exc:  # noqa: BLE001 - each configuration reports its own failure and the rest go on
+        from ..errors import ConfigError
+
+        line = _cell_line(exc)
+        out["error"] = str(exc) if isinstance(exc, ConfigError) else f"{type(exc).__name__}: {exc}".strip()
+        out["error"] = out["error"].splitlines()[0] if out["error"] else type(exc).__name__
+        if line is not None:
+            out["error"] += f" (cell line {line})"
+    finally:
+        dist.destroy_process_group()
+    return out
+
+
+def main() -> None:
+    request = json.load(sys.stdin)
+    for strategy, world in request["configs"]:
+        ranks = range(world) if strategy == "pp" else (0,)  # DDP, FSDP and TP ranks hold alike; stages differ
+        for rank in ranks:
+            print(json.dumps(one(request["source"], strategy, world, rank, request["microbatches"])), flush=True)

@@ -1,0 +1,128 @@
+"""A forecast's answer: each strategy and world size, the peak one rank holds and its parts, and what fits."""
+
+from __future__ import annotations
+
+import html
+from dataclasses import dataclass, field
+from typing import Any
+
+MiB = 2**20
+SHOWN = ("parameters", "gradients", "optimizer", "activations", "temporaries")
+
+
+def size(n: float) -> str:
+    """Bytes as a person reads them: 103.2 MiB, 1.50 GiB."""
+    if n >= 2**30:
+        return f"{n / 2**30:.2f} GiB"
+    return f"{n / MiB:.1f} MiB"
+
+
+@dataclass(slots=True)
+class Option:
+    """One strategy at one world size: each forecast rank's numbers (a pipeline's stages differ, the rest are alike)."""
+
+    strategy: str
+    world: int
+    ranks: dict[int, dict[str, Any]] = field(default_factory=dict)
+    error: str | None = None
+
+    @property
+    def peak_rank(self) -> int:
+        return max(self.ranks, key=lambda r: self.ranks[r]["peak"])
+
+    @property
+    def peak(self) -> int:
+        """The most any one rank holds at its step's peak."""
+        return self.ranks[self.peak_rank]["peak"] if self.ranks else 0
+
+    def differ(self) -> str:
+        """Where ranks differ, which rank peaks: 'rank 1 peaks; rank 0 holds 25.0 MiB'."""
+        if len(self.ranks) < 2:
+            return ""
+        low = min(self.ranks, key=lambda r: self.ranks[r]["peak"])
+        if self.ranks[low]["peak"] == self.peak:
+            return "every stage alike"
+        return f"rank {self.peak_rank} peaks; rank {low} holds {size(self.ranks[low]['peak'])}"
+
+
+@dataclass(slots=True)
+class Forecast:
+    """``nbdist.fit``'s answer. ``options``: one per strategy and world size, in the order asked; ``memory``: the
+    bytes one rank has, if given. ``best`` is the smallest world (then the least memory) that fits it."""
+
+    options: list[Option]
+    memory: int | None = None
+    seconds: float = 0.0
+
+    def option(self, strategy: str, world: int) -> Option:
+        for opt in self.options:
+            if (opt.strategy, opt.world) == (strategy, world):
+                return opt
+        raise KeyError(f"no forecast for {strategy} at {world} ranks")
+
+    def peak(self, strategy: str, world: int, rank: int | None = None) -> int:
+        """The forecast peak of ``rank`` (default: the rank that holds the most) under ``strategy`` at ``world``."""
+        opt = self.option(strategy, world)
+        if opt.error:
+            raise KeyError(f"{strategy} at {world} ranks was not forecast: {opt.error}")
+        if rank is None:
+            return opt.peak
+        return opt.ranks[rank if strategy == "pp" else 0]["peak"]
+
+    @property
+    def best(self) -> Option | None:
+        if self.memory is None:
+            return None
+        fits = [o for o in self.options if not o.error and o.peak <= self.memory]
+        return min(fits, key=lambda o: (o.world, o.peak), default=None)
+
+    def verdict(self) -> str:
+        """One line: what fits the memory given, or the least it would take."""
+        done = [o for o in self.options if not o.error]
+        if self.memory is None or not done:
+            return ""
+        best = self.best
+        if best is not None:
+            where = f"on rank {best.peak_rank}" if best.strategy == "pp" else "per rank"
+            return f"fits {size(self.memory)} per rank: {best.world} ranks with {best.strategy} (peak {size(best.peak)} {where})"
+        least = min(done, key=lambda o: o.peak)
+        return (
+            f"fits nowhere in {size(self.memory)} per rank: the least is {size(least.peak)} ({least.strategy} at "
+            f"{least.world} ranks); give each rank {size(least.peak)}, or forecast more ranks (-n 16)."
+        )
+
+    def rows(self) -> list[list[str]]:
+        head = ["strategy", "ranks", "peak rank", "peak", *SHOWN, "note"]
+        out = [head]
+        for o in self.options:
+            if o.error:
+                out.append([o.strategy, str(o.world), "", "", *[""] * len(SHOWN), f"not forecast: {o.error}"])
+                continue
+            parts = o.ranks[o.peak_rank]["parts"]
+            who = str(o.peak_rank) if o.strategy == "pp" else "each"
+            out.append([o.strategy, str(o.world), who, size(o.peak), *[size(parts[p]) for p in SHOWN], o.differ()])
+        return out
+
+    def __str__(self) -> str:
+        rows = self.rows()
+        widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]) - 1)]
+        lines = ["  ".join(c.ljust(w) for c, w in zip(r, widths, strict=False)).rstrip() + "  " + r[-1] for r in rows]
+        lines = [line.rstrip() for line in lines]
+        lines.append(
+            f"one rank's step at its peak, as torch's MemTracker counts under fake tensors ({self.seconds:.1f} s; "
+            "nothing allocated)"
+        )
+        if self.verdict():
+            lines.append(self.verdict())
+        return "\n".join(lines)
+
+    def __repr__(self) -> str:
+        return str(self)
+
+    def _repr_html_(self) -> str:
+        rows = self.rows()
+        head = "".join(f"<th>{html.escape(c)}</th>" for c in rows[0])
+        body = "".join("<tr>" + "".join(f"<td>{html.escape(c)}</td>" for c in r) + "</tr>" for r in rows[1:])
+        foot = html.escape(str(self).splitlines()[len(rows)])
+        verdict = f"<p><b>{html.escape(self.verdict())}</b></p>" if self.verdict() else ""
+        return f"<table><tr>{head}</tr>{body}</table><p>{foot}</p>{verdict}"

@@ -1,0 +1,188 @@
+"""One rank's training step under one strategy, and what MemTracker counts in it.
+
+The same code runs a forecast (fake tensors, a fake process group: nothing the size of the model exists) and the
+measurement a forecast is checked against (real tensors, a real gloo group), so the two differ only in what the
+tensors hold. The strategies are torch's own: DDP, FSDP2's ``fully_shard`` per block, ``parallelize_module`` with
+a column/row plan, and a GPipe pipeline of ``split_sequential``'s stages.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+from ..config import STRATEGIES
+from ..errors import ConfigError
+from ..parallel.pipeline import split_sequential
+
+PARTS = ("parameters", "gradients", "optimizer", "activations", "temporaries", "buffers", "other")
+_KIND = {
+    "Parameter": "parameters",
+    "Gradient": "gradients",
+    "Optstate": "optimizer",
+    "Activation": "activations",
+    "Temp": "temporaries",
+    "Buffer": "buffers",
+    "Other": "other",
+}
+
+
+class Spec:
+    """What the person's cell defines, read from its namespace: ``model``, ``batch`` and the optional rest."""
+
+    __slots__ = ("model", "batch", "loss_fn", "optimizer", "tp_plan", "microbatches")
+
+    def __init__(self, ns: dict[str, Any], *, microbatches: int) -> None:
+        missing = [k for k in ("model", "batch") if k not in ns]
+        if missing:
+            raise ConfigError(
+                f"the cell defines no {' and no '.join(missing)}; %%dist_fit runs the cell and reads `model` (a "
+                "torch.nn.Module) and `batch` (one rank's input, or (input, target)) from it."
+            )
+        if not isinstance(ns["model"], torch.nn.Module):
+            raise ConfigError(f"`model` is a {type(ns['model']).__name__}, not a torch.nn.Module.")
+        self.model: torch.nn.Module = ns["model"]
+        self.batch: Any = ns["batch"]
+        self.loss_fn: Callable[..., torch.Tensor] | None = ns.get("loss_fn")
+        self.optimizer: Callable[..., Any] = ns.get("optimizer") or (lambda p: torch.optim.AdamW(p, lr=1e-3))
+        self.tp_plan: dict[str, Any] | None = ns.get("tp_plan")
+        self.microbatches = int(ns.get("microbatches", microbatches))
+
+    def split(self) -> tuple[Any, Any]:
+        """(input, target): a batch that is a tuple or list of two is (input, target); else the input alone."""
+        if isinstance(self.batch, (tuple, list)) and len(self.batch) == 2:
+            return self.batch[0], self.batch[1]
+        return self.batch, None
+
+    def loss(self, out: torch.Tensor, target: Any) -> torch.Tensor:
+        if self.loss_fn is not None:
+            return self.loss_fn(out, target)
+        if target is None:
+            return out.float().pow(2).mean()
+        if not target.is_floating_point():
+            return torch.nn.functional.cross_entropy(out.flatten(0, -2), target.flatten())
+        return torch.nn.functional.mse_loss(out, target)
+
+
+def tp_plan_of(model: torch.nn.Module) -> dict[str, Any]:
+    """Megatron's MLP plan for every Sequential: its first Linear column-wise, the next row-wise, and so on in pairs."""
+    from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel
+
+    plan: dict[str, Any] = {}
+    for name, mod in model.named_modules():
+        if not isinstance(mod, torch.nn.Sequential):
+            continue
+        linears = [f"{name}.{k}" if name else k for k, m in mod.named_children() if isinstance(m, torch.nn.Linear)]
+        for first, second in zip(linears[0::2], linears[1::2], strict=False):
+            plan[first], plan[second] = ColwiseParallel(), RowwiseParallel()
+    if not plan:
+        raise ConfigError(
+            "tensor parallelism needs a plan and none could be made (no torch.nn.Sequential holds two Linear layers); "
+            "define `tp_plan = {'fc1': ColwiseParallel(), 'fc2': RowwiseParallel()}` in the cell."
+        )
+    return plan
+
+
+def mesh_of(strategy: str) -> Any:
+    """The mesh FSDP and TP need, made before any fake tensor exists (a DeviceMesh reads real rank lists)."""
+    if strategy not in ("fsdp", "tp"):
+        return None
+    from torch.distributed.device_mesh import init_device_mesh
+
+    return init_device_mesh("cpu", (dist.get_world_size(),))
+
+
+def wrap(strategy: str, spec: Spec, mesh: Any, *, fake: bool) -> torch.nn.Module:
+    """The model as this rank holds it under ``strategy``: DDP, FSDP2 per direct child, TP, or this rank's stage."""
+    model = spec.model
+    if strategy == "ddp":
+        from torch.nn.parallel import DistributedDataParallel
+
+        if fake:
+            from ..compat.torch_private import ddp_on_a_fake_group
+
+            return ddp_on_a_fake_group(model, bucket_cap_mb=25.0)
+        return DistributedDataParallel(model, bucket_cap_mb=25.0)
+    if strategy == "fsdp":
+        from torch.distributed.fsdp import fully_shard
+
+        for block in [m for m in model.children() if any(True for _ in m.parameters())]:
+            fully_shard(block, mesh=mesh)
+        return fully_shard(model, mesh=mesh)
+    if strategy == "tp":
+        from torch.distributed.tensor.parallel import parallelize_module
+
+        return parallelize_module(model, mesh, spec.tp_plan or tp_plan_of(model))
+    if strategy == "pp":
+        if not isinstance(model, torch.nn.Sequential):
+            raise ConfigError(
+                f"pipeline stages are split from a torch.nn.Sequential; `model` is a {type(model).__name__}: build it "
+                "as nn.Sequential(embedding, *blocks, head), or leave pp out of --strategies."
+            )
+        return split_sequential(model, dist.get_world_size())[dist.get_rank()]
+    raise ConfigError(f"strategy {strategy!r} is not one of {', '.join(STRATEGIES)}.")
+
+
+def stepper(strategy: str, spec: Spec, model: torch.nn.Module) -> Callable[[], None]:
+    """One optimizer step of this rank. A pipeline stage runs GPipe: every micro-batch's forward, then every backward;
+    its input is what the stages before it make of the batch (computed without keeping anything)."""
+    opt = spec.optimizer(model.parameters())
+    x, target = spec.split()
+    if strategy != "pp":
+
+        def step() -> None:
+            spec.loss(model(x), target).backward()
+            opt.step()
+            opt.zero_grad()
+
+        step.optimizer = opt  # type: ignore[attr-defined]
+        return step
+    rank, world = dist.get_rank(), dist.get_world_size()
+    micro = spec.microbatches
+    with torch.no_grad():
+        inp = x
+        for stage in split_sequential(spec.model, world)[:rank]:
+            inp = stage(inp)
+    xs, ts = inp.chunk(micro), (target.chunk(micro) if target is not None else [None] * micro)
+
+    def pp_step() -> None:
+        outs = [model(xm.detach().requires_grad_(rank > 0 and xm.is_floating_point())) for xm in xs]
+        for out, tm in zip(outs, ts, strict=True):
+            if rank == world - 1:
+                (spec.loss(out, tm) / micro).backward()
+            else:
+                out.backward(torch.ones_like(out))
+        del outs
+        opt.step()
+        opt.zero_grad()
+
+    pp_step.optimizer = opt  # type: ignore[attr-defined]
+    return pp_step
+
+
+def measure(model: torch.nn.Module, step: Callable[[], None]) -> dict[str, Any]:
+    """A warm-up step (the optimizer makes its state), then one step under MemTracker: the peak and its parts, bytes."""
+    from ..compat.torch_private import mem_tracker
+
+    step()
+    tracker = mem_tracker()
+    tracker.track_external(model, step.optimizer)  # type: ignore[attr-defined]
+    tic = time.perf_counter()
+    with tracker:
+        step()
+    wall = time.perf_counter() - tic
+    peak = {dev: parts for dev, parts in tracker.get_tracker_snapshot("peak").items()}
+    parts = {p: 0 for p in PARTS}
+    total = 0
+    for counts in peak.values():
+        for kind, n in counts.items():
+            name = getattr(kind, "value", kind)
+            if name == "Total":
+                total += n
+            else:
+                parts[_KIND.get(name, "other")] += n
+    return {"peak": total, "parts": parts, "tracked_s": wall}
