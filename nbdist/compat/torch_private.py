@@ -127,3 +127,10 @@ def ddp_on_a_fake_group(model: Any, **kwargs: Any) -> Any:
 
     ddp.reducer = KeptBuckets(ddp.reducer)
     return ddp
+
+
+def real_tensors() -> Any:
+    """A context in which tensors are real again inside FakeTensorMode (torch's ``unset_fake_temporarily``)."""
+    from torch._subclasses.fake_tensor import unset_fake_temporarily
+
+    return unset_fake_temporarily()

@@ -17,23 +17,36 @@ from typing import Any
 
 from ..config import FitConfig
 from ..errors import NbdistError
-from .report import Forecast, Option
+from .comm import fitted
+from .report import Forecast, Option, Times
 
 __all__ = ["Forecast", "Option", "fit"]
 
 
-def fit(source: str, **config: Any) -> Forecast:
+def fit(
+    source: str, *, comm: dict[str, Any] | None = None, measured_at: int = 2, cores: int | None = None, **config: Any
+) -> Forecast:
     """Forecast each rank's peak memory for the model ``source`` builds.
 
     ``source``: code that defines ``model`` (a torch.nn.Module) and ``batch`` (one rank's input, or (input,
     target)); optionally ``loss_fn(output, target)``, ``optimizer`` (params -> optimizer; default AdamW),
     ``tp_plan`` (for parallelize_module) and ``microbatches``. ``config``: FitConfig's fields: ``strategies``
     (ddp, fsdp, tp, pp), ``world_sizes``, ``memory`` ("16GiB": then ``best`` names the smallest world that fits),
-    ``microbatches``, ``timeout``.
+    ``microbatches``, ``timeout``. ``comm``: collectives measured on a live world of ``measured_at`` ranks
+    (``comm.measure_here``'s answer); without it two gloo processes measure them. ``cores``: the cores the ranks of
+    one world share (default: this machine's); ranks beyond them share time.
     """
     cfg = FitConfig(**config)
     configs = [[s, n] for s in cfg.strategies for n in cfg.world_sizes]
-    request = json.dumps({"source": source, "configs": configs, "microbatches": cfg.microbatches})
+    request = json.dumps(
+        {
+            "source": source,
+            "configs": configs,
+            "microbatches": cfg.microbatches,
+            "comm": comm,
+            "measured_at": measured_at,
+        }
+    )
     paths = [p for p in sys.path if p and os.path.isdir(p)]
     env = {
         **os.environ,
@@ -58,8 +71,14 @@ def fit(source: str, **config: Any) -> Forecast:
             "or pass timeout= (%%dist_fit --timeout S)."
         ) from None
     options = {(s, n): Option(s, n) for s, n in configs}
+    model = None
     for line in done.stdout.splitlines():
         row = json.loads(line)
+        if "comm" in row:
+            model = Times(fitted(row["comm"]), row["measured_at"], cores or os.cpu_count() or 1, cfg.microbatches)
+            continue
+        if model is not None and "compute_s" in row:
+            model.add(row)
         opt = options[(row["strategy"], row["world"])]
         if "error" in row:
             opt.error = row["error"]
@@ -71,4 +90,5 @@ def fit(source: str, **config: Any) -> Forecast:
     for opt in options.values():
         if not opt.ranks and not opt.error:
             opt.error = "the forecast's process ended before it (see its stderr)"
-    return Forecast(list(options.values()), memory=cfg.memory, seconds=time.monotonic() - tic)
+    where = f"the live world's {measured_at} ranks" if comm is not None else "two gloo processes of this host"
+    return Forecast(list(options.values()), memory=cfg.memory, seconds=time.monotonic() - tic, measured=where)

@@ -18,6 +18,34 @@ def size(n: float) -> str:
 
 
 @dataclass(slots=True)
+class Times:
+    """A rank's step time from its forecast: the operators' time, shared with the ranks beyond the cores, and each
+    collective at the cost measured here (all of it exposed: on CPU ranks gloo and the step share the cores). A
+    pipeline stage also waits while the pipe fills and drains, (m + p - 1) / m of its compute for GPipe, or shares
+    the cores with the other stages, whichever is longer."""
+
+    fit: dict[str, tuple[float, float]]
+    measured_at: int
+    cores: int
+    microbatches: int
+
+    def share(self, world: int) -> float:
+        return max(1.0, world / self.cores)
+
+    def add(self, row: dict[str, Any]) -> None:
+        from .comm import time_of
+
+        world, m = row["world"], self.microbatches
+        compute = row["compute_s"] * self.share(world)
+        if row["strategy"] == "pp":  # the pipe fills and drains; stages that wait free their cores for the rest
+            compute = row["compute_s"] * max((m + world - 1) / m, self.share(world))
+        scale = self.share(world) / self.share(self.measured_at)
+        comm = sum(time_of(k, b, world, self.fit, self.measured_at) for k, b in row["collectives"]) * scale
+        row["time"] = {"compute_s": compute, "comm_s": comm, "step_s": compute + comm}
+        row["time"]["comm_measured"] = world == self.measured_at or not row["collectives"]
+
+
+@dataclass(slots=True)
 class Option:
     """One strategy at one world size: each forecast rank's numbers (a pipeline's stages differ, the rest are alike)."""
 
@@ -29,6 +57,11 @@ class Option:
     @property
     def peak_rank(self) -> int:
         return max(self.ranks, key=lambda r: self.ranks[r]["peak"])
+
+    @property
+    def step_s(self) -> float:
+        """The slowest rank's forecast step (a pipeline's ranks each wait for the slowest stage)."""
+        return max((r["time"]["step_s"] for r in self.ranks.values() if "time" in r), default=0.0)
 
     @property
     def peak(self) -> int:
@@ -53,6 +86,7 @@ class Forecast:
     options: list[Option]
     memory: int | None = None
     seconds: float = 0.0
+    measured: str = "two gloo processes"
 
     def option(self, strategy: str, world: int) -> Option:
         for opt in self.options:
@@ -92,15 +126,30 @@ class Forecast:
         )
 
     def rows(self) -> list[list[str]]:
-        head = ["strategy", "ranks", "peak rank", "peak", *SHOWN, "note"]
+        head = ["strategy", "ranks", "peak rank", "peak", *SHOWN, "step", "compute", "comm", "note"]
         out = [head]
         for o in self.options:
             if o.error:
-                out.append([o.strategy, str(o.world), "", "", *[""] * len(SHOWN), f"not forecast: {o.error}"])
+                out.append([o.strategy, str(o.world), "", "", *[""] * (len(SHOWN) + 3), f"not forecast: {o.error}"])
                 continue
-            parts = o.ranks[o.peak_rank]["parts"]
+            top = o.ranks[o.peak_rank]
             who = str(o.peak_rank) if o.strategy == "pp" else "each"
-            out.append([o.strategy, str(o.world), who, size(o.peak), *[size(parts[p]) for p in SHOWN], o.differ()])
+            t = top.get("time", {})
+            times = [f"{1e3 * t[k]:.0f} ms" if k in t else "" for k in ("step_s", "compute_s", "comm_s")]
+            if t:
+                times[0] = f"{1e3 * o.step_s:.0f} ms"
+                times[2] += "" if t["comm_measured"] else " *"
+            out.append(
+                [
+                    o.strategy,
+                    str(o.world),
+                    who,
+                    size(o.peak),
+                    *[size(top["parts"][p]) for p in SHOWN],
+                    *times,
+                    o.differ(),
+                ]
+            )
         return out
 
     def __str__(self) -> str:
@@ -110,7 +159,8 @@ class Forecast:
         lines = [line.rstrip() for line in lines]
         lines.append(
             f"one rank's step at its peak, as torch's MemTracker counts under fake tensors ({self.seconds:.1f} s; "
-            "nothing allocated)"
+            f"nothing allocated); the step's time: its operators timed one at a time, its collectives as measured on "
+            f"{self.measured} (*: carried to another world size, an estimate)"
         )
         if self.verdict():
             lines.append(self.verdict())

@@ -151,6 +151,9 @@ def stepper(strategy: str, spec: Spec, model: torch.nn.Module) -> Callable[[], N
 
     def pp_step() -> None:
         outs = [model(xm.detach().requires_grad_(rank > 0 and xm.is_floating_point())) for xm in xs]
+        sent = [("send", o.numel() * o.element_size()) for o in outs] if rank < world - 1 else []
+        back = [("send", xm.numel() * xm.element_size()) for xm in xs] if rank > 0 else []
+        pp_step.p2p = sent + back  # type: ignore[attr-defined]  # activations on, their gradients back
         for out, tm in zip(outs, ts, strict=True):
             if rank == world - 1:
                 (spec.loss(out, tm) / micro).backward()
@@ -162,6 +165,22 @@ def stepper(strategy: str, spec: Spec, model: torch.nn.Module) -> Callable[[], N
 
     pp_step.optimizer = opt  # type: ignore[attr-defined]
     return pp_step
+
+
+def unseen_collectives(strategy: str, spec: Spec, step: Callable[[], None]) -> list[tuple[str, int]]:
+    """What a step sends that no operator shows under a fake group: DDP's bucket all-reduces (its reducer calls the
+    group from C++; 25 MB buckets) and a pipeline stage's sends (the forecast runs its stage alone)."""
+    if strategy == "pp":
+        return list(getattr(step, "p2p", []))
+    if strategy != "ddp":
+        return []
+    cap, out, bucket = 25 * 10**6, [], 0
+    for p in reversed([p for p in spec.model.parameters() if p.requires_grad]):
+        bucket += p.numel() * p.element_size()
+        if bucket >= cap:
+            out.append(("all_reduce", bucket))
+            bucket = 0
+    return out + ([("all_reduce", bucket)] if bucket else [])
 
 
 def measure(model: torch.nn.Module, step: Callable[[], None]) -> dict[str, Any]:

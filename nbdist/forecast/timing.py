@@ -1,0 +1,110 @@
+"""What one rank's step computes and sends, from a step under fake tensors: each operator run once for real on
+inputs of its shapes (one operator's tensors at a time, never the model's), and each collective's bytes.
+
+The compute time is the sum of the operators' times on one thread (OMP_NUM_THREADS=1, as every rank runs), plus what
+the step spends around its operators in Python (modules, autograd, DTensor's sharding rules, FSDP's hooks): the fake
+step's wall time less the time spent in this timer (fake shapes and the timing itself). The collectives are timed later, against
+what the live world measures (nbdist.forecast.comm).
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+import torch
+from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils._pytree import tree_flatten, tree_map
+
+# collectives by the name of their operator: (kind, which argument's bytes count)
+_COLLECTIVES = {
+    "allreduce_": "all_reduce",
+    "all_reduce": "all_reduce",
+    "all_reduce_": "all_reduce",
+    "_allgather_base_": "all_gather",
+    "allgather_": "all_gather",
+    "all_gather_into_tensor": "all_gather",
+    "all_gather_into_tensor_out": "all_gather",
+    "_reduce_scatter_base_": "reduce_scatter",
+    "reduce_scatter_": "reduce_scatter",
+    "reduce_scatter_tensor": "reduce_scatter",
+    "broadcast_": "broadcast",
+    "send": "send",
+    "recv_": "send",
+    "all_to_all_single": "all_to_all",
+}
+_SKIP = {"wait_tensor", "_local_scalar_dense", "barrier", "monitored_barrier_"}
+
+
+def _real(t: Any) -> Any:
+    if not isinstance(t, torch.Tensor):
+        return t
+    if t.is_floating_point() or t.is_complex():
+        return torch.randn(t.shape, dtype=t.dtype)
+    return torch.zeros(t.shape, dtype=t.dtype)
+
+
+def _bytes(args: Any) -> int:
+    return max((t.numel() * t.element_size() for t in tree_flatten(args)[0] if isinstance(t, torch.Tensor)), default=0)
+
+
+class OpTimer(TorchDispatchMode):
+    """Under FakeTensorMode: time each operator on real tensors of its inputs' shapes (the same shapes once), and
+    list the collectives with their largest tensor's bytes. Operators on wrapper tensors (DTensor, FSDP's
+    parameters) are passed on: what they run underneath comes back here with plain tensors and is timed then."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.compute_s = 0.0  # the operators' time on real tensors
+        self.handled_s = 0.0  # time in this mode's handler: fake shape propagation and the timing (not in a real step)
+        self.ops = 0
+        self.collectives: list[tuple[str, int]] = []
+        self._seen: dict[tuple[Any, ...], float] = {}
+
+    def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
+        tic = time.perf_counter()
+        kwargs = kwargs or {}
+        name = func.overloadpacket.__name__
+        try:
+            if name in _COLLECTIVES:
+                self.collectives.append((_COLLECTIVES[name], _bytes((args, kwargs))))
+            elif not all(_plain(t) for t in tree_flatten((args, kwargs))[0]):
+                return NotImplemented  # the wrapper's own dispatch runs, and what it runs comes back here
+            elif name not in _SKIP:
+                self.compute_s += self._time(func, args, kwargs)
+            return func(*args, **kwargs)
+        finally:
+            self.handled_s += time.perf_counter() - tic
+
+    def overhead(self, wall: float) -> float:
+        """The step's time outside its operators, from the wall time of the step this timer watched."""
+        return max(0.0, wall - self.handled_s)
+
+    def _time(self, func: Any, args: Any, kwargs: Any) -> float:
+        flat = tree_flatten((args, kwargs))[0]
+        key = (func, *((tuple(t.shape), t.dtype) if isinstance(t, torch.Tensor) else repr(t)[:64] for t in flat))
+        if key not in self._seen:
+            from ..compat.torch_private import real_tensors
+
+            with real_tensors():
+                try:
+                    r_args, r_kwargs = tree_map(_real, (args, kwargs))
+                    func(*r_args, **r_kwargs)  # warm
+                    best = float("inf")
+                    for _ in range(3):
+                        tic = time.perf_counter()
+                        func(*r_args, **r_kwargs)
+                        best = min(best, time.perf_counter() - tic)
+                except Exception:  # noqa: BLE001 - an operator random inputs do not suit (an index out of range)
+                    best = 0.0
+            self._seen[key] = best
+        self.ops += 1
+        return self._seen[key]
+
+
+def _plain(t: Any) -> bool:
+    if not isinstance(t, torch.Tensor):
+        return True
+    from torch._subclasses.fake_tensor import FakeTensor
+
+    return type(t) is FakeTensor
