@@ -46,7 +46,7 @@ def __getattr__(name: str) -> Any:
 
         return why
     if name == "fit":
-        from .forecast import fit
+        from .tools.fit import fit
 
         return fit
     if name == "equiv":

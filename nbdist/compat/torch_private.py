@@ -134,3 +134,9 @@ def real_tensors() -> Any:
     from torch._subclasses.fake_tensor import unset_fake_temporarily
 
     return unset_fake_temporarily()
+
+
+def ddp_bucket_bytes(ddp: Any) -> int:
+    """The bytes of DDP's gradient buckets: a second copy of the gradients that the reducer allocates when it is built
+    (and again when it rebuilds them in the second step), before any step a tracker watches."""
+    return sum(b.buffer().numel() * b.buffer().element_size() for b in ddp.reducer._get_zeros_like_grad_buckets())

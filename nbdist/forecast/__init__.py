@@ -24,7 +24,13 @@ __all__ = ["Forecast", "Option", "fit"]
 
 
 def fit(
-    source: str, *, comm: dict[str, Any] | None = None, measured_at: int = 2, cores: int | None = None, **config: Any
+    source: str,
+    *,
+    comm: dict[str, Any] | None = None,
+    measured_at: int = 2,
+    cores: int | None = None,
+    setup: list[str] | None = None,
+    **config: Any,
 ) -> Forecast:
     """Forecast each rank's peak memory for the model ``source`` builds.
 
@@ -34,7 +40,8 @@ def fit(
     (ddp, fsdp, tp, pp), ``world_sizes``, ``memory`` ("16GiB": then ``best`` names the smallest world that fits),
     ``microbatches``, ``timeout``. ``comm``: collectives measured on a live world of ``measured_at`` ranks
     (``comm.measure_here``'s answer); without it two gloo processes measure them. ``cores``: the cores the ranks of
-    one world share (default: this machine's); ranks beyond them share time.
+    one world share (default: this machine's); ranks beyond them share time. ``setup``: cells run before
+    ``source`` (a world's ``--setup`` cells: the classes the model needs).
     """
     cfg = FitConfig(**config)
     configs = [[s, n] for s in cfg.strategies for n in cfg.world_sizes]
@@ -44,6 +51,7 @@ def fit(
             "configs": configs,
             "microbatches": cfg.microbatches,
             "comm": comm,
+            "setup": setup or [],
             "measured_at": measured_at,
         }
     )

@@ -21,7 +21,9 @@ def _cell_line(exc: BaseException) -> int | None:
     return lines[-1] if lines else None
 
 
-def one(source: str, strategy: str, world: int, rank: int, microbatches: int) -> dict[str, Any]:
+def one(
+    source: str, strategy: str, world: int, rank: int, microbatches: int, setup: list[str] | None = None
+) -> dict[str, Any]:
     """Forecast one rank: run the cell, wrap its model, step it twice under fake tensors; MemTracker's counts."""
     import torch
     import torch.distributed as dist
@@ -38,6 +40,8 @@ def one(source: str, strategy: str, world: int, rank: int, microbatches: int) ->
         with FakeTensorMode(allow_non_fake_inputs=True):
             torch.manual_seed(0)
             ns: dict[str, Any] = {"__name__": "__fit__"}
+            for i, code in enumerate(setup or []):
+                exec(compile(code, f"<setup cell {i + 1}>", "exec"), ns)  # noqa: S102 - the world's own setup cells
             exec(compile(source, CELL, "exec"), ns)  # noqa: S102 - the person's own cell, in a process of its own
             spec = st.Spec(ns, microbatches=microbatches)
             out["params"] = sum(p.numel() * p.element_size() for p in spec.model.parameters())
@@ -74,4 +78,5 @@ def main() -> None:
     for strategy, world in request["configs"]:
         ranks = range(world) if strategy == "pp" else (0,)  # DDP, FSDP and TP ranks hold alike; stages differ
         for rank in ranks:
-            print(json.dumps(one(request["source"], strategy, world, rank, request["microbatches"])), flush=True)
+            got = one(request["source"], strategy, world, rank, request["microbatches"], request.get("setup"))
+            print(json.dumps(got), flush=True)

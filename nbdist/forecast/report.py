@@ -7,7 +7,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 MiB = 2**20
-SHOWN = ("parameters", "gradients", "optimizer", "activations", "temporaries")
+SHOWN = ("parameters", "gradients", "optimizer", "activations", "temporaries", "buckets")
 
 
 def size(n: float) -> str:

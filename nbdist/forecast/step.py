@@ -19,7 +19,7 @@ from ..config import STRATEGIES
 from ..errors import ConfigError
 from ..parallel.pipeline import split_sequential
 
-PARTS = ("parameters", "gradients", "optimizer", "activations", "temporaries", "buffers", "other")
+PARTS = ("parameters", "gradients", "optimizer", "activations", "temporaries", "buffers", "buckets", "other")
 _KIND = {
     "Parameter": "parameters",
     "Gradient": "gradients",
@@ -150,16 +150,17 @@ def stepper(strategy: str, spec: Spec, model: torch.nn.Module) -> Callable[[], N
     xs, ts = inp.chunk(micro), (target.chunk(micro) if target is not None else [None] * micro)
 
     def pp_step() -> None:
-        outs = [model(xm.detach().requires_grad_(rank > 0 and xm.is_floating_point())) for xm in xs]
+        outs, losses = [], []
+        for xm, tm in zip(xs, ts, strict=True):  # the last stage computes each micro-batch's loss as it comes
+            outs.append(model(xm.detach().requires_grad_(rank > 0 and xm.is_floating_point())))
+            if rank == world - 1:
+                losses.append(spec.loss(outs[-1], tm) / micro)
         sent = [("send", o.numel() * o.element_size()) for o in outs] if rank < world - 1 else []
         back = [("send", xm.numel() * xm.element_size()) for xm in xs] if rank > 0 else []
         pp_step.p2p = sent + back  # type: ignore[attr-defined]  # activations on, their gradients back
-        for out, tm in zip(outs, ts, strict=True):
-            if rank == world - 1:
-                (spec.loss(out, tm) / micro).backward()
-            else:
-                out.backward(torch.ones_like(out))
-        del outs
+        for out in losses or outs:  # the outputs stay until the step ends, as a schedule keeps them to return
+            out.backward(None if losses else torch.ones_like(out))
+        del outs, losses
         opt.step()
         opt.zero_grad()
 
@@ -184,9 +185,11 @@ def unseen_collectives(strategy: str, spec: Spec, step: Callable[[], None]) -> l
 
 
 def measure(model: torch.nn.Module, step: Callable[[], None]) -> dict[str, Any]:
-    """A warm-up step (the optimizer makes its state), then one step under MemTracker: the peak and its parts, bytes."""
-    from ..compat.torch_private import mem_tracker
+    """Two warm-up steps (the optimizer makes its state, DDP rebuilds its buckets), then one step under MemTracker:
+    the peak and its parts, in bytes. DDP's buckets, made before any tracked step, are added as a part of their own."""
+    from ..compat.torch_private import ddp_bucket_bytes, mem_tracker
 
+    step()
     step()
     tracker = mem_tracker()
     tracker.track_external(model, step.optimizer)  # type: ignore[attr-defined]
@@ -204,4 +207,7 @@ def measure(model: torch.nn.Module, step: Callable[[], None]) -> dict[str, Any]:
                 total += n
             else:
                 parts[_KIND.get(name, "other")] += n
+    if isinstance(model, torch.nn.parallel.DistributedDataParallel):
+        parts["buckets"] = ddp_bucket_bytes(model)
+        total += parts["buckets"]
     return {"peak": total, "parts": parts, "tracked_s": wall}

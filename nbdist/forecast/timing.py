@@ -39,8 +39,8 @@ _SKIP = {"wait_tensor", "_local_scalar_dense", "barrier", "monitored_barrier_"}
 def _real(t: Any) -> Any:
     if not isinstance(t, torch.Tensor):
         return t
-    if t.is_floating_point() or t.is_complex():
-        return torch.randn(t.shape, dtype=t.dtype)
+    if t.is_floating_point() or t.is_complex():  # within [0.5, 1.5): no NaN from sqrt or log, no inf from a division
+        return torch.rand(t.shape, dtype=t.dtype) + 0.5
     return torch.zeros(t.shape, dtype=t.dtype)
 
 

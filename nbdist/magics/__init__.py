@@ -379,12 +379,13 @@ _LOADED: dict[int, DistMagics] = {}
 def load(ipython: Any) -> None:
     from ..config import default_threads
     from ..launch import pool
+    from .fit import FitMagics
     from .scripts import ScriptMagics
 
     magics = DistMagics(ipython)
     _LOADED[id(ipython)] = magics
-    ipython.register_magics(magics)
-    ipython.register_magics(ScriptMagics(ipython))
+    for face in (magics, ScriptMagics(ipython), FitMagics(ipython)):
+        ipython.register_magics(face)
     # Import torch for the likely first %dist_start (2 ranks) while the user types it; inside a
     # Slurm job the ranks start through srun on the allocation's nodes, so local ones would be wasted.
     if not os.environ.get("SLURM_JOB_ID"):

@@ -132,7 +132,7 @@ SHARED = {"errors", "config", "compat", "wire", "results", "doctor", "equivalenc
 FOLDERS = {
     "magics": {"tools", "cluster", "cells", "world", "launch", "widgets", "forecast"},  # faces: parse, call the API
     "server": {"cells", "world", "widgets"},  # the Jupyter server's side: what the kernel wrote, read from disk
-    "tools": {"cluster", "cells", "world", "launch", "engine", "parallel", "compression"},
+    "tools": {"cluster", "cells", "world", "launch", "engine", "parallel", "compression", "forecast"},
     # a world's life: its membership and every change to it, a cell's way through it, recovery, grow; the on-rank
     # halves of recovery live in parallel/ and engine/ and are called there by name
     "lifecycle": {"cells", "world", "launch", "engine", "parallel"},

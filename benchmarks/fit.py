@@ -1,0 +1,185 @@
+"""%dist_fit's forecast against the real step: 4 strategies x 3 world sizes x 2 models, each forecast (fake tensors,
+a fake process group) and then run for real on gloo ranks of this host, in the same run.
+
+Memory: the peak of the tensors one rank's step holds, as torch's MemTracker counts in real mode on each real rank,
+against the forecast for that rank (goal: within +-10% in at least 11 of each model's 12 configurations). Step time:
+the slowest real rank's median step against the forecast's slowest rank (goal: within +-15%). The collectives are
+measured on the real world of each size first, as %%dist_fit measures them on a live world.
+
+Beside them, the anchors in the same run: accelerate's rule (``estimate_training_usage``: the model's bytes x 4 for
+Adam, one number for any strategy and world size) and torchtitan's estimator, which refuses DDP, TP and PP and needs
+a GPU for FSDP (its refusal is quoted from its source: torchtitan is not installed here).
+
+    python benchmarks/fit.py [--worlds 2,4,8] [--models mlp,transformer] [--out benchmarks/results/fit.json]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import socket
+import sys
+import time
+from pathlib import Path
+
+os.environ.setdefault("OMP_NUM_THREADS", "1")
+
+MLP = """
+import torch
+class Block(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.mlp = torch.nn.Sequential(torch.nn.Linear(256, 1024), torch.nn.GELU(), torch.nn.Linear(1024, 256))
+    def forward(self, x):
+        return x + self.mlp(x)
+model = torch.nn.Sequential(*[Block() for _ in range(8)])
+batch = torch.randn(512, 256)
+"""
+
+TRANSFORMER = """
+import torch
+class Block(torch.nn.Module):
+    def __init__(self, d=128, heads=4):
+        super().__init__()
+        self.norm1, self.norm2 = torch.nn.LayerNorm(d), torch.nn.LayerNorm(d)
+        self.attn = torch.nn.MultiheadAttention(d, heads, batch_first=True)
+        self.mlp = torch.nn.Sequential(torch.nn.Linear(d, 4 * d), torch.nn.GELU(), torch.nn.Linear(4 * d, d))
+    def forward(self, x):
+        h = self.norm1(x)
+        x = x + self.attn(h, h, h, need_weights=False)[0]
+        return x + self.mlp(self.norm2(x))
+class Embed(torch.nn.Module):
+    def __init__(self, vocab=1000, d=128):
+        super().__init__()
+        self.emb = torch.nn.Embedding(vocab, d)
+    def forward(self, tokens):
+        return self.emb(tokens)
+model = torch.nn.Sequential(Embed(), *[Block() for _ in range(6)], torch.nn.LayerNorm(128), torch.nn.Linear(128, 1000))
+batch = (torch.randint(0, 1000, (16, 64)), torch.randint(0, 1000, (16, 64)))
+"""
+
+MODELS = {"mlp": MLP, "transformer": TRANSFORMER}
+STRATEGIES = ("ddp", "fsdp", "tp", "pp")
+TORCHTITAN = {
+    "ddp": "refuses: 'DDP, TP, PP, CP, EP are not supported yet' (scripts/estimate/estimation.py)",
+    "tp": "refuses: 'DDP, TP, PP, CP, EP are not supported yet'",
+    "pp": "refuses: 'DDP, TP, PP, CP, EP are not supported yet'",
+    "fsdp": "needs a GPU: torch.cuda.set_device, model.to_empty(device='cuda')",
+}
+
+
+def _rank(rank: int, world: int, port: int, models: list[str], queue: object) -> None:
+    import torch
+    import torch.distributed as dist
+
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world)
+    from nbdist.forecast.comm import measure_here
+    from nbdist.forecast.real import measure_here as real_step
+
+    out: dict[str, object] = {"comm": measure_here()}
+    for model in models:
+        for strategy in STRATEGIES:
+            try:
+                got = real_step(MODELS[model], strategy)
+                out[f"{model}/{strategy}"] = {"peak": got["peak"], "parts": got["parts"], "step_s": got["step_s"]}
+            except Exception as exc:  # noqa: BLE001 - a configuration that cannot run is reported, the rest go on
+                out[f"{model}/{strategy}"] = {"error": f"{type(exc).__name__}: {exc}"}
+            dist.barrier()
+    queue.put((rank, out))  # type: ignore[attr-defined]
+    dist.destroy_process_group()
+
+
+def real_world(world: int, models: list[str]) -> dict[int, dict[str, object]]:
+    import multiprocessing as mp
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    ctx = mp.get_context("spawn")
+    queue = ctx.Queue()
+    procs = [ctx.Process(target=_rank, args=(r, world, port, models, queue)) for r in range(world)]
+    for p in procs:
+        p.start()
+    try:
+        return dict(queue.get(timeout=900) for _ in procs)
+    finally:
+        for p in procs:
+            p.join(timeout=30)
+            if p.is_alive():
+                p.kill()
+                p.join()
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--worlds", default="2,4,8")
+    ap.add_argument("--models", default="mlp,transformer")
+    ap.add_argument("--out", default="benchmarks/results/fit.json")
+    args = ap.parse_args()
+    worlds = [int(w) for w in args.worlds.split(",")]
+    models = args.models.split(",")
+
+    from accelerate.commands.estimate import estimate_training_usage
+
+    import nbdist
+
+    rows, forecast_s = [], {}
+    for world in worlds:
+        tic = time.perf_counter()
+        real = real_world(world, models)
+        real_s = time.perf_counter() - tic
+        for model in models:
+            fc = nbdist.fit(
+                MODELS[model], strategies=STRATEGIES, world_sizes=(world,), comm=real[0]["comm"], measured_at=world
+            )
+            forecast_s[f"{model}@{world}"] = fc.seconds
+            for strategy in STRATEGIES:
+                opt = fc.option(strategy, world)
+                meas = [real[r][f"{model}/{strategy}"] for r in range(world)]
+                row = {"model": model, "strategy": strategy, "world": world, "real_run_s": real_s}
+                err = opt.error or next((m["error"] for m in meas if "error" in m), None)
+                if err:
+                    row["error"] = err
+                    rows.append(row)
+                    continue
+                ratios = [opt.ranks[r if strategy == "pp" else 0]["peak"] / meas[r]["peak"] for r in range(world)]
+                worst = max(range(world), key=lambda r: abs(ratios[r] - 1))
+                real_step = max(m["step_s"] for m in meas)
+                params = opt.ranks[0]["params"]
+                row.update(
+                    forecast_peak=opt.ranks[worst if strategy == "pp" else 0]["peak"],
+                    real_peak=meas[worst]["peak"],
+                    worst_rank=worst,
+                    mem_ratio=ratios[worst],
+                    forecast_step_s=opt.step_s,
+                    real_step_s=real_step,
+                    time_ratio=opt.step_s / real_step,
+                    accelerate=estimate_training_usage(params, "float32")["step"],
+                    torchtitan=TORCHTITAN[strategy],
+                )
+                rows.append(row)
+                print(
+                    f"{model:11s} {strategy:4s} n={world}  memory: forecast {row['forecast_peak'] / 2**20:7.2f} MiB, "
+                    f"real {row['real_peak'] / 2**20:7.2f} MiB (rank {worst}) {row['mem_ratio']:.3f}x | accelerate "
+                    f"{row['accelerate'] / 2**20:6.1f} MiB | step: forecast {1e3 * opt.step_s:6.0f} ms, real "
+                    f"{1e3 * real_step:6.0f} ms, {row['time_ratio']:.2f}x",
+                    flush=True,
+                )
+    summary = {}
+    for model in models:
+        mine = [r for r in rows if r["model"] == model and "error" not in r]
+        summary[model] = {
+            "configs": len([r for r in rows if r["model"] == model]),
+            "memory_within_10pct": sum(abs(r["mem_ratio"] - 1) <= 0.10 for r in mine),
+            "time_within_15pct": sum(abs(r["time_ratio"] - 1) <= 0.15 for r in mine),
+            "accelerate_within_10pct": sum(abs(r["accelerate"] / r["real_peak"] - 1) <= 0.10 for r in mine),
+        }
+    print(json.dumps({"summary": summary, "forecast_s": forecast_s}, indent=1))
+    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
+    Path(args.out).write_text(json.dumps({"rows": rows, "summary": summary, "forecast_s": forecast_s}, indent=1))
+
+
+if __name__ == "__main__":
+    sys.exit(main())
