@@ -16,7 +16,7 @@ import time
 from typing import Any
 
 from ..config import FitConfig
-from ..errors import NbdistError
+from ..errors import ConfigError, NbdistError
 from .comm import fitted
 from .report import Forecast, Option, Times
 
@@ -44,7 +44,7 @@ def fit(
     ``source`` (a world's ``--setup`` cells: the classes the model needs).
     """
     cfg = FitConfig(**config)
-    configs = [[s, n] for s in cfg.strategies for n in cfg.world_sizes]
+    configs: list[tuple[str, int]] = [(s, n) for s in cfg.strategies for n in cfg.world_sizes]
     request = json.dumps(
         {
             "source": source,
@@ -79,7 +79,7 @@ def fit(
             "or pass timeout= (%%dist_fit --timeout S)."
         ) from None
     options = {(s, n): Option(s, n) for s, n in configs}
-    model = None
+    model, config_errors = None, []
     for line in done.stdout.splitlines():
         row = json.loads(line)
         if "comm" in row:
@@ -90,11 +90,16 @@ def fit(
         opt = options[(row["strategy"], row["world"])]
         if "error" in row:
             opt.error = row["error"]
+            if row.get("config_error"):
+                config_errors.append(row["error"])
         else:
             opt.ranks[row["rank"]] = row
     if done.returncode != 0 and not any(o.ranks or o.error for o in options.values()):
         tail = (done.stderr.strip().splitlines() or ["(nothing on stderr)"])[-1]
         raise NbdistError(f"the forecast's process failed (exit {done.returncode}): {tail}")
+    said = set(config_errors)
+    if len(said) == 1 and all(o.error for o in options.values()):  # the cell itself is wrong: say it once
+        raise ConfigError(said.pop())
     for opt in options.values():
         if not opt.ranks and not opt.error:
             opt.error = "the forecast's process ended before it (see its stderr)"

@@ -33,7 +33,7 @@ def measure_here(sizes: tuple[int, ...] = SIZES, reps: int = 7) -> dict[str, lis
         full = torch.zeros(max(n, size // 4))
         part = torch.zeros(full.numel() // n)
         whole = full[: part.numel() * n]
-        runs = {
+        runs: dict[str, tuple[Any, tuple[Any, ...]]] = {
             "all_reduce": (dist.all_reduce, (full,)),
             "all_gather": (dist.all_gather_into_tensor, (whole, part)),
             "reduce_scatter": (dist.reduce_scatter_tensor, (part, whole)),

@@ -59,6 +59,7 @@ def one(
         from ..errors import ConfigError
 
         line = _cell_line(exc)
+        out["config_error"] = isinstance(exc, ConfigError)
         out["error"] = str(exc) if isinstance(exc, ConfigError) else f"{type(exc).__name__}: {exc}".strip()
         out["error"] = out["error"].splitlines()[0] if out["error"] else type(exc).__name__
         if line is not None:

@@ -48,7 +48,7 @@ def _pipeline(spec: st.Spec) -> tuple[torch.nn.Module, Any]:
         loss = lambda out, _t: spec.loss(out, None)  # noqa: E731
     else:
         loss = spec.loss
-    sched, part = make_schedule(spec.model, spec.microbatches, loss, "gpipe")
+    sched, part = make_schedule(spec.model, spec.microbatches, loss, "gpipe")  # type: ignore[arg-type]
     opt = spec.optimizer(part.parameters())
 
     def step() -> None:

@@ -17,6 +17,10 @@ def size(n: float) -> str:
     return f"{n / MiB:.1f} MiB"
 
 
+def seconds(s: float) -> str:
+    return f"{1e3 * s:.0f} ms" if s < 10 else f"{s:.1f} s"
+
+
 @dataclass(slots=True)
 class Times:
     """A rank's step time from its forecast: the operators' time, shared with the ranks beyond the cores, and each
@@ -135,9 +139,9 @@ class Forecast:
             top = o.ranks[o.peak_rank]
             who = str(o.peak_rank) if o.strategy == "pp" else "each"
             t = top.get("time", {})
-            times = [f"{1e3 * t[k]:.0f} ms" if k in t else "" for k in ("step_s", "compute_s", "comm_s")]
+            times = [seconds(t[k]) if k in t else "" for k in ("step_s", "compute_s", "comm_s")]
             if t:
-                times[0] = f"{1e3 * o.step_s:.0f} ms"
+                times[0] = seconds(o.step_s)
                 times[2] += "" if t["comm_measured"] else " *"
             out.append(
                 [

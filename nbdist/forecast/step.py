@@ -112,7 +112,8 @@ def wrap(strategy: str, spec: Spec, mesh: Any, *, fake: bool) -> torch.nn.Module
 
         for block in [m for m in model.children() if any(True for _ in m.parameters())]:
             fully_shard(block, mesh=mesh)
-        return fully_shard(model, mesh=mesh)
+        fully_shard(model, mesh=mesh)
+        return model
     if strategy == "tp":
         from torch.distributed.tensor.parallel import parallelize_module
 
@@ -145,7 +146,7 @@ def stepper(strategy: str, spec: Spec, model: torch.nn.Module) -> Callable[[], N
     micro = spec.microbatches
     with torch.no_grad():
         inp = x
-        for stage in split_sequential(spec.model, world)[:rank]:
+        for stage in split_sequential(spec.model, world)[:rank]:  # type: ignore[arg-type]  # wrap() checked it
             inp = stage(inp)
     xs, ts = inp.chunk(micro), (target.chunk(micro) if target is not None else [None] * micro)
 

@@ -34,6 +34,7 @@ _COLLECTIVES = {
     "all_to_all_single": "all_to_all",
 }
 _SKIP = {"wait_tensor", "_local_scalar_dense", "barrier", "monitored_barrier_"}
+BUDGET = 64 << 20  # an operator whose tensors hold more is priced by this machine's rates, not made and run
 
 
 def _real(t: Any) -> Any:
@@ -70,9 +71,10 @@ class OpTimer(TorchDispatchMode):
                 self.collectives.append((_COLLECTIVES[name], _bytes((args, kwargs))))
             elif not all(_plain(t) for t in tree_flatten((args, kwargs))[0]):
                 return NotImplemented  # the wrapper's own dispatch runs, and what it runs comes back here
-            elif name not in _SKIP:
-                self.compute_s += self._time(func, args, kwargs)
-            return func(*args, **kwargs)
+            out = func(*args, **kwargs)
+            if name not in _SKIP:
+                self.compute_s += self._time(func, args, kwargs, out)
+            return out
         finally:
             self.handled_s += time.perf_counter() - tic
 
@@ -80,10 +82,14 @@ class OpTimer(TorchDispatchMode):
         """The step's time outside its operators, from the wall time of the step this timer watched."""
         return max(0.0, wall - self.handled_s)
 
-    def _time(self, func: Any, args: Any, kwargs: Any) -> float:
+    def _time(self, func: Any, args: Any, kwargs: Any, out: Any) -> float:
         flat = tree_flatten((args, kwargs))[0]
         key = (func, *((tuple(t.shape), t.dtype) if isinstance(t, torch.Tensor) else repr(t)[:64] for t in flat))
-        if key not in self._seen:
+        if key in self._seen:
+            pass
+        elif _bytes_all((args, kwargs, out)) > BUDGET:  # too large to make for real: this machine's rates
+            self._seen[key] = _roofline(func, args, kwargs, out)
+        else:
             from ..compat.torch_private import real_tensors
 
             with real_tensors():
@@ -100,6 +106,50 @@ class OpTimer(TorchDispatchMode):
             self._seen[key] = best
         self.ops += 1
         return self._seen[key]
+
+
+def _bytes_all(tree: Any) -> int:
+    return sum(t.numel() * t.element_size() for t in tree_flatten(tree)[0] if isinstance(t, torch.Tensor))
+
+
+_RATES: dict[str, float] = {}
+
+
+def rates() -> dict[str, float]:
+    """This process's float32 matrix-multiply rate (flop/s) and copy bandwidth (bytes/s), measured once."""
+    if not _RATES:
+        from ..compat.torch_private import real_tensors
+
+        with real_tensors():
+            a, src = torch.rand(1024, 1024), torch.rand(8 << 20)
+            dst = torch.empty_like(src)
+            for name, run, work in (
+                ("flops", lambda: a @ a, 2 * 1024**3),
+                ("bytes", lambda: dst.copy_(src), 2 * src.numel() * 4),
+            ):
+                run()
+                best = min(_timed(run) for _ in range(3))
+                _RATES[name] = work / max(best, 1e-9)
+    return _RATES
+
+
+def _timed(run: Any) -> float:
+    tic = time.perf_counter()
+    run()
+    return time.perf_counter() - tic
+
+
+def _roofline(func: Any, args: Any, kwargs: Any, out: Any) -> float:
+    """An operator too large to run here: its flops (torch's flop counter's formulas) at the measured multiply rate,
+    or its bytes read and written at the measured copy bandwidth, whichever takes longer."""
+    from torch.utils.flop_counter import flop_registry
+
+    flops = 0
+    formula = flop_registry.get(func.overloadpacket)
+    if formula is not None:
+        flops = formula(*args, **kwargs, out_val=out)
+    r = rates()
+    return max(flops / r["flops"], _bytes_all((args, kwargs, out)) / r["bytes"])
 
 
 def _plain(t: Any) -> bool:

@@ -1,0 +1,124 @@
+"""%%dist_fit and nbdist.fit against the real thing: each strategy's forecast (fake tensors, a fake process group, in a
+process of its own) beside the same cell run for real on a 2-rank gloo world, counted by the same MemTracker.
+
+The tolerance is 5% of each rank's peak (the issue asks 10%): the forecast runs the same step as the ranks do
+(torch's DDP, FSDP2's fully_shard, parallelize_module; its own GPipe imitation against torch's ScheduleGPipe), so
+what differs is what fake tensors cannot hold. Tensor parallelism misses one activation here (2%: the real
+all-reduce's output, which a fake group's does not allocate). How close the step time comes, on 2, 4 and 8 ranks and two models, is
+benchmarks/fit.py's (timing belongs in benchmarks).
+"""
+
+from __future__ import annotations
+
+import pytest
+from IPython.core.error import UsageError
+
+import nbdist
+from nbdist.errors import ConfigError
+from tests.helpers import run_cell
+
+MLP = """
+import torch
+class Block(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.mlp = torch.nn.Sequential(torch.nn.Linear(64, 256), torch.nn.GELU(), torch.nn.Linear(256, 64))
+    def forward(self, x):
+        return x + self.mlp(x)
+model = torch.nn.Sequential(*[Block() for _ in range(4)])
+batch = (torch.randn(128, 64), torch.randn(128, 64))
+"""
+TOLERANCE = 0.05
+
+
+@pytest.fixture(scope="module")
+def forecast():
+    return nbdist.fit(MLP, world_sizes=(2,))
+
+
+@pytest.mark.parametrize("strategy", ["ddp", "fsdp", "tp", "pp"])
+def test_each_rank_s_forecast_peak_is_what_the_real_step_holds(cluster, forecast, strategy):
+    cluster.push({"_fit_src": MLP, "_fit_strategy": strategy})
+    result = cluster.run(
+        "from nbdist.forecast.real import measure_here\n_fit_real = measure_here(_fit_src, _fit_strategy, repeats=1)"
+    )
+    result.raise_for_error()
+    real = cluster.pull("_fit_real")
+    for rank in (0, 1):
+        want = real[rank]["peak"]
+        got = forecast.peak(strategy, 2, rank)
+        assert abs(got / want - 1) <= TOLERANCE, (strategy, rank, got, want, forecast.option(strategy, 2).ranks)
+    parts = forecast.option(strategy, 2).ranks[0]["parts"]
+    whole = sum(p.numel() * 4 for p in _model().parameters())
+    # what each strategy keeps of the parameters at its peak: DDP a whole copy; FSDP its half of every block's shards
+    # and one block gathered whole (the block running)
+    held = {"ddp": whole, "fsdp": whole / 2 + whole / 4, "tp": None, "pp": None}[strategy]
+    if held is not None:
+        assert parts["parameters"] == pytest.approx(held, rel=0.01)
+    if strategy == "ddp":  # the buckets: a second copy of the gradients, counted apart
+        assert parts["buckets"] == whole
+    if strategy == "pp":  # the stages differ, and the table says which rank peaks
+        assert forecast.option("pp", 2).differ()
+
+
+def _model():
+    ns: dict = {}
+    exec(MLP, ns)
+    return ns["model"]
+
+
+def test_the_forecast_allocates_nothing_the_size_of_the_model(cluster):
+    """80 GiB a rank for DDP (three 32768 x 32768 layers and Adam), on a machine with 24 GiB: forecast, not made (the
+    operators too large to run are priced by the machine's measured rates)."""
+    big = (
+        "import torch\nmodel = torch.nn.Sequential(*[torch.nn.Linear(32768, 32768) for _ in range(3)])\n"
+        "batch = torch.randn(64, 32768)\n"
+    )
+    fc = nbdist.fit(big, strategies="ddp,fsdp", world_sizes=(2, 8), memory="16GiB")
+    assert fc.peak("ddp", 2) > 80 * 2**30
+    assert fc.peak("fsdp", 8) < fc.peak("fsdp", 2) < fc.peak("ddp", 2)
+    assert fc.best is None and fc.verdict().startswith("fits nowhere in 16.00 GiB per rank: the least is")
+    assert "(fsdp at 8 ranks)" in fc.verdict()
+
+
+def test_the_magic_prices_collectives_on_the_live_world_and_runs_its_setup_cells(cluster, ip):
+    cluster.run(
+        "import torch\nclass Wide(torch.nn.Module):\n    def __init__(self):\n        super().__init__()\n"
+        "        self.body = torch.nn.Sequential(torch.nn.Linear(32, 128), torch.nn.ReLU(), torch.nn.Linear(128, 32))\n"
+        "    def forward(self, x):\n        return self.body(x)\n",
+        setup=True,
+    ).raise_for_error()
+    fc = run_cell(ip, "%%dist_fit -n 2 --strategies ddp,tp --memory 1GiB\nmodel = Wide()\nbatch = torch.randn(8, 32)\n")
+    assert isinstance(fc, nbdist.forecast.Forecast)
+    text = str(fc)
+    assert "the live world's 2 ranks" in text, text
+    assert fc.best is not None and fc.verdict().startswith("fits 1.00 GiB per rank: 2 ranks with"), text
+    assert all(o.step_s > 0 for o in fc.options), text
+    # the world is untouched: it still answers, with its two ranks
+    assert cluster.run("_t = torch.ones(1); dist.all_reduce(_t)").raise_for_error()
+    assert [float(t) for t in cluster.pull("_t")] == [2.0, 2.0]
+
+
+def test_a_batch_of_the_wrong_shape_gives_the_model_s_error_on_its_forecast_s_line(cluster):
+    cell = "import torch\nmodel = torch.nn.Linear(64, 8)\nbatch = torch.randn(4, 65)\n"
+    fc = nbdist.fit(cell, strategies="ddp,fsdp", world_sizes=(2,))
+    for opt in fc.options:
+        assert opt.error is not None and "[4, 65] X [64, 8]" in opt.error, opt.error
+    lines = str(fc).splitlines()
+    assert any(ln.startswith("ddp") and "not forecast: RuntimeError:" in ln for ln in lines), lines
+    cell = "import torch\nmodel = torch.nn.Linear(64, 8)\nbatch = torch.randn(4, 64)\nraise ValueError('no data')\n"
+    fc = nbdist.fit(cell, strategies="ddp", world_sizes=(2,))
+    assert fc.options[0].error == "ValueError: no data (cell line 4)"
+
+
+def test_bad_input_is_one_line_naming_the_value_and_the_fix(ip, cluster):
+    with pytest.raises(UsageError, match=r"strategy 'dpp' is not known; did you mean"):
+        run_cell(ip, "%%dist_fit --strategies dpp\nmodel = None\n")
+    with pytest.raises(UsageError, match=r"--memory '16lots' is not a size; write it as 16GiB"):
+        run_cell(ip, "%%dist_fit --memory 16lots\nmodel = None\n")
+    with pytest.raises(UsageError, match=r"the cell defines no model and no batch; %%dist_fit runs the cell"):
+        run_cell(ip, "%%dist_fit -n 2\nx = 1\n")
+    with pytest.raises(UsageError, match=r"put the cell that defines `model` and `batch` under"):
+        run_cell(ip, "%dist_fit -n 2")
+    with pytest.raises(ConfigError, match=r"world size 0 is not a number of ranks"):
+        nbdist.fit("x = 1", world_sizes=(0,))
