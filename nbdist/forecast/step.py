@@ -34,7 +34,7 @@ _KIND = {
 class Spec:
     """What the person's cell defines, read from its namespace: ``model``, ``batch`` and the optional rest."""
 
-    __slots__ = ("model", "batch", "loss_fn", "optimizer", "tp_plan", "microbatches")
+    __slots__ = ("model", "batch", "loss_fn", "optimizer", "tp_plan", "fsdp_blocks", "microbatches")
 
     def __init__(self, ns: dict[str, Any], *, microbatches: int) -> None:
         missing = [k for k in ("model", "batch") if k not in ns]
@@ -50,6 +50,10 @@ class Spec:
         self.loss_fn: Callable[..., torch.Tensor] | None = ns.get("loss_fn")
         self.optimizer: Callable[..., Any] = ns.get("optimizer") or (lambda p: torch.optim.AdamW(p, lr=1e-3))
         self.tp_plan: dict[str, Any] | None = ns.get("tp_plan")
+        blocks = ns.get("fsdp_blocks")  # a module class (its instances) or a list of modules
+        if isinstance(blocks, type):
+            blocks = [m for m in self.model.modules() if isinstance(m, blocks) and m is not self.model]
+        self.fsdp_blocks: list[torch.nn.Module] | None = blocks
         self.microbatches = int(ns.get("microbatches", microbatches))
 
     def split(self) -> tuple[Any, Any]:
@@ -87,6 +91,16 @@ def tp_plan_of(model: torch.nn.Module) -> dict[str, Any]:
     return plan
 
 
+def blocks_of(model: torch.nn.Module) -> list[torch.nn.Module]:
+    """FSDP's units when the cell names none: each direct child that holds parameters, and each element of a child
+    that is a ModuleList or Sequential (a model's ``layers``), the way apply_fsdp is usually given its blocks."""
+    out: list[torch.nn.Module] = []
+    for child in model.children():
+        inner = list(child) if isinstance(child, (torch.nn.ModuleList, torch.nn.Sequential)) else [child]
+        out.extend(m for m in inner if any(True for _ in m.parameters()))
+    return out
+
+
 def mesh_of(strategy: str) -> Any:
     """The mesh FSDP and TP need, made before any fake tensor exists (a DeviceMesh reads real rank lists)."""
     if strategy not in ("fsdp", "tp"):
@@ -110,7 +124,7 @@ def wrap(strategy: str, spec: Spec, mesh: Any, *, fake: bool) -> torch.nn.Module
     if strategy == "fsdp":
         from torch.distributed.fsdp import fully_shard
 
-        for block in [m for m in model.children() if any(True for _ in m.parameters())]:
+        for block in spec.fsdp_blocks or blocks_of(model):
             fully_shard(block, mesh=mesh)
         fully_shard(model, mesh=mesh)
         return model
