@@ -77,6 +77,7 @@ class Cluster:
         self.membership = Membership(self.config, self.history, progress or _print_line)  # who is in it, each change
         self.recovery = Recovery.of(self.config.recovery)
         self.cells = CellPath(self.membership, self.recovery)  # a cell's way through the ranks, with recovery
+        self.expect: dict[int, dict[str, Any]] | None = None  # what %%dist_fit --watch forecast: the dashboard's lines
 
     # ------------------------------------------------------------------ lifecycle (lifecycle/membership.py)
 
@@ -145,7 +146,10 @@ class Cluster:
         the others and is in the result (``raise_for_error()`` raises RankError). ``setup``: a cell that builds state,
         replayed by recovery (lifecycle/recovery.py)."""
         self.membership.live()
-        cfg = RunConfig(ranks=parse_ranks(ranks, self.world_size), timeout=timeout, block=block, quiet=quiet, each=each)
+        cfg = RunConfig(
+            ranks=parse_ranks(ranks, self.world_size), timeout=timeout, block=block, quiet=quiet, each=each,
+            expect=self.expect,
+        )
         self.last = self.cells.execute(code, cfg, sink, setup, spec=ranks)
         return self.last
 

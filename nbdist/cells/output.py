@@ -75,8 +75,10 @@ class TaggedPrinter(Sink):
         fold: bool = True,
         clock: Callable[[], float] = time.monotonic,
         transcript: Transcript | None = None,
+        expect: dict[int, dict[str, Any]] | None = None,
     ) -> None:
         self.quiet_ranks = quiet_ranks or set()
+        self.expect = expect  # what %%dist_fit forecast (the dashboard draws it and says a miss)
         self.transcript = transcript  # what is shown is also kept there, for a page opened later
         self.limit = limit
         self.clock = clock
@@ -179,7 +181,9 @@ class TaggedPrinter(Sink):
                 return
             from ..widgets.dashboard import Dashboard
 
-            self.dashboard = Dashboard(ranks=len(self.folder.ranks), palette=STATE_COLOURS, judge=slow, chips=chips)
+            self.dashboard = Dashboard(
+                ranks=len(self.folder.ranks), palette=STATE_COLOURS, judge=slow, chips=chips, expect=self.expect
+            )
             self.dashboard.states.update(self._states)
             self.dashboard.show()
         self.dashboard.update(rank, rows)

@@ -124,7 +124,8 @@ def execute(
     if sink is None:
         kept = transcript.start(engines.workdir)  # what the cell shows, for a page opened later
         sink = TaggedPrinter(
-            quiet_ranks=set(cfg.ranks[1:]) if cfg.quiet else set(), ranks=cfg.ranks, fold=not cfg.each, transcript=kept
+            quiet_ranks=set(cfg.ranks[1:]) if cfg.quiet else set(), ranks=cfg.ranks, fold=not cfg.each, transcript=kept,
+            expect=cfg.expect,
         )
     if kept is not None:
         then = _ending(kept, then)

@@ -109,7 +109,7 @@ def ddp_on_a_fake_group(model: Any, **kwargs: Any) -> Any:
         ddp_module._verify_param_shape_across_processes = verify
 
     def in_place(state, bucket):  # type: ignore[no-untyped-def]  # DDP reads a hook's annotations: give none
-        fut = torch.futures.Future()
+        fut: torch.futures.Future[torch.Tensor] = torch.futures.Future()
         fut.set_result(bucket.buffer())
         return fut
 
@@ -125,7 +125,7 @@ def ddp_on_a_fake_group(model: Any, **kwargs: Any) -> Any:
         def __getattr__(self, name: str) -> Any:
             return getattr(self._reducer, name)
 
-    ddp.reducer = KeptBuckets(ddp.reducer)
+    ddp.reducer = KeptBuckets(ddp.reducer)  # type: ignore[assignment]
     return ddp
 
 

@@ -176,6 +176,7 @@ class RunConfig:
     block: bool = True
     quiet: bool = False
     each: bool = False  # every rank's lines as they are, not folded across ranks
+    expect: dict[int, dict[str, Any]] | None = None  # what %%dist_fit forecast, by world size (the dashboard's lines)
 
     def __post_init__(self) -> None:
         if self.timeout is not None and self.timeout <= 0:

@@ -91,6 +91,18 @@ class Forecast:
     memory: int | None = None
     seconds: float = 0.0
     measured: str = "two gloo processes"
+    watched: str | None = None  # the strategy the live world's dashboards compare the run with
+
+    def expectation(self, strategy: str) -> dict[int, dict[str, Any]]:
+        """What the dashboard compares a run under ``strategy`` with, by world size: step_s and peak_MiB."""
+        from ..config import STRATEGIES, did_you_mean
+        from ..errors import ConfigError
+
+        done = {o.world: o for o in self.options if o.strategy == strategy and not o.error}
+        if not done:
+            hint = did_you_mean(strategy, STRATEGIES) if strategy not in STRATEGIES else "forecast it first."
+            raise ConfigError(f"--watch {strategy!r}: no forecast of it here; {hint}")
+        return {n: {"label": strategy, "step_s": o.step_s, "peak_MiB": o.peak / MiB} for n, o in done.items()}
 
     def option(self, strategy: str, world: int) -> Option:
         for opt in self.options:
@@ -168,6 +180,10 @@ class Forecast:
         )
         if self.verdict():
             lines.append(self.verdict())
+        if self.watched:
+            lines.append(
+                f"the live world's dashboards now draw the {self.watched} forecast and say when a step is over it"
+            )
         return "\n".join(lines)
 
     def __repr__(self) -> str:

@@ -1,8 +1,7 @@
 """IPython magics: parse the line, build a config, call the API. Nothing else.
 
 %dist_start, %dist_attach, %dist_status, %dist_where, %dist_restart, %dist_grow, %dist_stop, %%distributed, %%rank,
-%dist_mode, %dist_push, %dist_pull; %dist_run and %dist_export live in scripts.py.
-"""
+%dist_mode, %dist_push, %dist_pull; %dist_run and %dist_export live in scripts.py, %%dist_fit in fit.py."""
 
 from __future__ import annotations
 

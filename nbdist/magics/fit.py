@@ -21,6 +21,7 @@ class FitMagics(Magics):
     @argument("--microbatches", type=int, default=4, metavar="M", help="a pipeline's micro-batches per step")
     @argument("--timeout", type=float, default=120.0, metavar="S", help="seconds the forecast may take")
     @argument("--no-setup", action="store_true", help="do not run the world's --setup cells first")
+    @argument("--watch", default=None, metavar="S", help="the strategy the run uses: its dashboards draw the forecast")
     @line_cell_magic
     def dist_fit(self, line: str = "", cell: str | None = None) -> Any:
         """%%dist_fit -n 2,4,8 --memory 16GiB: forecast each rank's peak memory and step time for the model the cell
@@ -38,6 +39,7 @@ class FitMagics(Magics):
             lambda: fit(
                 cell,
                 setup=not args.no_setup,
+                watch=args.watch,
                 strategies=args.strategies,
                 world_sizes=args.world_sizes,
                 memory=args.memory,

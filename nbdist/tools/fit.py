@@ -14,11 +14,13 @@ from ..forecast.comm import measure_here
 MEASURE_S = 120.0  # the most the ranks may take to measure the collectives
 
 
-def fit(source: str, *, setup: bool = True, **config: Any) -> forecast.Forecast:
+def fit(source: str, *, setup: bool = True, watch: str | None = None, **config: Any) -> forecast.Forecast:
     """``forecast.fit`` with what the live world knows: its measured collectives and (``setup``) its setup cells.
 
     ``source`` defines ``model`` and ``batch`` (see nbdist.forecast.fit for the rest); ``config``: ``strategies``,
-    ``world_sizes``, ``memory`` ("16GiB"), ``microbatches``, ``timeout``, ``cores``.
+    ``world_sizes``, ``memory`` ("16GiB"), ``microbatches``, ``timeout``, ``cores``. ``watch``: the strategy the run
+    will use (default: the one that fits, when ``memory`` is given; "none": no watching): the live world's
+    dashboards then draw its forecast step time (and GPU peak) and say when a step is over it.
     """
     try:
         cluster = current()
@@ -32,4 +34,11 @@ def fit(source: str, *, setup: bool = True, **config: Any) -> forecast.Forecast:
             "%%dist_fit (measuring collectives)", ranks
         )[0]
     cells = [c.code for c in cluster.history.setup_cells()] if setup else []
-    return forecast.fit(source, comm=comm, measured_at=cluster.world_size, setup=cells, **config)
+    fc = forecast.fit(source, comm=comm, measured_at=cluster.world_size, setup=cells, **config)
+    watched = watch or (fc.best.strategy if fc.best is not None else None)
+    if watched == "none":
+        cluster.expect = None
+    elif watched is not None:
+        cluster.expect = fc.expectation(watched)
+        fc.watched = watched
+    return fc

@@ -25,7 +25,7 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from .figure import Panel, build_figure, identity, panels, plain, rank_colour, traces, wrap
-from .store import Judge, MetricStore, Series
+from .store import Expect, Judge, MetricStore, Series
 
 __all__ = ["Dashboard", "MetricStore", "Series", "Panel", "panels", "traces"]
 
@@ -57,6 +57,9 @@ def headline_items(store: MetricStore) -> list[tuple[str, str, str]]:
         else:
             who = ("rank " + ",".join(map(str, ranks))) if ranks else "every rank"
             out.append(("why", who, verdict.text.split(":")[0].split(" on ")[0]))
+    if "forecast" in h:  # the step is slower than %%dist_fit said
+        ratio, want = h["forecast"]
+        out.append(("forecast", f"{ratio:.2f}x", f"the forecast step ({1e3 * want['step_s']:.0f} ms, {want['label']})"))
     if "ratio" in h and h["ratio"] > 1.5:
         out.append(("ratio", f"{h['ratio']:.0f}x", "fewer bytes (compression)"))
     return out
@@ -109,8 +112,9 @@ class Dashboard:
         palette: dict[str, str] | None = None,
         judge: Judge | None = None,
         chips: Callable[[dict[int, str]], list[tuple[str, str, int | None]]] | None = None,
+        expect: Expect | None = None,
     ) -> None:
-        self.store = MetricStore(max_points, ranks=ranks, judge=judge)
+        self.store = MetricStore(max_points, ranks=ranks, judge=judge, expect=expect)
         self.palette = dict(palette or {})  # a rank state's word -> its colour (results.STATE_COLOURS: given, not known)
         self.picked = list(picked)  # above figure.BAND_ABOVE ranks: ranks drawn one by one beside the spread
         self.refresh_s = refresh_s
@@ -189,7 +193,10 @@ class Dashboard:
             t.x, t.y = list(map(plain, t.x)), list(map(plain, t.y))
         below = wrap(states.split(" · ")) if states else []
         title = wrap(headline_parts(self.store)) + below
-        return build_figure(layout, items, widget=False, title=title, small=len(below), marks=self.store.resizes)
+        return build_figure(
+            layout, items, widget=False, title=title, small=len(below), marks=self.store.resizes,
+            expect=self.store.expected(),
+        )
 
     def states_text(self) -> str:
         """Each rank's state, one part per rank ('rank 0: idle · rank 1: failed'); the caller may
@@ -215,7 +222,7 @@ class Dashboard:
         shape += tuple(self.store.resizes)
         if self._widget is None or shape != self._shape:
             self._shape = shape
-            self._widget = build_figure(layout, items, widget=True, marks=self.store.resizes)
+            self._widget = build_figure(layout, items, widget=True, marks=self.store.resizes, expect=self.store.expected())
             self._titles = [p.title for p in layout]
             self.rebuilds += 1
             if self._box is not None:

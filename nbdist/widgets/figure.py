@@ -260,9 +260,12 @@ def build_figure(
     title: Sequence[str] = (),
     small: int = 0,
     marks: Sequence[tuple[float | None, int]] = (),
+    expect: dict[str, Any] | None = None,
 ) -> Any:
     """The figure; ``title``: its lines, from the top (the last ``small`` of them in a smaller font);
-    ``marks``: (step, ranks) where the world's size changed, a dotted line on each panel over steps.
+    ``marks``: (step, ranks) where the world's size changed, a dotted line on each panel over steps. ``expect``: what
+    %%dist_fit forecast for this world (label, step_s, peak_MiB): a dashed line at the step's time on the step split
+    and, where the panel shows what tensors hold on the GPU, at the peak on the memory panel.
     The title and the legend get a band of their own above the panels, sized by the number of lines,
     so that neither is cut off by the figure's top nor covers the other."""
     import html
@@ -296,6 +299,16 @@ def build_figure(
         if panel.key == "memory" and max(values) - min(values) < MEMORY_SPAN_MIB:
             middle = (max(values) + min(values)) / 2
             fig.update_yaxes(range=[middle - MEMORY_SPAN_MIB / 2, middle + MEMORY_SPAN_MIB / 2], row=row, col=col)
+        if expect and panel.key == "split" and expect.get("step_s"):
+            fig.add_vline(
+                x=1e3 * expect["step_s"], line_dash="dash", line_color="#444", row=row, col=col,
+                annotation_text=f"forecast {1e3 * expect['step_s']:.0f} ms ({expect['label']})", annotation_font_size=10,
+            )
+        if expect and panel.key == "memory" and expect.get("peak_MiB") and "GPU" in panel.title:
+            fig.add_hline(
+                y=expect["peak_MiB"], line_dash="dash", line_color="#444", row=row, col=col,
+                annotation_text=f"forecast peak ({expect['label']})", annotation_font_size=10,
+            )
         if panel.key == "split":
             fig.update_yaxes(autorange="reversed", row=row, col=col)
         else:

@@ -26,6 +26,10 @@ TIMED = "why/"  # %dist_why's step timings (engine/why.py): the verdict reads th
 RECENT = 20  # steps the headline and the step split average over
 
 
+# what %%dist_fit forecast, by world size: {"label": "fsdp", "step_s": 0.137, "peak_MiB": 37.0}
+Expect = dict[int, dict[str, Any]]
+OVER_FORECAST = 1.15  # a step this much slower than its forecast is said in the headline
+
 class Series:
     """(x, y) points, at most ``max_points`` of them however many were added.
 
@@ -164,9 +168,12 @@ class MetricStore:
     """Every metric logged by every rank, as series keyed by (metric, rank), and each metric's spread
     over the ranks (``spreads``)."""
 
-    def __init__(self, max_points: int = 1000, ranks: int = 0, judge: Judge | None = None) -> None:
+    def __init__(
+        self, max_points: int = 1000, ranks: int = 0, judge: Judge | None = None, expect: Expect | None = None
+    ) -> None:
         self.max_points = max_points
         self.judge = judge
+        self.expect = dict(expect or {})  # world size -> what %%dist_fit forecast for it (its label, step_s, peak_MiB)
         self.world = ranks  # how many ranks log (when known): a step's spread waits for all of them
         self.series: dict[tuple[str, int], Series] = {}
         self.last: dict[tuple[str, int], float] = {}
@@ -307,7 +314,16 @@ class MetricStore:
             slow = max(step, key=step.__getitem__)
             fast = min(step.values())
             out["slowest"] = (slow, 100.0 * (step[slow] - fast) / fast if fast > 0 else 0.0)
+        want = self.expected()
+        if step and want is not None and want.get("step_s"):  # the slowest rank sets a synchronous step's pace
+            ratio = max(step.values()) / want["step_s"]
+            if ratio > OVER_FORECAST:
+                out["forecast"] = (ratio, want)
         return out
+
+    def expected(self) -> dict[str, Any] | None:
+        """What %%dist_fit forecast for a world of this size (its strategy's label, step_s, peak_MiB), if it did."""
+        return self.expect.get(max(self.world, len(self.ranks())))
 
     def why(self) -> Any:
         """%dist_why's verdict (the judge's) on the ranks' recent ``why/`` rows; None without a judge or rows."""

@@ -499,3 +499,28 @@ def test_a_step_splits_labels_lie_flat_or_are_hidden_never_turned_on_end():
     bars = [t for t in fig.data if t.type == "bar"]
     assert bars and all(b.textangle == 0 and b.textposition == "inside" for b in bars)
     assert fig.layout.uniformtext.mode == "hide"
+
+
+def test_a_step_over_its_forecast_is_said_and_the_forecast_is_drawn():
+    """%%dist_fit --watch gives the dashboard the forecast by world size: a dashed line at the forecast step on the
+    step split (and at the forecast peak where the memory panel shows the GPU's tensors), and the headline says when
+    the slowest rank's step is more than 15% over it."""
+    expect = {2: {"label": "fsdp", "step_s": 0.016, "peak_MiB": 150.0}}
+    board = Dashboard(expect=expect)
+    board.update(0, _rows(0.020, 0, **{"memory/gpu_MiB": 140.0}))
+    board.update(1, _rows(0.020, 1, **{"memory/gpu_MiB": 145.0}))
+    ratio, want = board.store.headline()["forecast"]
+    assert ratio == pytest.approx(1.25) and want["label"] == "fsdp"
+    assert "1.25x the forecast step (16 ms, fsdp)" in headline_parts(board.store)
+    fig = board.figure()
+    lines = {(s.type if hasattr(s, "type") else None, s.x0, s.y0) for s in fig.layout.shapes if s.line.dash == "dash"}
+    assert any(x0 == pytest.approx(16.0) for _, x0, _ in lines), lines  # the step split: x is ms
+    assert any(y0 == pytest.approx(150.0) for _, _, y0 in lines), lines  # the GPU memory panel
+    near = MetricStore(expect={2: {"label": "ddp", "step_s": 0.019, "peak_MiB": None}})
+    near.add(0, _rows(0.020, 0))
+    near.add(1, _rows(0.020, 1))
+    assert "forecast" not in near.headline()  # within 15%: nothing to say
+    other = MetricStore(expect={4: {"label": "ddp", "step_s": 0.001, "peak_MiB": None}})
+    other.add(0, _rows(0.020, 0))
+    other.add(1, _rows(0.020, 1))
+    assert "forecast" not in other.headline()  # a forecast for 4 ranks says nothing of a world of 2
