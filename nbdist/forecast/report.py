@@ -14,6 +14,8 @@ def size(n: float) -> str:
     """Bytes as a person reads them: 103.2 MiB, 1.50 GiB."""
     if n >= 2**30:
         return f"{n / 2**30:.2f} GiB"
+    if 0 < n < MiB:
+        return f"{n / 2**10:.1f} KiB"
     return f"{n / MiB:.1f} MiB"
 
 
@@ -142,30 +144,20 @@ class Forecast:
         )
 
     def rows(self) -> list[list[str]]:
-        head = ["strategy", "ranks", "peak rank", "peak", *SHOWN, "step", "compute", "comm", "note"]
+        head = ["strategy", "ranks", "peak", *SHOWN, "step (compute + comm)", "note"]
         out = [head]
         for o in self.options:
             if o.error:
-                out.append([o.strategy, str(o.world), "", "", *[""] * (len(SHOWN) + 3), f"not forecast: {o.error}"])
+                out.append([o.strategy, str(o.world), "", *[""] * (len(SHOWN) + 1), f"not forecast: {o.error}"])
                 continue
             top = o.ranks[o.peak_rank]
-            who = str(o.peak_rank) if o.strategy == "pp" else "each"
-            t = top.get("time", {})
-            times = [seconds(t[k]) if k in t else "" for k in ("step_s", "compute_s", "comm_s")]
+            peak = size(o.peak) + (f" (rank {o.peak_rank})" if o.strategy == "pp" else "")
+            t = top.get("time")
+            step = ""
             if t:
-                times[0] = seconds(o.step_s)
-                times[2] += "" if t["comm_measured"] else " *"
-            out.append(
-                [
-                    o.strategy,
-                    str(o.world),
-                    who,
-                    size(o.peak),
-                    *[size(top["parts"][p]) for p in SHOWN],
-                    *times,
-                    o.differ(),
-                ]
-            )
+                mark = "" if t["comm_measured"] else " *"
+                step = f"{seconds(o.step_s)} ({seconds(t['compute_s'])} + {seconds(t['comm_s'])}{mark})"
+            out.append([o.strategy, str(o.world), peak, *[size(top["parts"][p]) for p in SHOWN], step, o.differ()])
         return out
 
     def __str__(self) -> str:
@@ -193,6 +185,8 @@ class Forecast:
         rows = self.rows()
         head = "".join(f"<th>{html.escape(c)}</th>" for c in rows[0])
         body = "".join("<tr>" + "".join(f"<td>{html.escape(c)}</td>" for c in r) + "</tr>" for r in rows[1:])
-        foot = html.escape(str(self).splitlines()[len(rows)])
-        verdict = f"<p><b>{html.escape(self.verdict())}</b></p>" if self.verdict() else ""
-        return f"<table><tr>{head}</tr>{body}</table><p>{foot}</p>{verdict}"
+        below = str(self).splitlines()[len(rows) :]
+        foot = "".join(
+            f"<p><b>{html.escape(ln)}</b></p>" if ln == self.verdict() else f"<p>{html.escape(ln)}</p>" for ln in below
+        )
+        return f"<table><tr>{head}</tr>{body}</table>{foot}"

@@ -303,6 +303,7 @@ def build_figure(
             fig.add_vline(
                 x=1e3 * expect["step_s"], line_dash="dash", line_color="#444", row=row, col=col,
                 annotation_text=f"forecast {1e3 * expect['step_s']:.0f} ms ({expect['label']})", annotation_font_size=10,
+                annotation_position="bottom right",
             )
         if expect and panel.key == "memory" and expect.get("peak_MiB") and "GPU" in panel.title:
             fig.add_hline(

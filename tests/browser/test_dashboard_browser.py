@@ -333,6 +333,8 @@ def _dismiss_news(page) -> None:
 
 SHORT = [
     "%load_ext nbdist\n%dist_start -n 2",
+    # a forecast the run is watched against: its step (a few ms) is far below the 10-12 ms the loop logs
+    "%%dist_fit -n 2 --strategies ddp --watch ddp\nimport torch\nmodel = torch.nn.Linear(8, 8)\nbatch = torch.randn(4, 8)",
     "%%distributed\n"
     "import nbdist\n"
     "for step in range(60):\n"
@@ -379,6 +381,10 @@ def test_final_dashboard_in_notebook7_saved_and_converted_to_html(tmp_path):
     plotted = figures[0]["application/vnd.plotly.v1+json"]["data"]
     assert max(len(t.get("x") or []) for t in plotted) == 60
     assert "step 59" in "".join(figures[0]["text/plain"])  # nbformat keeps a multi-line string as lines
+    # the forecast it was watched against: said in the headline, drawn as a dashed line on the step split
+    assert "the forecast step" in "".join(figures[0]["text/plain"]), figures[0]["text/plain"]
+    shapes = figures[0]["application/vnd.plotly.v1+json"]["layout"].get("shapes", [])
+    assert any(sh.get("line", {}).get("dash") == "dash" and sh.get("x0", 0) > 0 for sh in shapes), shapes
     subprocess.run(
         [sys.executable, "-m", "nbconvert", "--to", "html", str(path)], check=True, capture_output=True, timeout=120
     )

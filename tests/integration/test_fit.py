@@ -94,6 +94,11 @@ def test_the_magic_prices_collectives_on_the_live_world_and_runs_its_setup_cells
     assert "the live world's 2 ranks" in text, text
     assert fc.best is not None and fc.verdict().startswith("fits 1.00 GiB per rank: 2 ranks with"), text
     assert all(o.step_s > 0 for o in fc.options), text
+    # the strategy that fits is watched: the world's cells give their dashboards its forecast; --watch none stops it
+    assert fc.watched == fc.best.strategy and cluster.expect[2]["label"] == fc.watched, text
+    assert cluster.expect[2]["step_s"] == pytest.approx(fc.best.step_s) and "dashboards now draw the" in text
+    run_cell(ip, "%%dist_fit -n 2 --strategies ddp --watch none\nmodel = Wide()\nbatch = torch.randn(8, 32)\n")
+    assert cluster.expect is None
     # the world is untouched: it still answers, with its two ranks
     assert cluster.run("_t = torch.ones(1); dist.all_reduce(_t)").raise_for_error()
     assert [float(t) for t in cluster.pull("_t")] == [2.0, 2.0]
