@@ -12,6 +12,8 @@ import math
 import os
 import socket
 import time
+import warnings
+from queue import Empty
 from typing import Any
 
 KINDS = ("all_reduce", "all_gather", "reduce_scatter", "send")
@@ -22,6 +24,12 @@ _LIKE = {"broadcast": "all_gather", "all_to_all": "all_gather"}  # timed as the 
 def measure_here(sizes: tuple[int, ...] = SIZES, reps: int = 7) -> dict[str, list[tuple[int, float]]]:
     """On every rank of the default group at once: seconds per collective of each kind and byte size (the median of
     ``reps``, then the slowest rank's). ``send`` is rank 0 to rank 1 and back, halved."""
+    with warnings.catch_warnings():  # torch 2.13 calls the tensor collectives deprecated
+        warnings.simplefilter("ignore", FutureWarning)
+        return _measured(sizes, reps)
+
+
+def _measured(sizes: tuple[int, ...], reps: int) -> dict[str, list[tuple[int, float]]]:
     import statistics
 
     import torch
@@ -92,7 +100,17 @@ def measure_pair(timeout: float = 60.0) -> dict[str, list[tuple[int, float]]]:
     for p in procs:
         p.start()
     try:
-        return queue.get(timeout=timeout)
+        deadline = time.monotonic() + timeout
+        while True:
+            try:
+                return queue.get(timeout=1.0)
+            except Empty:
+                failed = [p.exitcode for p in procs if p.exitcode not in (None, 0)]
+                if failed or time.monotonic() > deadline:
+                    raise RuntimeError(
+                        f"measuring the collectives on two gloo processes failed (exit codes {failed}) or took more "
+                        f"than {timeout:.0f} s"
+                    ) from None
     finally:
         for p in procs:
             p.join(timeout=10)
