@@ -99,7 +99,7 @@ def fit(
         tail = (done.stderr.strip().splitlines() or ["(nothing on stderr)"])[-1]
         raise NbdistError(f"the forecast's process failed (exit {done.returncode}): {tail}")
     said = set(config_errors)
-    if len(said) == 1 and all(o.error for o in options.values()):  # the cell itself is wrong: say it once
+    if len(said) == 1 and all(o.error in said for o in options.values()):  # the cell itself is wrong: say it once
         raise ConfigError(said.pop())
     for opt in options.values():
         if not opt.ranks and not opt.error:

@@ -1,10 +1,12 @@
 """%%dist_fit and nbdist.fit against the real thing: each strategy's forecast (fake tensors, a fake process group, in a
 process of its own) beside the same cell run for real on a 2-rank gloo world, counted by the same MemTracker.
 
-The tolerance is 5% of each rank's peak (the issue asks 10%): the forecast runs the same step as the ranks do
+The tolerance is 10% of each rank's peak, the issue's goal: the forecast runs the same step as the ranks do
 (torch's DDP, FSDP2's fully_shard, parallelize_module; its own GPipe imitation against torch's ScheduleGPipe), so
 what differs is what fake tensors cannot hold. Tensor parallelism misses one activation here (2%: the real
-all-reduce's output, which a fake group's does not allocate). How close the step time comes, on 2, 4 and 8 ranks and two models, is
+all-reduce's output, which a fake group's does not allocate). FSDP2's real peak varies from run to run: in about
+one run of six here, one block's unsharded gradients (a reduce-scatter still in flight; a fake group's completes at
+once) are alive at the peak, 6.3% more on this small model; the forecast is the run without it. How close the step time comes, on 2, 4 and 8 ranks and two models, is
 benchmarks/fit.py's (timing belongs in benchmarks).
 """
 
@@ -28,7 +30,7 @@ class Block(torch.nn.Module):
 model = torch.nn.Sequential(*[Block() for _ in range(4)])
 batch = (torch.randn(128, 64), torch.randn(128, 64))
 """
-TOLERANCE = 0.05
+TOLERANCE = 0.10
 
 
 @pytest.fixture(scope="module")
@@ -110,10 +112,20 @@ def test_a_batch_of_the_wrong_shape_gives_the_model_s_error_on_its_forecast_s_li
     for opt in fc.options:
         assert opt.error is not None and "[4, 65] X [64, 8]" in opt.error, opt.error
     lines = str(fc).splitlines()
-    assert any(ln.startswith("ddp") and "not forecast: RuntimeError:" in ln for ln in lines), lines
+    assert any(ln.startswith("ddp") and "not forecast: the model (Linear): RuntimeError:" in ln for ln in lines), lines
     cell = "import torch\nmodel = torch.nn.Linear(64, 8)\nbatch = torch.randn(4, 64)\nraise ValueError('no data')\n"
     fc = nbdist.fit(cell, strategies="ddp", world_sizes=(2,))
     assert fc.options[0].error == "ValueError: no data (cell line 4)"
+    # a layer that reads its input's values cannot be followed under fake tensors: it is named, with the reason
+    peek = (
+        "import torch\nclass Peek(torch.nn.Module):\n    def forward(self, x):\n        return x * 2 if x.sum().item() > 0 "
+        "else x\nmodel = torch.nn.Sequential(torch.nn.Linear(8, 8), Peek())\nbatch = torch.randn(4, 8)\n"
+    )
+    fc = nbdist.fit(peek, strategies="fsdp", world_sizes=(2,))
+    assert fc.options[0].error == (
+        "layer 1 (Peek): it reads a tensor's values (.item(), .tolist(), a branch on data), which fake tensors do not "
+        "hold (cell line 4)"
+    ), fc.options[0].error
 
 
 def test_bad_input_is_one_line_naming_the_value_and_the_fix(ip, cluster):
