@@ -37,9 +37,10 @@ def fit(
     ``source``: code that defines ``model`` (a torch.nn.Module) and ``batch`` (one rank's input, or (input,
     target)); optionally ``loss_fn(output, target)``, ``optimizer`` (params -> optimizer; default AdamW),
     ``tp_plan`` (for parallelize_module), ``fsdp_blocks`` (a class or a list of modules: FSDP's units; default
-    each child, or each element of a ModuleList or Sequential child) and ``microbatches``. ``config``: FitConfig's fields: ``strategies``
-    (ddp, fsdp, tp, pp), ``world_sizes``, ``memory`` ("16GiB": then ``best`` names the smallest world that fits),
-    ``microbatches``, ``timeout``. ``comm``: collectives measured on a live world of ``measured_at`` ranks
+    each child, or each element of a ModuleList or Sequential child) and ``microbatches``.
+
+    ``config``: FitConfig's fields: ``strategies`` (ddp, fsdp, tp, pp), ``world_sizes``, ``memory`` ("16GiB": then
+    ``best`` names the smallest world that fits), ``microbatches``, ``timeout``. ``comm``: collectives measured on a live world of ``measured_at`` ranks
     (``comm.measure_here``'s answer); without it two gloo processes measure them. ``cores``: the cores the ranks of
     one world share (default: this machine's); ranks beyond them share time. ``setup``: cells run before
     ``source`` (a world's ``--setup`` cells: the classes the model needs).

@@ -94,6 +94,7 @@ class Forecast:
     seconds: float = 0.0
     measured: str = "two gloo processes"
     watched: str | None = None  # the strategy the live world's dashboards compare the run with
+    advice: str = ""  # one more line for the person (why nothing is watched)
 
     def expectation(self, strategy: str) -> dict[int, dict[str, Any]]:
         """What the dashboard compares a run under ``strategy`` with, by world size: step_s and peak_MiB."""
@@ -176,6 +177,8 @@ class Forecast:
             lines.append(
                 f"the live world's dashboards now draw the {self.watched} forecast and say when a step is over it"
             )
+        if self.advice:
+            lines.append(self.advice)
         return "\n".join(lines)
 
     def __repr__(self) -> str:

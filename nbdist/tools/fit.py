@@ -25,7 +25,10 @@ def fit(source: str, *, setup: bool = True, watch: str | None = None, **config: 
     try:
         cluster = current()
     except ClusterError:
-        return forecast.fit(source, **config)
+        fc = forecast.fit(source, **config)
+        if watch not in (None, "none"):
+            fc.advice = "no world is running to watch it: %dist_start, then forecast again with --watch"
+        return fc
     engines = cluster.engines
     ranks = list(range(cluster.world_size))
     comm = None
