@@ -83,6 +83,7 @@ def one(
             exec(compile(source, CELL, "exec"), ns)  # noqa: S102 - the person's own cell, in a process of its own
             spec = st.Spec(ns, microbatches=microbatches)
             out["params"] = sum(p.numel() * p.element_size() for p in spec.model.parameters())
+            out["microbatches"] = spec.microbatches  # the cell may name its own
             model = st.wrap(strategy, spec, mesh, fake=True)
             with Layers(spec.model) as layers:
                 step = st.stepper(strategy, spec, model)

@@ -41,7 +41,7 @@ class Times:
     def add(self, row: dict[str, Any]) -> None:
         from .comm import time_of
 
-        world, m = row["world"], self.microbatches
+        world, m = row["world"], row.get("microbatches", self.microbatches)
         compute = row["compute_s"] * self.share(world)
         if row["strategy"] == "pp":  # the pipe fills and drains; stages that wait free their cores for the rest
             compute = row["compute_s"] * max((m + world - 1) / m, self.share(world))
