@@ -18,7 +18,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import socket
 import sys
 import time
 from pathlib import Path
@@ -69,7 +68,7 @@ TORCHTITAN = {
 }
 
 
-def _rank(rank: int, world: int, port: int, models: list[str], queue: object) -> None:
+def _rank(rank: int, port: int, queue: object, world: int, models: list[str]) -> None:
     import torch
     import torch.distributed as dist
 
@@ -92,24 +91,9 @@ def _rank(rank: int, world: int, port: int, models: list[str], queue: object) ->
 
 
 def real_world(world: int, models: list[str]) -> dict[int, dict[str, object]]:
-    import multiprocessing as mp
+    from nbdist.forecast.comm import gloo_world
 
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    ctx = mp.get_context("spawn")
-    queue = ctx.Queue()
-    procs = [ctx.Process(target=_rank, args=(r, world, port, models, queue)) for r in range(world)]
-    for p in procs:
-        p.start()
-    try:
-        return dict(queue.get(timeout=900) for _ in procs)
-    finally:
-        for p in procs:
-            p.join(timeout=30)
-            if p.is_alive():
-                p.kill()
-                p.join()
+    return dict(gloo_world(_rank, world, (world, models), timeout=900, answers=world))
 
 
 def main() -> None:

@@ -86,8 +86,10 @@ def _pair_rank(rank: int, port: int, queue: Any) -> None:
         dist.destroy_process_group()
 
 
-def measure_pair(timeout: float = 60.0) -> dict[str, list[tuple[int, float]]]:
-    """Two gloo processes on 127.0.0.1, started and ended here: ``measure_here``'s answer for a world of two."""
+def gloo_world(target: Any, n: int, args: tuple[Any, ...] = (), timeout: float = 60.0, answers: int = 1) -> list[Any]:
+    """Start ``n`` processes (spawned) that form a gloo world on 127.0.0.1, each running ``target(rank, port, queue,
+    *args)``; the first ``answers`` things they put on the queue. Fails at once when one of them dies, and ends them
+    all, by their own handles, whatever happens."""
     import multiprocessing as mp
 
     with socket.socket() as s:
@@ -96,27 +98,33 @@ def measure_pair(timeout: float = 60.0) -> dict[str, list[tuple[int, float]]]:
     ctx = mp.get_context("spawn")
     queue = ctx.Queue()
     os.environ.setdefault("OMP_NUM_THREADS", "1")
-    procs = [ctx.Process(target=_pair_rank, args=(r, port, queue), daemon=True) for r in range(2)]
+    procs = [ctx.Process(target=target, args=(r, port, queue, *args), daemon=True) for r in range(n)]
     for p in procs:
         p.start()
+    got: list[Any] = []
     try:
         deadline = time.monotonic() + timeout
-        while True:
+        while len(got) < answers:
             try:
-                return queue.get(timeout=1.0)
+                got.append(queue.get(timeout=1.0))
             except Empty:
                 failed = [p.exitcode for p in procs if p.exitcode not in (None, 0)]
                 if failed or time.monotonic() > deadline:
                     raise RuntimeError(
-                        f"measuring the collectives on two gloo processes failed (exit codes {failed}) or took more "
-                        f"than {timeout:.0f} s"
+                        f"a world of {n} gloo processes failed (exit codes {failed}) or took more than {timeout:.0f} s"
                     ) from None
+        return got
     finally:
         for p in procs:
-            p.join(timeout=10)
+            p.join(timeout=30)
             if p.is_alive():
                 p.kill()
                 p.join()
+
+
+def measure_pair(timeout: float = 60.0) -> dict[str, list[tuple[int, float]]]:
+    """Two gloo processes on 127.0.0.1, started and ended here: ``measure_here``'s answer for a world of two."""
+    return gloo_world(_pair_rank, 2, timeout=timeout)[0]
 
 
 def fitted(samples: dict[str, list[tuple[int, float]]]) -> dict[str, tuple[float, float]]:
