@@ -1,11 +1,13 @@
-"""The check before every fork (#55): start/stop cycles with a poison planted in the warm process 1 time in 10.
+"""The check before every fork (#55): start/stop cycles with a poison planted 1 time in 10.
 
 Each cycle: a new warm process (as ``%load_ext nbdist`` starts one), ``--settle`` seconds for it to import torch (a
-user reading), then ``nbdist.start(n=2)``, a trivial all-reduce, ``stop()``. A poisoned cycle's warm process has a
-thread planted by a sitecustomize at its start (engine/warm.unsafe refuses to fork there): its start must be named
-in one line and its ranks start cold; no start may hang. The alternative in the same run: as many cycles with no
-poison at all, so the clean cycles' start time beside poisoned ones can be compared with a series that never saw
-one. Saved under results/fork_poison.json.
+user reading), then ``nbdist.start(n=2)``, a trivial all-reduce, ``stop()``. A poisoned cycle has a thread planted
+by a sitecustomize at the start of the fork servers (engine/warm.unsafe refuses to fork there), alternately in the
+warm process only (its ranks must come from a fork server begun for them: ``--start forkserver``) and in every fork
+server (the warm process and that fork server refuse: its ranks start cold, ``--start spawn``). Each refusal must be
+named in one line; no start may hang. The alternative in the same run: as many cycles with no poison at all, so the
+clean cycles' start time beside poisoned ones can be compared with a series that never saw one. Saved under
+results/fork_poison.json.
 """
 
 from __future__ import annotations
@@ -30,17 +32,28 @@ from nbdist.config import default_threads  # noqa: E402
 from nbdist.launch import pool  # noqa: E402
 
 POISON = (
-    "import sys, threading, time\n"
-    "if 'nbdist.engine.warm' in sys.orig_argv:\n"
+    "import os, sys, threading, time\n"
+    "if 'nbdist.engine.warm' in sys.orig_argv and ('--lean' not in sys.orig_argv or os.environ.get('POISON_ALL')):\n"
     "    threading.Thread(target=time.sleep, args=(3600,), daemon=True).start()\n"
 )
+KINDS = {"": "clean", "warm": "the warm process", "all": "every fork server"}
+WANT = {"": ("fork", 0), "warm": ("forkserver", 1), "all": ("spawn", 2)}  # how the ranks are made, lines said
 HANG_S = 120
 
 
-def cycle(poisoned: bool, site: str, settle: float) -> dict:
+def made(pid: int) -> str:
+    parent = psutil.Process(pid).parent()
+    if parent is None or parent.pid == os.getpid():
+        return "spawn"
+    return "forkserver" if "--lean" in parent.cmdline() else "fork"
+
+
+def cycle(poison: str, site: str, settle: float) -> dict:
     pool.shutdown()
     base = os.environ.get("PYTHONPATH", "")
-    os.environ["PYTHONPATH"] = f"{site}{os.pathsep}{base}" if poisoned else base
+    os.environ["PYTHONPATH"] = f"{site}{os.pathsep}{base}" if poison else base
+    if poison == "all":
+        os.environ["POISON_ALL"] = "1"
     try:
         server = pool.warm(2, default_threads(2))
         time.sleep(settle)
@@ -50,6 +63,7 @@ def cycle(poisoned: bool, site: str, settle: float) -> dict:
             cluster = nbdist.start(n=2, timeout=HANG_S)
         started = time.perf_counter() - tic
         try:
+            makers = {made(r.pid) for r in cluster.ranks}
             forked = all(psutil.Process(r.pid).ppid() == server for r in cluster.ranks)
             cluster.run("t = torch.ones(1)\ndist.all_reduce(t)\nv = t.item()", timeout=HANG_S).raise_for_error()
             works = cluster.pull("v") == [2.0, 2.0]
@@ -57,10 +71,15 @@ def cycle(poisoned: bool, site: str, settle: float) -> dict:
             cluster.stop()
     finally:
         os.environ["PYTHONPATH"] = base
+        os.environ.pop("POISON_ALL", None)
+    want, lines = WANT[poison]
     return {
-        "poisoned": poisoned,
+        "poisoned": bool(poison),
+        "poison": poison,
         "start_s": started,
         "forked": forked,
+        "made": sorted(makers),
+        "as_wanted": makers == {want} and said.getvalue().count("cannot fork ranks safely") == lines,
         "named": "cannot fork ranks safely" in said.getvalue(),
         "works": works,
     }
@@ -77,12 +96,13 @@ def main() -> None:
         for series in ("never poisoned", "poisoned 1 in 10"):
             for i in range(args.cycles):
                 poisoned = series != "never poisoned" and i % 10 == 3
-                row = {"series": series, **cycle(poisoned, site, args.settle)}
+                poison = ("warm", "all")[(i // 10) % 2] if poisoned else ""
+                row = {"series": series, **cycle(poison, site, args.settle)}
                 rows.append(row)
                 print(
-                    f"{series:16} cycle {i:3}: {'POISONED' if poisoned else 'clean   '} start {row['start_s']:.2f} s "
-                    f"{'forked' if row['forked'] else 'cold'}{' named' if row['named'] else ''}"
-                    f"{'' if row['works'] else ' BROKEN'}",
+                    f"{series:16} cycle {i:3}: {KINDS[poison]:17} start {row['start_s']:.2f} s ranks by "
+                    f"{'+'.join(row['made'])}{' named' if row['named'] else ''}"
+                    f"{'' if row['as_wanted'] else ' NOT AS WANTED'}{'' if row['works'] else ' BROKEN'}",
                     flush=True,
                 )
     pool.shutdown()
@@ -92,19 +112,26 @@ def main() -> None:
     summary = {
         "poisoned": len(poisoned),
         "poisoned_named": sum(r["named"] and not r["forked"] for r in poisoned),
+        "as_wanted": sum(r["as_wanted"] for r in rows),
+        "cycles": len(rows),
+        "start_poisoned_warm_s": statistics.median([r["start_s"] for r in poisoned if r["poison"] == "warm"] or [0]),
+        "start_poisoned_all_s": statistics.median([r["start_s"] for r in poisoned if r["poison"] == "all"] or [0]),
         "clean_forked": sum(r["forked"] and not r["named"] for r in rows if not r["poisoned"]),
         "clean": sum(not r["poisoned"] for r in rows),
         "all_worked": all(r["works"] for r in rows),
         "start_clean_never_poisoned_s": statistics.median(clean_alone),
         "start_clean_beside_poisoned_s": statistics.median(clean_beside),
-        "start_poisoned_cold_s": statistics.median(r["start_s"] for r in poisoned) if poisoned else None,
     }
     print(
-        f"\n{summary['poisoned_named']}/{summary['poisoned']} poisoned starts named and started cold; "
+        f"\n{summary['as_wanted']}/{summary['cycles']} cycles made their ranks as wanted (clean: forked from the warm "
+        f"process; warm poisoned: from a fork server, one line; all poisoned: cold, two lines); start (median) warm "
+        f"poisoned {summary['start_poisoned_warm_s']:.2f} s, all poisoned {summary['start_poisoned_all_s']:.2f} s"
+    )
+    print(
+        f"{summary['poisoned_named']}/{summary['poisoned']} poisoned starts named and not forked from the warm process; "
         f"{summary['clean_forked']}/{summary['clean']} clean starts forked; every world worked: {summary['all_worked']}; "
         f"start (median) clean {summary['start_clean_never_poisoned_s']:.2f} s in a series never poisoned, "
-        f"{summary['start_clean_beside_poisoned_s']:.2f} s beside poisoned cycles, poisoned (cold) "
-        f"{summary['start_poisoned_cold_s']:.2f} s"
+        f"{summary['start_clean_beside_poisoned_s']:.2f} s beside poisoned cycles"
     )
     save("fork_poison", {"rows": rows, "summary": summary})
 

@@ -9,6 +9,9 @@ four situations:
 - back-to-back: warming starts at the same moment as `%dist_start` (Run All);
 - cold: nothing warm before `%dist_start` (a script's first `nbdist.start`); the start begins
   the warm process itself, beside the controller;
+- forkserver: `%dist_start --start forkserver` in the usual notebook (the warm process there): the ranks
+  come from a fork server begun for the world, which imports torch beside the controller;
+- spawn: `%dist_start --start spawn`, every rank a fresh interpreter importing torch;
 - warming off: NBDIST_WARM=0, every engine a fresh interpreter importing torch (what every
   start was before the warm process forked engines).
 Alternated, median of N runs; `%dist_stop` timed too. JSON under results/.
@@ -32,7 +35,8 @@ import time
 
 from _common import run_cell, save, shell, stats
 
-MODES = ("warm", "back-to-back", "cold", "warming off")
+MODES = ("warm", "back-to-back", "cold", "forkserver", "spawn", "warming off")
+START = {"forkserver": " --start forkserver", "spawn": " --start spawn"}
 
 
 def collective(n: int) -> str:
@@ -77,14 +81,15 @@ def nbdist_once(ip, mode: str, n: int) -> tuple[float, float, dict]:
     pool.shutdown()
     if mode == "warming off":
         os.environ["NBDIST_WARM"] = "0"
-    if mode == "warm":
+    if mode in ("warm", "forkserver", "spawn"):
         pool.warm(n, default_threads(n))
         time.sleep(THINK_S)
     tic = time.perf_counter()
     if mode == "back-to-back":
         pool.warm(n, default_threads(n))
     try:
-        run_cell(ip, f"%dist_start -n {n}" + (" --oversubscribe" if n > (os.cpu_count() or 1) else ""))
+        over = " --oversubscribe" if n > (os.cpu_count() or 1) else ""
+        run_cell(ip, f"%dist_start -n {n}{over}{START.get(mode, '')}")
         run_cell(ip, "%%distributed\n" + collective(n))
         took = time.perf_counter() - tic
         phases = dict(nbdist.current().startup)
@@ -201,6 +206,9 @@ def main() -> None:
         f"4 ranks <= 3.0 s -> {'met' if four <= 3.0 else 'NOT met'} ({four:.2f}); "
         f"%dist_stop <= 1 s -> {'met' if s['median'] <= 1.0 else 'NOT met'}"
     )
+    for n in (2, 4):
+        ratio = o[f"{n}:forkserver"]["median"] / o[f"{n}:warm"]["median"]
+        print(f"{n} ranks: forkserver / warm fork = {ratio:.2f}x (goal <= 1.5x) -> {'met' if ratio <= 1.5 else 'NOT met'}")
     save(
         "startup",
         {"raw_ipyparallel_s": r, "nbdist_s": o, "stop_s": s, "think_s": THINK_S, "nbdist_phases": phases},

@@ -43,6 +43,7 @@ from .numba_private import numba_cached
 from .python_private import parser_actions, thread_frames
 from .torch_private import (
     abort_process_group,
+    cuda_bad_fork,
     ddp_time_every_step,
     ddp_timers,
     fsdp_collective_classes,
@@ -186,6 +187,11 @@ PRIVATE_APIS = (
         "torch",
         "engine.why: the time a rank waits for FSDP2's all-gathers and reduce-scatters, apart from its compute",
     ),
+    PrivateAPI(
+        "torch.cuda._is_in_bad_fork (replaced in a forked child), asked first by torch.cuda._lazy_init",
+        "torch",
+        "engine.children: a child forked from a rank whose GPU driver is loaded says torch's own bad-fork error",
+    ),
 )
 
 __all__ = [
@@ -197,6 +203,7 @@ __all__ = [
     "add_control_handler",
     "add_engines",
     "async_result_children",
+    "cuda_bad_fork",
     "cell_filenames",
     "controller_engines",
     "ddp_time_every_step",

@@ -140,3 +140,11 @@ def ddp_bucket_bytes(ddp: Any) -> int:
     """The bytes of DDP's gradient buckets: a second copy of the gradients that the reducer allocates when it is built
     (and again when it rebuilds them in the second step), before any step a tracker watches."""
     return sum(b.buffer().numel() * b.buffer().element_size() for b in ddp.reducer._get_zeros_like_grad_buckets())
+
+
+def cuda_bad_fork(torch: Any) -> None:
+    """In a process just forked: torch takes it for a fork that cannot use CUDA, as it does for a child of a process
+    that initialised CUDA itself, so touching CUDA raises its 'Cannot re-initialize CUDA in forked subprocess. To use
+    CUDA with multiprocessing, you must use the 'spawn' start method' (torch.cuda._lazy_init asks
+    torch.cuda._is_in_bad_fork first)."""
+    torch.cuda._is_in_bad_fork = lambda: True

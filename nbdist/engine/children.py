@@ -10,7 +10,11 @@ naming it and its last line. One still running is looked at again at the end of 
 
 Any process forked from a rank (these, and a DataLoader's workers) knows it is not the rank
 (``STATE.child_of``): engine/hosted.py refuses it the world, in one line, instead of letting it
-use the rank's sockets or hang waiting for peers.
+use the rank's sockets or hang waiting for peers. A rank is never refused a fork (its DataLoader workers need
+one, and it always runs threads: ipykernel's, gloo's); a child forked after the rank loaded the GPU's driver by a
+path torch does not mark (pytorch/pytorch#190708) is marked as torch marks the children of a rank that
+initialised CUDA, so using CUDA there raises torch's own error naming the 'spawn' start method instead of dying
+with 'CUDA error: initialization error' (``_gpu_driver_in_parent``).
 """
 
 from __future__ import annotations
@@ -40,6 +44,7 @@ def install() -> None:
 def _in_child() -> None:
     if STATE.child_of is None:
         STATE.child_of = (STATE.rank, os.getppid())
+    _gpu_driver_in_parent()
     path = _CAPTURE["path"]
     if path:
         fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
@@ -48,6 +53,17 @@ def _in_child() -> None:
         os.close(fd)
         sys.stdout = open(1, "w", buffering=1, closefd=False)  # noqa: SIM115 - the child's, for its life
         sys.stderr = open(2, "w", buffering=1, closefd=False)  # noqa: SIM115
+
+
+def _gpu_driver_in_parent() -> None:
+    """Mark this child as a bad fork for CUDA when the rank it was forked from had the GPU's driver loaded."""
+    torch = sys.modules.get("torch")
+    if torch is None or torch.cuda.is_initialized():  # torch marked it itself
+        return
+    from .warm import accelerator_driver
+
+    if accelerator_driver():  # the mapping is inherited: it was the parent's
+        compat.cuda_bad_fork(torch)
 
 
 def start(process: BaseProcess, original: Callable[[BaseProcess], None]) -> None:

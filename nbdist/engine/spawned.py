@@ -28,11 +28,12 @@ With the world down the originals run.
 
 from __future__ import annotations
 
+import contextlib
 import multiprocessing
 import os
 import sys
 import types
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from multiprocessing.process import BaseProcess
 from typing import Any
@@ -230,7 +231,8 @@ def _start(self: BaseProcess) -> None:
     target: Any = getattr(self, "_target", None)
     if not world_up() or not _from_cell(target) or not _joins_world(target, getattr(self, "_args", ())):
         if _from_cell(target):
-            children.start(self, ORIGINAL["start"])
+            with _main_for(self, target):
+                children.start(self, ORIGINAL["start"])
         else:
             ORIGINAL["start"](self)
         return
@@ -256,6 +258,36 @@ def _start(self: BaseProcess) -> None:
     self._sentinel = None  # type: ignore[attr-defined]
     if status:
         children.ended(self)
+
+
+@contextlib.contextmanager
+def _main_for(process: BaseProcess, target: Any) -> Iterator[None]:
+    """A process started with spawn or forkserver (Python 3.14's default) finds a target of the main module by
+    importing that module anew, by its file: a %dist_run script's is its file, as under ``python prog.py``
+    (this rank's main module is the engine's while it starts); a cell is no file, refused in one line."""
+    __tracebackhide__ = True  # a traceback goes from the cell to its own code
+    method = getattr(type(process), "_start_method", None) or multiprocessing.get_start_method()
+    if method == "fork":
+        yield
+        return
+    path = getattr(target, "__globals__", {}).get("__file__")
+    if not isinstance(path, str) or not os.path.isfile(path):
+        name = _fn_name(target)
+        raise ValueError(
+            f"Process(target={name}) starts with {method!r}: the new process finds {name} by importing the main "
+            f"module, and a notebook cell is no module it can import (python prog.py works: it imports prog.py). "
+            f"Put {name} in a .py file beside the notebook and import it from there, or use "
+            "multiprocessing.get_context('fork')."
+        )
+    main = types.ModuleType("__main__")  # what pickle looks the target up in, and the child's preparation reads
+    main.__dict__.update(target.__globals__)
+    main.__file__, main.__spec__ = path, None
+    saved = sys.modules["__main__"]
+    sys.modules["__main__"] = main
+    try:
+        yield
+    finally:
+        sys.modules["__main__"] = saved
 
 
 def _from_cell(target: Any) -> bool:

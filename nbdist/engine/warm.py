@@ -12,6 +12,9 @@ working directory and log file the launcher would have given a fresh
 becomes that engine. End of input (the pool closing the pipe, or the kernel dying) ends
 this process; engines already forked keep running, watching the kernel themselves.
 
+With ``--lean`` (``%dist_start --start forkserver``: Python's forkserver model) it imports only what every engine
+needs (``preload``) and does no idle work: it is begun for one world and ends with it.
+
 Forking is safe because nothing here starts a thread before ``fork()``: torch's OpenMP
 pool, gloo's threads and ipyparallel's IO threads all start in the child. Each fork checks that first
 (``unsafe()``: no thread besides the main one, CUDA not initialised) and refuses with the reason otherwise. The child
@@ -61,6 +64,13 @@ def unsafe() -> str:
     torch = sys.modules.get("torch")
     if torch is not None and torch.cuda.is_initialized():
         return "CUDA is initialised in it (a forked rank could not use CUDA)"
+    driver = accelerator_driver()
+    if driver:
+        return (
+            f"an accelerator's driver is loaded in it ({driver}: something asked the device, such as "
+            "torch.get_device_module().device_count(), though torch.cuda.is_initialized() says no), and a forked "
+            "rank could not use the device"
+        )
     try:
         tasks = [t for t in os.listdir("/proc/self/task") if int(t) != os.getpid()]
     except OSError:  # no /proc: the threads Python knows of
@@ -75,6 +85,24 @@ def unsafe() -> str:
             "none of them, and a lock one holds stays locked in the forked rank"
         )
     return ""
+
+
+# NVIDIA's driver. ROCm's and Intel's are not looked for: whether their torch builds load them on import was not
+# seen here.
+DRIVERS = ("libcuda.so",)
+
+
+def accelerator_driver(maps: str = "/proc/self/maps") -> str:
+    """The file name of an accelerator driver library mapped into this process ('' when none). torch's wheels
+    load none of these when imported; a driver is loaded by the first call that asks the device (CUDA's driver
+    initialises as it loads), and a child forked after that cannot use the device: it dies with 'CUDA error:
+    initialization error' (pytorch/pytorch#190708)."""
+    try:
+        with open(maps) as fh:
+            mapped = {line.rsplit("/", 1)[-1].strip() for line in fh if ".so" in line}
+    except OSError:
+        return ""
+    return next((name for name in sorted(mapped) if name.startswith(DRIVERS)), "")
 
 
 def _thread_name(task: str) -> str:
@@ -185,6 +213,7 @@ def main() -> None:
 
     gc.disable()  # no collection may touch (and so copy) the imported heap before it is frozen
     preload()
+    lean = "--lean" in sys.argv[1:]
     # Everything imported so far is the same in every engine: out of the collector's sight, so
     # that no engine's collections copy those pages (copy-on-write stays shared, and an engine's
     # exit does not walk a heap of torch objects for seconds).
@@ -193,7 +222,7 @@ def main() -> None:
     # for its pid (psutil, from the kernel) takes for a running process.
     signal.signal(signal.SIGCHLD, lambda signum, frame: _reap())
     pending = b""  # read from the pipe's fd directly: a buffered reader could hide a second job
-    idle: Iterator[None] | None = _idle_work()
+    idle: Iterator[None] | None = None if lean else _idle_work()
     while True:
         while b"\n" not in pending:
             ready = _job_waiting(timeout=0.5 if idle is None else 0.1)

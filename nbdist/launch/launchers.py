@@ -20,6 +20,7 @@ from typing import Any
 from .. import wire
 from ..config import LauncherOptions, LauncherSpec, StartConfig, option
 from ..config.launchers import launcher_class
+from ..config.values import did_you_mean
 from ..errors import ConfigError
 from . import pool, procs
 from .net import LOOPBACK
@@ -95,13 +96,27 @@ class Launcher:
 IP_HELP = "address the controller listens on (default: the one that reaches the nodes; local: 127.0.0.1 only)"
 
 
+START_HELP = (
+    "how each rank's process is made: fork (from nbdist's warm process, which imported torch ahead: the fastest), "
+    "forkserver (from a fresh process begun for this world that imports only torch and ipyparallel's engine), spawn "
+    "(a fresh Python per rank)"
+)
+
+
 @dataclass(kw_only=True)
 class LocalOptions(LauncherOptions):
-    """--ip is for launchers on several hosts; here it may only say what is so."""
+    """--ip is for launchers on several hosts; here it may only say what is so. --start: how ranks are made."""
 
     ip: str | None = option(help=IP_HELP, metavar="ADDR")
+    start: str = option("fork", help=START_HELP, metavar="METHOD")
 
     def check(self, n: int) -> None:
+        if self.start not in pool.START_METHODS:
+            raise ConfigError(
+                f"--start {self.start!r} is not a start method; {did_you_mean(str(self.start), pool.START_METHODS)} "
+                "(fork: from the warm process, the fastest; forkserver: from a fresh fork server of this world's; "
+                "spawn: a fresh Python per rank)."
+            )
         if self.ip not in (None, LOOPBACK):
             raise ConfigError(
                 f"--ip {self.ip} is for launchers on several hosts; the local launcher listens on {LOOPBACK} only. "
@@ -116,12 +131,17 @@ class LocalLauncher(Launcher):
 
     def __init__(self) -> None:
         self._server: int | None = None  # a fork server this start began itself (pool.py)
+        self._threads = 1
 
     def cluster(self, config: StartConfig, profile_dir: str, fresh: bool = True) -> Any:
         # No warm process for these engines yet (a script, a first start with other settings): begin
         # one now, beside the controller, so torch is imported once, not once per rank. It serves
         # %dist_restart too, and ends with this cluster (one that %load_ext began stays for the next).
-        self._server = pool.warm(config.world.n, config.world.threads or 1)
+        # --start forkserver begins a lean one for this world instead; --start spawn none.
+        start = config.options_as(LocalOptions).start
+        self._threads = config.world.threads or 1
+        if start != "spawn":
+            self._server = pool.warm(config.world.n, self._threads, lean=start == "forkserver")
         cluster, _ = build_cluster(
             config,
             profile_dir,
@@ -133,12 +153,14 @@ class LocalLauncher(Launcher):
         c = cluster.config
         c.LocalEngineSetLauncher.delay = 0.0
         c.LocalProcessLauncher.stop_seconds_until_kill = 2
+        c.WarmEngineLauncher.start_method = start
         return cluster
 
     def stopped(self) -> None:
         if self._server is not None:
             pool.close(self._server)
             self._server = None
+        pool.close_lean(self._threads)  # a forkserver this world used (begun by it, or where the warm fork refused)
 
 
 def build_cluster(

@@ -27,12 +27,14 @@ import time
 from typing import Any
 
 from ipyparallel.cluster.launcher import LocalEngineLauncher, LocalEngineSetLauncher
+from traitlets import Unicode
 
 from .. import compat
 from . import procs
 
 ENGINE_CMD = [sys.executable, "-m", "nbdist.engine"]
 _WARM_CMD = [sys.executable, "-m", "nbdist.engine.warm"]
+START_METHODS = ("fork", "forkserver", "spawn")
 # Environment that a process reads when it imports torch and numba: a server only forks
 # engines that ask for the same values.
 _IMPORT_ENV = ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "NUMBA_NUM_THREADS")
@@ -40,6 +42,7 @@ FORK_TIMEOUT = 60.0  # seconds to wait for a server still importing torch to for
 
 _lock = threading.Lock()
 _servers: list[Server] = []
+_refused: set[tuple] = set()  # (key, lean) of servers that refused this start: its other ranks go on, unasked
 _atexit = False
 
 
@@ -74,13 +77,15 @@ class Forked:
 
 
 class Server:
-    """One fork server: its process, the import settings it serves, one job at a time."""
+    """One fork server: its process, the import settings it serves, lean or not (forkserver or the warm fork),
+    one job at a time."""
 
-    def __init__(self, key: tuple, env: dict[str, str]) -> None:
+    def __init__(self, key: tuple, env: dict[str, str], lean: bool = False) -> None:
         self.key = key
+        self.lean = lean
         self.lock = threading.Lock()
         self.proc = subprocess.Popen(
-            _WARM_CMD,
+            [*_WARM_CMD, "--lean"] if lean else _WARM_CMD,
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
             stderr=subprocess.DEVNULL,
@@ -95,26 +100,19 @@ class Server:
     def alive(self) -> bool:
         return self.proc.poll() is None
 
-    def fork(self, job: dict[str, Any], timeout: float = FORK_TIMEOUT) -> int | None:
-        """Fork an engine for this job; its pid, or None if the server cannot (then start cold)."""
+    def fork(self, job: dict[str, Any], timeout: float = FORK_TIMEOUT) -> tuple[int | None, str]:
+        """Fork an engine for this job: its pid, or None if the server cannot, with the reason when it refused
+        because a fork is not safe there (then it is ended: it stays unsafe)."""
         with self.lock:
             try:
                 pid = procs.ask_fork(self.proc, job, timeout)
             except procs.ForkRefused as refused:
-                print(
-                    f"nbdist: the warm process (pid {self.pid}) cannot fork ranks safely: {refused}. They start cold "
-                    "instead (a fresh Python each: about a second of a core more per rank). Something that runs "
-                    "when Python starts (a sitecustomize, a .pth file) did this; NBDIST_WARM=0 starts ranks cold "
-                    "without asking.",
-                    file=sys.stderr,
-                    flush=True,
-                )
-                self.close(kill=True)  # it stays unsafe: the next start makes a new one
-                return None
+                self.close(kill=True)
+                return None, str(refused)
             except (OSError, TimeoutError, EOFError):
                 self.close(kill=True)
-                return None
-        return pid if pid > 0 else None
+                return None, ""
+        return (pid if pid > 0 else None), ""
 
     def close(self, kill: bool = False, timeout: float = 3.0) -> None:
         """End the server (its forked engines keep running): close its pipe, kill it if it lingers."""
@@ -133,25 +131,36 @@ class Server:
             self.proc.stdout.close()
 
 
-def warm(n: int, threads: int) -> int | None:
+def warm(n: int, threads: int, lean: bool = False) -> int | None:
     """Have a fork server ready for engines with ``threads`` threads each (``n``: how many engines
-    are expected; one server forks any number). Returns the pid of the server it started, or
-    None when one was there already (or warming is off)."""
-    global _atexit
+    are expected; one server forks any number; ``lean``: a forkserver, not the warm process). Returns the pid of
+    the server it started, or None when one was there already (or warming is off). A start asks this first: what
+    refused the last start is asked again."""
     if not enabled() or n < 1:
         return None
     env = {**os.environ, **procs.process_env(threads)}
     key = _key(env)
     with _lock:
+        _refused.discard((key, lean))
+    server = _begin(env, lean, only_new=True)
+    return server.pid if server is not None else None
+
+
+def _begin(env: dict[str, str], lean: bool, only_new: bool = False) -> Server | None:
+    """The server for ``env`` of this kind, begun now if there is none (None: one was there and ``only_new``)."""
+    global _atexit
+    key = _key(env)
+    with _lock:
         _drop_dead()
-        if any(s.key == key for s in _servers):
-            return None
-        server = Server(key, env)
+        there = next((s for s in _servers if s.key == key and s.lean == lean), None)
+        if there is not None:
+            return None if only_new else there
+        server = Server(key, env, lean)
         _servers.append(server)
         if not _atexit:
             atexit.register(shutdown)
             _atexit = True
-    return server.pid
+    return server
 
 
 def close(pid: int) -> None:
@@ -163,12 +172,63 @@ def close(pid: int) -> None:
         server.close()
 
 
-def server_for(env: dict[str, str]) -> Server | None:
-    """The server for engines with this environment, or None."""
+def server_for(env: dict[str, str], lean: bool = False) -> Server | None:
+    """The server of this kind for engines with this environment, or None."""
     key = _key(env)
     with _lock:
         _drop_dead()
-        return next((s for s in _servers if s.key == key), None)
+        return next((s for s in _servers if s.key == key and s.lean == lean), None)
+
+
+def close_lean(threads: int) -> None:
+    """End the forkserver for engines with ``threads`` threads (a world that used it stopped)."""
+    key = _key({**os.environ, **procs.process_env(threads)})
+    with _lock:
+        found = [s for s in _servers if s.key == key and s.lean]
+        _servers[:] = [s for s in _servers if s not in found]
+    for server in found:
+        server.close()
+
+
+def fork_engine(job: dict[str, Any], env: dict[str, str], start: str) -> int | None:
+    """The pid of an engine forked for ``job`` as the start method says (None: start it cold). ``fork`` asks the
+    warm process, then (where that refused) a forkserver; ``forkserver`` asks a forkserver, begun when there is
+    none (a restart after one refused, a grow). A server that refuses is said once, here, naming the way on."""
+    if start == "spawn" or not enabled():
+        return None
+    kinds = (False, True) if start == "fork" else (True,)
+    for lean in kinds:
+        key = _key(env)
+        with _lock:
+            if (key, lean) in _refused:
+                continue
+        server = _begin(env, lean) if lean else server_for(env)
+        if server is None:
+            continue
+        pid, reason = server.fork(job)
+        if pid is not None:
+            return pid
+        if reason:
+            with _lock:
+                _refused.add((key, lean))
+            _say_refused(server, reason, "forkserver" if not lean else "spawn")
+    return None
+
+
+def _say_refused(server: Server, reason: str, then: str) -> None:
+    what = "the fork server" if server.lean else "the warm process"
+    way = {
+        "forkserver": "They start from a fork server of their own instead (--start forkserver: a fresh process "
+        "that imports only torch and ipyparallel's engine)",
+        "spawn": "They start cold instead (--start spawn: a fresh Python each, about a second of a core more per rank)",
+    }[then]
+    print(
+        f"nbdist: {what} (pid {server.pid}) cannot fork ranks safely: {reason}. {way}. Something that runs when "
+        "Python starts (a sitecustomize, a .pth file) or is imported there can do this; --start spawn starts "
+        "ranks cold without asking.",
+        file=sys.stderr,
+        flush=True,
+    )
 
 
 def count() -> int:
@@ -196,7 +256,11 @@ def _drop_dead() -> None:
 
 
 class WarmEngineLauncher(LocalEngineLauncher):
-    """ipyparallel's local engine launcher, forked from the warm process when it can be."""
+    """ipyparallel's local engine launcher, forked from a fork server when its start method says so and it can be."""
+
+    start_method = Unicode("fork", help="how the engine's process is made: " + ", ".join(START_METHODS)).tag(
+        config=True
+    )
 
     def start(self) -> None:
         args = list(self.args)
@@ -204,14 +268,13 @@ class WarmEngineLauncher(LocalEngineLauncher):
             return super().start()
         env = os.environ.copy()
         env.update(self.get_env())
-        server = server_for(env)
         job = {
             "args": args[len(ENGINE_CMD) :],
             "env": env,
             "cwd": os.path.abspath(self.work_dir),
             "output": self.output_file,
         }
-        pid = server.fork(job) if server is not None else None
+        pid = fork_engine(job, env, self.start_method)
         if pid is None:
             return super().start()
         import psutil

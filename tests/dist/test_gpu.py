@@ -277,3 +277,47 @@ def test_a_warm_process_with_cuda_initialised_refuses_to_fork_and_the_ranks_star
         pool.shutdown()
     said = capfd.readouterr().err
     assert "cannot fork ranks safely: CUDA is initialised in it" in said, said
+
+
+@needs_gpus(1)
+@pytest.mark.parametrize("start", ["fork", "forkserver", "spawn"])
+def test_the_device_asked_by_get_device_module_is_seen_before_a_fork_and_each_start_method_gets_the_gpu(
+    tmp_path, monkeypatch, capfd, start
+):
+    """pytorch/pytorch#190708: ``torch.get_device_module().device_count()`` leaves torch.cuda.is_initialized() False
+    and a forked child dies with 'CUDA error: initialization error'. Planted in the warm process only: it refuses,
+    naming the driver, and the ranks come from a fork server. A clean fork server maps no driver (no false alarm),
+    and ranks made by every start method use the GPU."""
+    import os
+
+    import psutil
+
+    import nbdist
+    from nbdist.config import default_threads
+    from nbdist.engine import warm
+    from nbdist.launch import pool
+
+    pool.shutdown()
+    if start == "fork":
+        (tmp_path / "sitecustomize.py").write_text(
+            "import sys\n"
+            "if 'nbdist.engine.warm' in sys.orig_argv and '--lean' not in sys.orig_argv:\n"
+            "    import torch\n"
+            "    torch.get_device_module().device_count()\n"
+        )
+        monkeypatch.setenv("PYTHONPATH", f"{tmp_path}{os.pathsep}{os.environ.get('PYTHONPATH', '')}")
+        server = pool.warm(1, default_threads(1))
+    try:
+        with nbdist.start(n=1, start=start) as cluster:
+            for p in pool.pids():  # a server that forked ranks has no driver mapped
+                assert warm.accelerator_driver(f"/proc/{p}/maps") == "", psutil.Process(p).cmdline()
+            cluster.run("t = torch.ones(2, device='cuda')\ndist.all_reduce(t)\nv = t.sum().item()").raise_for_error()
+            assert cluster.pull("v") == [2.0]
+    finally:
+        pool.shutdown()
+    said = capfd.readouterr().err
+    if start == "fork":
+        assert f"the warm process (pid {server}) cannot fork ranks safely: an accelerator's driver" in said, said
+        assert "libcuda.so" in said and "They start from a fork server of their own instead" in said, said
+    else:
+        assert "cannot fork ranks safely" not in said, said

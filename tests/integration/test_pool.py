@@ -139,8 +139,9 @@ def test_engines_outlive_a_warm_process_that_ends_and_end_with_their_cluster():
         def looked_again():
             """each engine's every watcher thread looked again after the warm process ended"""
             cluster.run(looks).raise_for_error()
-            return all(now[name] > seen[name] for seen, now in zip(first, cluster.pull("looks"), strict=True)
-                       for name in seen)
+            return all(
+                now[name] > seen[name] for seen, now in zip(first, cluster.pull("looks"), strict=True) for name in seen
+            )
 
         poll(looked_again, 30, every=0.1)
         cluster.run("t = torch.ones(1); dist.all_reduce(t); v = t.item()").raise_for_error()
@@ -189,24 +190,66 @@ def test_an_empty_numba_cache_is_filled_beside_the_warm_process_and_no_start_wai
 
 POISON = """
 import sys, threading, time
-if "nbdist.engine.warm" in sys.orig_argv:  # only in the warm process: a thread started when Python starts
+if "nbdist.engine.warm" in sys.orig_argv WHERE:  # a thread started when Python starts, in the fork servers only
     threading.Thread(target=time.sleep, args=(3600,), name="planted", daemon=True).start()
 """
 
 
-def test_a_warm_process_that_cannot_fork_safely_refuses_and_the_ranks_start_cold(tmp_path, monkeypatch, capfd):
-    """A thread besides the main one in the warm process (here planted by a sitecustomize, as a .pth file or an
-    import hook might start one): it refuses to fork, says why in one line, and the ranks start cold and work."""
-    (tmp_path / "sitecustomize.py").write_text(POISON)
+def _poison(tmp_path, monkeypatch, where: str = "") -> None:
+    (tmp_path / "sitecustomize.py").write_text(POISON.replace("WHERE", where))
     monkeypatch.setenv("PYTHONPATH", f"{tmp_path}{os.pathsep}{os.environ.get('PYTHONPATH', '')}")
+
+
+def _gone(pid: int) -> bool:
+    return not psutil.pid_exists(pid) or psutil.Process(pid).status() == psutil.STATUS_ZOMBIE
+
+
+def _works(cluster) -> None:
+    cluster.run("t = torch.ones(1)\ndist.all_reduce(t)\nv = t.item()").raise_for_error()
+    assert cluster.pull("v") == [2.0, 2.0]
+
+
+def test_a_warm_process_that_cannot_fork_safely_refuses_and_the_ranks_come_from_a_fork_server(
+    tmp_path, monkeypatch, capfd
+):
+    """A thread besides the main one in the warm process only (planted by a sitecustomize that spares a lean fork
+    server, as something the warm process imports beyond torch and ipyparallel's engine might start one): it
+    refuses to fork, says why in one line, and the ranks come from a fork server begun for them (--start
+    forkserver), which ends with the world."""
+    _poison(tmp_path, monkeypatch, 'and "--lean" not in sys.orig_argv')
     server = pool.warm(2, default_threads(2))
     assert server
     with nbdist.start(n=2) as cluster:
-        assert all(_parent(r.pid) != server for r in cluster.ranks), "a rank was forked from the poisoned process"
-        cluster.run("t = torch.ones(1)\ndist.all_reduce(t)\nv = t.item()").raise_for_error()
-        assert cluster.pull("v") == [2.0, 2.0]
+        makers = {_parent(r.pid) for r in cluster.ranks}
+        assert len(makers) == 1 and server not in makers, "a rank was forked from the poisoned process"
+        (maker,) = makers
+        assert "--lean" in psutil.Process(maker).cmdline()
+        _works(cluster)
     said = capfd.readouterr().err
     assert said.count("cannot fork ranks safely") == 1, said  # once: the refused server is ended, not asked again
     assert f"the warm process (pid {server}) cannot fork ranks safely: 1 thread(s) besides its main one" in said, said
-    assert "They start cold instead" in said and "NBDIST_WARM=0" in said, said
-    assert not psutil.pid_exists(server) or psutil.Process(server).status() == psutil.STATUS_ZOMBIE
+    assert "They start from a fork server of their own instead (--start forkserver" in said, said
+    assert _gone(server) and wait_gone([maker], 5) == []
+    # the poison gone (the sitecustomize removed), the next start forks from a new warm process and says nothing
+    monkeypatch.setenv("PYTHONPATH", os.environ["PYTHONPATH"].split(os.pathsep, 1)[1])
+    clean = pool.warm(2, default_threads(2))
+    with nbdist.start(n=2) as cluster:
+        assert {_parent(r.pid) for r in cluster.ranks} == {clean}
+        _works(cluster)
+    assert "cannot fork" not in capfd.readouterr().err
+
+
+def test_fork_servers_that_cannot_fork_safely_refuse_and_the_ranks_start_cold(tmp_path, monkeypatch, capfd):
+    """The same thread in every fork server (a sitecustomize runs in each): the warm process refuses, then the fork
+    server begun instead, each said once, and the ranks start cold (--start spawn) and work."""
+    _poison(tmp_path, monkeypatch)
+    server = pool.warm(2, default_threads(2))
+    assert server
+    with nbdist.start(n=2) as cluster:
+        assert {_parent(r.pid) for r in cluster.ranks} == {os.getpid()}, "a rank was forked from a poisoned process"
+        _works(cluster)
+    said = capfd.readouterr().err
+    assert said.count("cannot fork ranks safely") == 2, said
+    assert f"the warm process (pid {server}) cannot fork ranks safely: 1 thread(s) besides its main one" in said, said
+    assert "the fork server (pid " in said and "They start cold instead (--start spawn" in said, said
+    assert _gone(server) and pool.pids() == []

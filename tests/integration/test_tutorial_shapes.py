@@ -18,6 +18,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import shutil
 import subprocess
 import sys
 
@@ -243,10 +244,21 @@ def world(ip):
         run_cell(ip, "%dist_stop")
 
 
+FORKSERVER = {  # the same programs with forkserver, Python 3.14's default start method on Linux
+    "mp.spawn": ("nprocs=world_size, join=True)", 'nprocs=world_size, join=True, start_method="forkserver")'),
+    "mp.Process": ('mp.set_start_method("spawn")', 'mp.set_start_method("forkserver")'),
+}
+
+
+@pytest.mark.parametrize("method", ["spawn", "forkserver"])
 @pytest.mark.parametrize("shape", ["mp.spawn", "mp.Process"])
-def test_a_program_that_starts_its_own_processes_runs_on_the_world_bit_for_bit(world, tmp_path, capsys, shape):
+def test_a_program_that_starts_its_own_processes_runs_on_the_world_bit_for_bit(world, tmp_path, capsys, shape, method):
     ip, pids = world
     text = SPAWN_DDP if shape == "mp.spawn" else PROCESS_TEMPLATE
+    if method == "forkserver":
+        old, new = FORKSERVER[shape]
+        assert text.count(old) == 1
+        text = text.replace(old, new)
     outs = {way: tmp_path / way for way in ("python", "dist_run", "pasted")}
     ref = tmp_path / "ref.py"
     ref.write_text(_program(text, ref, outs["python"]))
@@ -387,6 +399,95 @@ def test_children_a_cell_starts_keep_working_and_one_that_fails_fails_the_cell(w
     _world_works(ip)
 
 
+CHILD = """
+import multiprocessing, os, sys
+
+
+def work(path):
+    open(path, "w").write(str(os.getpid()))
+
+
+if __name__ == "__main__":
+    p = multiprocessing.get_context("forkserver").Process(target=work, args=(sys.argv[1] + os.environ.get("RANK", ""),))
+    p.start()
+    p.join()
+    print("child exit code", p.exitcode)
+"""
+
+
+def test_a_process_started_with_forkserver_finds_a_scripts_function_and_a_cells_is_refused_in_one_line(
+    world, tmp_path, capsys
+):
+    """Python 3.14 starts processes with forkserver: the child imports the main module to find its target.
+    ``python prog.py`` and ``%dist_run prog.py`` both work (the child imports prog.py); a function defined in a
+    cell has no module a new process could import, so its start is refused in one line naming the fix (in a plain
+    kernel the child dies with an AttributeError printed to the server's terminal, and the notebook shows nothing)."""
+    ip, pids = world
+    script = tmp_path / "prog.py"
+    script.write_text(CHILD)
+    done = subprocess.run(
+        [sys.executable, str(script), str(tmp_path / "python")], capture_output=True, text=True, timeout=HANG_S
+    )
+    assert "child exit code 0" in done.stdout and (tmp_path / "python").exists(), done.stdout + done.stderr
+    capsys.readouterr()
+    run_cell(ip, f"%dist_run {script} {tmp_path / 'dist_run'}")
+    out = capsys.readouterr().out
+    assert rank_said(out, 0, "child exit code 0") and rank_said(out, 1, "child exit code 0"), out
+    for rank in (0, 1):
+        child = int((tmp_path / f"dist_run{rank}").read_text())
+        assert child not in pids
+    with pytest.raises(RankError) as err:
+        run_cell(
+            ip,
+            "%%distributed\n"
+            + CHILD.replace('if __name__ == "__main__":', "if True:").replace(
+                "sys.argv[1]", repr(str(tmp_path / "cell"))
+            ),
+        )
+    lines = str(err.value).splitlines()
+    assert len(lines) == 2 and all(f"rank {r} " in ln for r, ln in enumerate(lines)), lines
+    assert "Process(target=work) starts with 'forkserver': the new process finds work by importing" in lines[0]
+    assert "Put work in a .py file beside the notebook and import it from there" in lines[0], lines[0]
+    assert not list(tmp_path.glob("cell*"))
+    _world_works(ip)
+
+
+@pytest.mark.skipif(shutil.which("cc") is None, reason="no C compiler to build a stand-in driver library")
+def test_a_child_forked_after_the_gpu_driver_loaded_says_torchs_spawn_error_and_dataloaders_still_fork(world, tmp_path):
+    """pytorch/pytorch#190708: a rank that asked the GPU by a path torch does not mark (its driver loaded,
+    torch.cuda.is_initialized() False) forks a child; using CUDA there died with 'CUDA error: initialization
+    error'. The child is marked as torch marks a CUDA process's children: torch's own one-line error naming the
+    'spawn' start method. The rank may still fork: a DataLoader's workers load as before. Here a library named
+    as NVIDIA's driver is built and loaded on the ranks (no GPU); the GPU tier does it with the real call."""
+    ip, pids = world
+    (tmp_path / "driver.c").write_text("int cuInit(unsigned int flags) { return 0; }\n")
+    lib = tmp_path / "libcuda.so.1"
+    subprocess.run(["cc", "-shared", "-fPIC", "-o", str(lib), str(tmp_path / "driver.c")], check=True)
+    use_cuda = (
+        "%%distributed\nimport multiprocessing\n"
+        "def _use_gpu():\n    torch.zeros(1, device='cuda')\n"
+        "_g = multiprocessing.get_context('fork').Process(target=_use_gpu); _g.start(); _g.join()"
+    )
+    with pytest.raises(RankError) as err:  # before the driver is loaded: CPU torch's own answer
+        run_cell(ip, use_cuda)
+    assert "Torch not compiled with CUDA enabled" in str(err.value), str(err.value)
+    run_cell(ip, f"%%distributed\nimport ctypes\n_drv = ctypes.CDLL({str(lib)!r}); _drv.cuInit(0)")
+    with pytest.raises(RankError) as err:
+        run_cell(ip, use_cuda)
+    lines = str(err.value).splitlines()
+    assert len(lines) == 2, lines
+    for line in lines:
+        assert "Cannot re-initialize CUDA in forked subprocess" in line and "'spawn' start method" in line, line
+    run_cell(
+        ip,
+        "%%distributed\nfrom torch.utils.data import DataLoader, TensorDataset\n"
+        "_total = sum(b[0].sum().item() for b in DataLoader(TensorDataset(torch.arange(8.)), batch_size=2, num_workers=2))",
+    )
+    assert nbdist.current().pull("_total") == [28.0, 28.0]
+    _world_works(ip)
+    assert [r.pid for r in nbdist.current().ranks] == pids
+
+
 def test_bad_input_is_one_line_naming_the_value_and_the_fix_and_the_world_stays(world):
     ip, pids = world
     run_cell(ip, "%%distributed\nimport torch.multiprocessing as mp\ndef _fn(rank, x):\n    return None\n")
@@ -404,7 +505,9 @@ def test_bad_input_is_one_line_naming_the_value_and_the_fix_and_the_world_stays(
         with pytest.raises(RankError) as err:
             run_cell(ip, f"%%distributed\n{code}")
         lines = str(err.value).splitlines()
-        assert len(lines) == 2 and all(ln.startswith(f"rank {r} ") and "(engine" not in ln for r, ln in enumerate(lines)), lines
+        assert len(lines) == 2 and all(
+            ln.startswith(f"rank {r} ") and "(engine" not in ln for r, ln in enumerate(lines)
+        ), lines
         assert expected in lines[0], (code, lines[0])
     # argparse in a cell sees no engine arguments (parse_args() of a parser with defaults works); a required
     # argument missing says why and the fix

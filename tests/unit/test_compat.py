@@ -345,3 +345,13 @@ def test_the_torch_requirement_has_no_ceiling_so_pip_keeps_a_newer_torch():
     [torch] = [Requirement(r) for r in meta["project"]["dependencies"] if Requirement(r).name == "torch"]
     for release in (compat.CHECKED["torch"][0] + ".0", "2.14.1", "2.15.0", "2.16.0", "3.0.0"):
         assert torch.specifier.contains(release, prereleases=False), f"{torch} refuses torch {release}"
+
+
+def test_probe_cuda_bad_fork(monkeypatch):
+    import torch
+
+    assert callable(torch.cuda._is_in_bad_fork)
+    monkeypatch.setattr(torch.cuda, "_is_in_bad_fork", torch.cuda._is_in_bad_fork)  # put back after
+    compat.cuda_bad_fork(torch)
+    with pytest.raises(RuntimeError, match="Cannot re-initialize CUDA in forked subprocess.*'spawn' start method"):
+        torch.cuda._lazy_init()

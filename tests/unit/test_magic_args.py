@@ -88,7 +88,7 @@ def test_dist_where_without_a_cluster_says_how_to_start(ip, monkeypatch):
 FROZEN = {
     # then each launcher's own options, in the order the launchers declare them (config/launchers.py)
     "dist_start": "-n --backend --launcher --timeout --oversubscribe --threads --no-pin --max-restarts --recover-from "
-    "--min-ranks --debug-collectives --restart --keep --ip --nodes --partition --time --account --gpus-per-node --sbatch-arg "
+    "--min-ranks --debug-collectives --restart --keep --ip --start --nodes --partition --time --account --gpus-per-node --sbatch-arg "
     "--ranks-per-node --mpi-arg --address --gpus-per-rank",
     "distributed": "--ranks --timeout --noblock --quiet --each --setup",
     "rank": "spec --timeout --noblock --quiet --each --setup",

@@ -1,0 +1,49 @@
+"""The check before every fork (engine/warm.unsafe): an accelerator's driver loaded by any path is seen.
+
+pytorch/pytorch#190708: ``torch.get_device_module().device_count()`` loads and initialises CUDA's driver without
+``torch.cuda.is_initialized()`` saying so, and a child forked after it dies with 'CUDA error: initialization
+error'. The check reads what is mapped into the process. Here (no GPU) a library named as NVIDIA's driver is built
+and loaded in a fresh Python, as the real one would be; the GPU tier does it with the real call (tests/dist)."""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+import sys
+
+import pytest
+
+from nbdist.engine import warm
+
+
+def test_a_mapped_driver_library_is_named_and_others_are_not(tmp_path):
+    maps = tmp_path / "maps"
+    maps.write_text(
+        "7f00-7f01 r-xp 00000000 08:01 1 /usr/lib/x86_64-linux-gnu/libcudart.so.12.4.127\n"
+        "7f02-7f03 r-xp 00000000 08:01 2 /opt/torch/lib/libtorch_cuda.so\n"
+        "7f04-7f05 rw-p 00000000 00:00 0 [heap]\n"
+    )
+    assert warm.accelerator_driver(str(maps)) == "", "the CUDA runtime and torch's libraries load on import"
+    maps.write_text(maps.read_text() + "7f06-7f07 r-xp 00000000 08:01 3 /usr/lib/x86_64-linux-gnu/libcuda.so.1\n")
+    assert warm.accelerator_driver(str(maps)) == "libcuda.so.1"
+    assert warm.accelerator_driver(str(tmp_path / "absent")) == ""
+
+
+@pytest.mark.skipif(shutil.which("cc") is None, reason="no C compiler to build a stand-in driver library")
+def test_a_process_that_loaded_a_driver_refuses_to_fork_and_says_which(tmp_path):
+    source = tmp_path / "driver.c"
+    source.write_text("int cuInit(unsigned int flags) { return 0; }\n")
+    lib = tmp_path / "libcuda.so.1"
+    subprocess.run(["cc", "-shared", "-fPIC", "-o", str(lib), str(source)], check=True)
+    code = (
+        "import ctypes, sys\n"
+        "from nbdist.engine import warm\n"
+        "before = warm.unsafe()\n"
+        f"ctypes.CDLL({str(lib)!r}).cuInit(0)\n"
+        "print(repr(before)); print(warm.unsafe())\n"
+    )
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60, check=True)
+    before, after = done.stdout.splitlines()
+    assert before == "''", "a fresh Python with nbdist's engine imported is safe to fork"
+    assert after.startswith("an accelerator's driver is loaded in it (libcuda.so.1: something asked the device"), after
+    assert "torch.get_device_module().device_count()" in after
