@@ -56,15 +56,16 @@ endif
 unit: $(STAMP)
 	OMP_NUM_THREADS=1 $(BIN)/python -m pytest -q -p no:cacheprovider tests/unit
 
-# The compatibility tier: the unit tests, the core integration tests (start, cells, failure, recovery, DDP and FSDP
-# against one process, %dist_why and %dist_equiv, which reach into torch's privates) and one notebook, on another
-# torch in a venv of its own. COMPAT_TORCH=2.14.1 is a CUDA build on this machine's disk (5.5 GB; it runs on the
+# The compatibility tier: the unit tests, the core integration tests (start and its three methods, cells, failure,
+# recovery, DDP and FSDP against one process, %dist_why and %dist_equiv, which reach into torch's privates, the
+# tutorials' programs) and one notebook, on another torch in a venv of its own. COMPAT_TORCH=2.14.1 is a CUDA build on this machine's disk (5.5 GB; it runs on the
 # CPU). A release newer than pip's cap here (/etc/xdg/pip): `make compat COMPAT_TORCH=2.15.0 PIP_CONFIG_FILE=/dev/null`.
 COMPAT_TORCH ?= 2.14.1
 COMPAT := .venv-torch-$(COMPAT_TORCH)
 COMPAT_TESTS := tests/unit tests/integration/test_lifecycle.py tests/integration/test_cells.py \
 	tests/integration/test_recovery.py tests/integration/test_peer_recovery.py tests/dist/test_ddp.py \
-	tests/dist/test_sharded.py tests/integration/test_why.py tests/integration/test_equiv.py
+	tests/dist/test_sharded.py tests/integration/test_why.py tests/integration/test_equiv.py \
+	tests/integration/test_start_methods.py tests/integration/test_tutorial_shapes.py
 
 $(COMPAT)/.installed: pyproject.toml
 	@echo "make: installing torch $(COMPAT_TORCH), nbdist and the dev extras into $(COMPAT)"
