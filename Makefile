@@ -58,8 +58,8 @@ unit: $(STAMP)
 
 # The compatibility tier: the unit tests, the core integration tests (start and its three methods, cells, failure,
 # recovery, DDP and FSDP against one process, %dist_why and %dist_equiv, which reach into torch's privates, the
-# tutorials' programs) and one notebook, on another torch in a venv of its own. COMPAT_TORCH=2.14.1 is a CUDA build on this machine's disk (5.5 GB; it runs on the
-# CPU). A release newer than pip's cap here (/etc/xdg/pip): `make compat COMPAT_TORCH=2.15.0 PIP_CONFIG_FILE=/dev/null`.
+# tutorials' programs) and one notebook, on another torch in a venv of its own. COMPAT_TORCH=2.14.1 is a CUDA build
+# on this machine's disk (5.5 GB; it runs on the CPU). A release newer than pip's cap here (/etc/xdg/pip): `make compat COMPAT_TORCH=2.15.0 PIP_CONFIG_FILE=/dev/null`.
 COMPAT_TORCH ?= 2.14.1
 COMPAT := .venv-torch-$(COMPAT_TORCH)
 COMPAT_TESTS := tests/unit tests/integration/test_lifecycle.py tests/integration/test_cells.py \
