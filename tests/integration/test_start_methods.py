@@ -9,6 +9,9 @@ Time bounds only catch hangs (HANG_S); benchmarks/startup.py times the three met
 
 from __future__ import annotations
 
+import shutil
+import subprocess
+
 import psutil
 import pytest
 import torch
@@ -96,3 +99,33 @@ def test_an_unknown_start_method_is_one_line_and_the_running_world_stays(ip):
         assert nbdist.current().pull("_v") == [2.0, 2.0]
     finally:
         run_cell(ip, "%dist_stop")
+
+
+@pytest.mark.skipif(shutil.which("cc") is None, reason="no C compiler to build a stand-in driver library")
+@pytest.mark.parametrize("start", ["fork", "forkserver"])
+def test_a_gpu_driver_loaded_on_a_rank_does_not_reach_the_ranks_a_grow_makes(ip, tmp_path, capfd, start):
+    """A poison that appears after the world started: a cell loads the GPU's driver on every rank (here a library
+    named as NVIDIA's, built for the test; no GPU), then %dist_grow. The new rank is made by the world's fork
+    server, which never ran a cell, so nothing is refused and nothing of the ranks' is in it."""
+    (tmp_path / "driver.c").write_text("int cuInit(unsigned int flags) { return 0; }\n")
+    lib = tmp_path / "libcuda.so.1"
+    subprocess.run(["cc", "-shared", "-fPIC", "-o", str(lib), str(tmp_path / "driver.c")], check=True)
+    pool.shutdown()
+    run_cell(ip, f"%dist_start -n 2 --start {start} --oversubscribe")
+    try:
+        run_cell(ip, "%%distributed --setup\nmodel = torch.nn.Linear(2, 2)")  # what a grow replays on the new rank
+        run_cell(ip, f"%%distributed\nimport ctypes\n_drv = ctypes.CDLL({str(lib)!r}); _drv.cuInit(0)")
+        from nbdist.engine.warm import accelerator_driver
+
+        cluster = nbdist.current()
+        assert all(accelerator_driver(f"/proc/{r.pid}/maps") == "libcuda.so.1" for r in cluster.ranks)
+        capfd.readouterr()
+        run_cell(ip, "%dist_grow 1")
+        assert cluster.world_size == 3 and _maker(cluster.ranks[2].pid) == start
+        assert accelerator_driver(f"/proc/{cluster.ranks[2].pid}/maps") == ""
+        run_cell(ip, "%%distributed\n_t = torch.ones(1); dist.all_reduce(_t); _v = _t.item()")
+        assert cluster.pull("_v") == [3.0, 3.0, 3.0]
+        assert "cannot fork" not in capfd.readouterr().err
+    finally:
+        run_cell(ip, "%dist_stop")
+        pool.shutdown()
