@@ -140,8 +140,8 @@ def warm(n: int, threads: int, lean: bool = False) -> int | None:
         return None
     env = {**os.environ, **procs.process_env(threads)}
     key = _key(env)
-    with _lock:
-        _refused.discard((key, lean))
+    with _lock:  # a new start asks every kind of server again
+        _refused.difference_update({(key, False), (key, True)})
     server = _begin(env, lean, only_new=True)
     return server.pid if server is not None else None
 

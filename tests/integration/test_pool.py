@@ -253,3 +253,12 @@ def test_fork_servers_that_cannot_fork_safely_refuse_and_the_ranks_start_cold(tm
     assert f"the warm process (pid {server}) cannot fork ranks safely: 1 thread(s) besides its main one" in said, said
     assert "the fork server (pid " in said and "They start cold instead (--start spawn" in said, said
     assert _gone(server) and pool.pids() == []
+    # the next start asks every kind of server again: with the poison now in the warm process only, a fork server
+    # makes its ranks (a refusal is not remembered past its start)
+    _poison(tmp_path, monkeypatch, 'and "--lean" not in sys.orig_argv')
+    again = pool.warm(2, default_threads(2))
+    with nbdist.start(n=2) as cluster:
+        makers = {_parent(r.pid) for r in cluster.ranks}
+        assert again not in makers and all("--lean" in psutil.Process(m).cmdline() for m in makers), makers
+        _works(cluster)
+    assert capfd.readouterr().err.count("cannot fork ranks safely") == 1
