@@ -28,7 +28,9 @@ __all__ = [
     "log",
     "on_preempt",
     "start",
+    "track",
     "unload_ipython_extension",
+    "untrack",
     "why",
 ]
 
@@ -49,6 +51,10 @@ def __getattr__(name: str) -> Any:
         from .tools.fit import fit
 
         return fit
+    if name in ("track", "untrack"):
+        from .tools import track
+
+        return getattr(track, name)
     if name == "equiv":
         from .tools.equiv import equiv
 

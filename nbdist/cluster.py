@@ -115,6 +115,9 @@ class Cluster:
     def stop(self) -> None:
         """Stop every engine and the controller this cluster started (by pid), remove its files."""
         global _CURRENT
+        tracker, self.cells.listener = self.cells.listener, None
+        if tracker is not None:  # the world's run ends with it, what is queued written first
+            tracker.close()
         self.membership.stop()
         if _CURRENT is self:
             _CURRENT = None

@@ -76,8 +76,10 @@ class TaggedPrinter(Sink):
         clock: Callable[[], float] = time.monotonic,
         transcript: Transcript | None = None,
         expect: dict[int, dict[str, Any]] | None = None,
+        listener: Any = None,
     ) -> None:
         self.quiet_ranks = quiet_ranks or set()
+        self.listener = listener  # what else hears the metric rows (a tracked run: track/tracker.py)
         self.expect = expect  # what %%dist_fit forecast (the dashboard draws it and says a miss)
         self.transcript = transcript  # what is shown is also kept there, for a page opened later
         self.limit = limit
@@ -174,6 +176,8 @@ class TaggedPrinter(Sink):
 
     def metrics(self, rank: int, rows: list[dict[str, Any]]) -> None:
         """Plotted live in a notebook: the dashboard appears with the first rows."""
+        if self.listener is not None:
+            self.listener.metrics(rank, rows)
         if self.transcript is not None:
             self.transcript.metrics(rank, rows)
         if self.dashboard is None:

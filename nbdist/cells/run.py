@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import sys
 from collections.abc import Callable
+from typing import Any
 
 from .. import compat
 from ..config import RunConfig
@@ -104,13 +105,14 @@ def execute(
     then: Then | None = None,
     death_grace: float | None = None,
     tick: Callable[[], None] | None = None,
+    listener: Any = None,
 ) -> RunResult | PendingRun:
     """Run ``code`` on ``cfg.ranks``. Blocking: follow it and return the RunResult; else a PendingRun.
 
     ``grace``, ``watchdog`` and ``death_grace`` are the release policy's (see release.py); ``on_done`` is
     called with every finished result, before it is returned; ``then`` last, with the ranks
     ``on_done`` returned, and what it returns is the result. ``tick``: called about once a second while
-    the cell runs (watch.py).
+    the cell runs (watch.py). ``listener``: what else hears the metric rows of the default sink (a tracked run).
     """
     dead = [r for r in engines.dead_ranks() if r in cfg.ranks]
     if dead:
@@ -125,7 +127,7 @@ def execute(
         kept = transcript.start(engines.workdir)  # what the cell shows, for a page opened later
         sink = TaggedPrinter(
             quiet_ranks=set(cfg.ranks[1:]) if cfg.quiet else set(), ranks=cfg.ranks, fold=not cfg.each, transcript=kept,
-            expect=cfg.expect,
+            expect=cfg.expect, listener=listener,
         )
     if kept is not None:
         then = _ending(kept, then)

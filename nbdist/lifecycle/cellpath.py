@@ -17,6 +17,7 @@ from __future__ import annotations
 import dataclasses
 import signal
 from dataclasses import dataclass
+from typing import Any
 
 from ..cells.output import Sink
 from ..cells.run import PendingRun, execute
@@ -39,6 +40,7 @@ class CellPath:
     recovery: Recovery
     growing: int = 0  # ranks asked for while the cell runs: added where its loop stops for them
     grown: str = ""  # the line of the last grow made where a cell stopped for it
+    listener: Any = None  # what else hears each cell, its metric rows and its resizes (a tracked run: track/)
 
     def engines(self) -> EngineSet:
         return self.membership.live()
@@ -56,6 +58,8 @@ class CellPath:
         if dead and self.recovery.left > 0:
             self.recovery.recover(dead, self.replay(), self.say)
             cfg = dataclasses.replace(cfg, ranks=parse_ranks(spec, len(self.engines().ranks)))
+        if self.listener is not None:  # a person's cell (a recovery's or a grow's run of it goes on with its steps)
+            self.listener.cell(code, len(self.engines().ranks))
         return self._execute(code, cfg, sink, setup)
 
     def _execute(self, code: str, cfg: RunConfig, sink: Sink | None, setup: bool) -> RunResult | PendingRun:
@@ -75,6 +79,7 @@ class CellPath:
             then=then,
             death_grace=0.0 if self.recovery.left > 0 else None,  # the cell runs again: nothing to wait for
             tick=self.tick,
+            listener=self.listener,
         )
 
     def tick(self) -> None:
@@ -123,6 +128,8 @@ class CellPath:
         ranks = cfg.ranks if new is None else [new[r] for r in cfg.ranks if r in new]
         if new is not None and sink is not None:
             sink.resized(new, self.membership.sizes[-1].step)
+        if new is not None and self.listener is not None:
+            self.listener.resized(new, self.membership.sizes[-1].step)
         again = self._execute(
             code, RunConfig(ranks=ranks, timeout=cfg.timeout, quiet=cfg.quiet, each=cfg.each), sink, setup
         )
@@ -158,6 +165,9 @@ class CellPath:
         ranks = list(range(after)) if cfg.ranks == list(range(before)) else cfg.ranks
         if after > before and sink is not None:
             sink.resized({r: r for r in range(after)}, self.membership.sizes[-1].step, joined=list(range(before, after)))
+        if after > before and self.listener is not None:
+            joined = list(range(before, after))
+            self.listener.resized({r: r for r in range(before)}, self.membership.sizes[-1].step, joined)
         again = self._execute(code, dataclasses.replace(cfg, ranks=ranks), sink, setup)
         lines = [*result.recovered, self.grown]
         if isinstance(again, PendingRun):

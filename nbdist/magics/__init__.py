@@ -378,12 +378,11 @@ _LOADED: dict[int, DistMagics] = {}
 def load(ipython: Any) -> None:
     from ..config import default_threads
     from ..launch import pool
-    from .fit import FitMagics
-    from .scripts import ScriptMagics
+    from . import fit, scripts, track
 
     magics = DistMagics(ipython)
     _LOADED[id(ipython)] = magics
-    for face in (magics, ScriptMagics(ipython), FitMagics(ipython)):
+    for face in (magics, scripts.ScriptMagics(ipython), fit.FitMagics(ipython), track.TrackMagics(ipython)):
         ipython.register_magics(face)
     # Import torch for the likely first %dist_start (2 ranks) while the user types it; inside a
     # Slurm job the ranks start through srun on the allocation's nodes, so local ones would be wasted.

@@ -103,6 +103,7 @@ FROZEN = {
     "dist_attach": "name",
     "dist_equiv": "--steps --timeout function",
     "dist_why": "--timeout",
+    "dist_track": "kind name --dir",
 }
 
 
@@ -110,8 +111,12 @@ def _magics():
     from nbdist.magics import DistMagics
     from nbdist.magics.common import with_launcher_options
     from nbdist.magics.scripts import ScriptMagics
+    from nbdist.magics.track import TrackMagics
 
-    found = {name: getattr(DistMagics, name, None) or getattr(ScriptMagics, name) for name in FROZEN}
+    found = {
+        name: getattr(DistMagics, name, None) or getattr(ScriptMagics, name, None) or getattr(TrackMagics, name)
+        for name in FROZEN
+    }
     with_launcher_options(found["dist_start"])
     return found
 

@@ -1,0 +1,102 @@
+"""One run's steps across a world's cells: what each rank logs becomes the run's points, once each.
+
+A cell's loop counts its steps from 0 again (a cell run three times logs 0..N three times); the run's step goes on:
+a cell's step ``s`` is the run's ``offset + s``, the offset one past the last step the run has. A step a rank logs
+again inside one cell (a loop that went back to its checkpoint after a recovery) is left out: nothing is logged
+twice. Each rank's values go under ``rank{r}/``; the world's value of a step (the mean over the ranks, the sum for
+throughput, as the dashboard's headline counts them) is written once every rank of the world has logged it; a
+step some rank never logs (a rank killed before it sent its last rows) is written with the ranks that did, when a
+later step is complete, a resize comes or the next cell starts: each tag's steps are written in order (TensorBoard
+drops a point older than the last it read). Pure bookkeeping: ``Steps.add`` returns the
+points to write, the writer thread calls it (tracker.py).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Any
+
+SKIP = ("t", "step")  # the row's own bookkeeping
+TIMED = "why/"  # %dist_why's timings: the verdict's, not a step's metrics
+SUMMED = ("throughput/",)  # summed over the ranks (the world's samples/s); every other metric is averaged
+WORLD_SIZE = "world/size"
+
+Point = tuple[str, float, int]  # (tag, value, the run's step)
+
+
+@dataclass(slots=True)
+class Steps:
+    """The run's step bookkeeping (see the module's docstring)."""
+
+    world: int = 0  # ranks in the world now
+    offset: int = 0  # the run's step of this cell's step 0
+    last: int = -1  # the run's last step with a point
+    counted: dict[int, int] = field(default_factory=dict)  # rows without a step, per rank, in this cell
+    written: dict[tuple[str, int], int] = field(default_factory=dict)  # (key, rank) -> last cell step written
+    waiting: dict[tuple[int, str], dict[int, float]] = field(default_factory=dict)  # (cell step, key) -> rank: value
+
+    def cell(self, world: int) -> list[Point]:
+        """A cell starts on ``world`` ranks: its steps go on after the run's; the world's size if it changed."""
+        out = self.flush()
+        self.offset = self.last + 1
+        self.counted.clear()
+        self.written.clear()
+        if world != self.world:
+            self.world = world
+            out.append((WORLD_SIZE, float(world), self.offset))
+        return out
+
+    def resized(self, new: dict[int, int], step: int | None, joined: list[int] | None) -> list[Point]:
+        """The world went on with other ranks from the cell's ``step``: its size from there, ranks renumbered."""
+        out = self.flush()
+        self.world = len(set(new.values()) | set(joined or []))
+        self.written = {(k, new[r]): s for (k, r), s in self.written.items() if r in new}
+        self.counted = {new[r]: n for r, n in self.counted.items() if r in new}
+        at = self.offset + step if step is not None else self.last + 1
+        out.append((WORLD_SIZE, float(self.world), at))
+        return out
+
+    def add(self, rank: int, rows: list[dict[str, Any]]) -> list[Point]:
+        out: list[Point] = []
+        for row in rows:
+            if row.get("step") is None and any(k.startswith(TIMED) for k in row):
+                continue
+            step = row.get("step")
+            if step is None:
+                step = self.counted.get(rank, 0)
+                self.counted[rank] = step + 1
+            cell_step = int(step)
+            for key, value in row.items():
+                if key in SKIP or key.startswith(TIMED) or not _number(value):
+                    continue
+                if self.written.get((key, rank), -1) >= cell_step:
+                    continue  # logged again (a recovered loop went back): once only
+                self.written[(key, rank)] = cell_step
+                at = self.offset + cell_step
+                out.append((f"rank{rank}/{key}", float(value), at))
+                self.last = max(self.last, at)
+                values = self.waiting.setdefault((cell_step, key), {})
+                values[rank] = float(value)
+                if len(values) >= self.world:  # the steps before it that some rank never logged first: in order
+                    for earlier in sorted(s for s, k in self.waiting if k == key and s < cell_step):
+                        out += self._world(earlier, key)
+                    out += self._world(cell_step, key)
+        return out
+
+    def flush(self) -> list[Point]:
+        """The steps some ranks never logged (a rank lost, a cell that ended): written with the ranks that did."""
+        out: list[Point] = []
+        for cell_step, key in sorted(self.waiting):
+            out += self._world(cell_step, key)
+        return out
+
+    def _world(self, cell_step: int, key: str) -> list[Point]:
+        values = self.waiting.pop((cell_step, key)).values()
+        total = math.fsum(values)
+        value = total if key.startswith(SUMMED) else total / len(values)
+        return [(key, value, self.offset + cell_step)]
+
+
+def _number(value: Any) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool)  # a NaN loss is worth seeing

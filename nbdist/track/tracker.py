@@ -1,0 +1,126 @@
+"""One tracked run for a world (``%dist_track``): what the ranks log goes to one run of a tracker, from the notebook.
+
+The ranks send their rows as they always do; the cell path hands them to the tracker as the dashboard gets them
+(``metrics``), and to nothing else on the rank: no rank opens a run. The tracker only puts them on a bounded queue
+(QUEUE items: a cell's batches) and returns; a thread of its own turns them into points (steps.py) and writes them
+to the run, so a slow tracker never slows a step or a cell. When the queue is full (a tracker stuck for minutes)
+batches are dropped and counted, said once, and the run goes on. ``close`` writes what is queued (for at most
+CLOSE_S) and ends the run.
+"""
+
+from __future__ import annotations
+
+import json
+import queue
+import sys
+import threading
+import time
+from typing import Any, Protocol
+
+from .steps import Point, Steps
+
+QUEUE = 10_000  # batches waiting for the writer, at most
+CLOSE_S = 30.0  # what is queued at close is written for at most this long
+
+
+class Run(Protocol):
+    """A tracker's run, as the writer thread uses it (sinks.py makes one per tracker)."""
+
+    where: str  # where it is, in words: a folder, a URI
+
+    def scalars(self, points: list[Point]) -> None: ...
+
+    def text(self, tag: str, text: str, step: int) -> None: ...
+
+    def close(self) -> None: ...
+
+
+class Tracker:
+    """One run for one world (see the module's docstring)."""
+
+    def __init__(self, run: Run, kind: str, params: dict[str, Any]) -> None:
+        self.run, self.kind = run, kind
+        self.steps = Steps()
+        self.dropped = 0
+        self.failed = ""  # the first error the tracker raised, once said
+        self._queue: queue.Queue[tuple[str, tuple]] = queue.Queue(QUEUE)
+        self._thread = threading.Thread(target=self._write, name="nbdist-track", daemon=True)
+        self._thread.start()
+        self._put("text", ("nbdist/config", "```\n" + json.dumps(params, indent=1, default=str) + "\n```", 0))
+
+    # ------------------------------------------------------------------ the cell path's side: never waits
+
+    def cell(self, code: str, world: int) -> None:
+        self._put("cell", (code, world))
+
+    def metrics(self, rank: int, rows: list[dict[str, Any]]) -> None:
+        self._put("rows", (rank, rows))
+
+    def resized(self, new: dict[int, int], step: int | None, joined: list[int] | None = None) -> None:
+        self._put("resized", (dict(new), step, list(joined or [])))
+
+    def _put(self, what: str, args: tuple) -> None:
+        try:
+            self._queue.put_nowait((what, args))
+        except queue.Full:
+            self.dropped += 1
+            if self.dropped == 1:
+                print(
+                    f"nbdist: the {self.kind} run at {self.run.where} does not keep up: its queue holds {QUEUE} "
+                    "batches; later ones are left out until it catches up (training goes on).",
+                    file=sys.stderr,
+                    flush=True,
+                )
+
+    # ------------------------------------------------------------------ the writer thread
+
+    def _write(self) -> None:
+        while True:
+            what, args = self._queue.get()
+            try:
+                if what == "stop":
+                    self._apply(self.steps.flush())
+                    return
+                if what == "cell":
+                    code, world = args
+                    self._apply(self.steps.cell(world))
+                    self.run.text("nbdist/cell", "```python\n" + code + "\n```", self.steps.offset)
+                elif what == "rows":
+                    self._apply(self.steps.add(*args))
+                elif what == "resized":
+                    self._apply(self.steps.resized(*args))
+                elif what == "text":
+                    self.run.text(*args)
+            except Exception as exc:  # the tracker's own failure: said once, the training goes on
+                if not self.failed:
+                    self.failed = f"{type(exc).__name__}: {exc}"
+                    print(
+                        f"nbdist: the {self.kind} run at {self.run.where} failed to write ({self.failed}); "
+                        "training goes on, and %dist_track off ends the run.",
+                        file=sys.stderr,
+                        flush=True,
+                    )
+            finally:
+                self._queue.task_done()
+
+    def _apply(self, points: list[Point]) -> None:
+        if points:
+            self.run.scalars(points)
+
+    def wait(self, timeout: float = CLOSE_S) -> bool:
+        """Until what is queued now is written (True), or ``timeout`` seconds."""
+        deadline = time.monotonic() + timeout
+        while self._queue.unfinished_tasks:
+            if time.monotonic() > deadline or not self._thread.is_alive():
+                return False
+            time.sleep(0.01)
+        return True
+
+    def close(self) -> None:
+        """Write what is queued (for at most CLOSE_S), then end the run."""
+        try:
+            self._queue.put(("stop", ()), timeout=CLOSE_S)
+        except queue.Full:
+            pass
+        self._thread.join(CLOSE_S)
+        self.run.close()

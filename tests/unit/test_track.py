@@ -1,0 +1,175 @@
+"""A tracked run's steps (track/steps.py), its writer (track/tracker.py) and TensorBoard's run (track/sinks.py),
+read back with TensorBoard's own reader. The world's end to end: tests/integration/test_track.py."""
+
+from __future__ import annotations
+
+import threading
+
+import pytest
+
+from nbdist.errors import ConfigError
+from nbdist.track import Tracker, open_run, tracker
+from nbdist.track.steps import WORLD_SIZE, Steps
+
+
+def _rows(steps, rank, **extra):
+    return [{"step": s, "loss": float(rank * 100 + s), **extra} for s in steps]
+
+
+def _by_tag(points):
+    out: dict[str, list[tuple[int, float]]] = {}
+    for tag, value, step in points:
+        out.setdefault(tag, []).append((step, value))
+    return out
+
+
+def test_cells_go_on_from_the_runs_last_step_and_the_world_is_the_mean_over_its_ranks():
+    steps = Steps()
+    points = steps.cell(2)
+    for _ in range(2):  # the same cell twice: its loop counts from 0 again, the run's step goes on
+        points += steps.cell(2)
+        points += steps.add(0, _rows(range(3), 0))
+        points += steps.add(1, _rows(range(3), 1))
+    tags = _by_tag(points)
+    assert tags["rank0/loss"] == [(s, float(s % 3)) for s in range(6)]
+    assert tags["rank1/loss"] == [(s, float(100 + s % 3)) for s in range(6)]
+    assert tags["loss"] == [(s, 50.0 + s % 3) for s in range(6)]  # written once both ranks logged the step
+    assert tags[WORLD_SIZE] == [(0, 2.0)], "the size once, where it was first known"
+
+
+def test_a_step_logged_again_inside_a_cell_is_left_out_and_throughput_is_summed():
+    steps = Steps()
+    steps.cell(2)
+    points = steps.add(0, _rows(range(4), 0, **{"throughput/samples_per_s": 10.0}))
+    points += steps.add(0, _rows([2, 3, 4], 0, **{"throughput/samples_per_s": 10.0}))  # a loop that went back
+    points += steps.add(1, _rows(range(5), 1, **{"throughput/samples_per_s": 30.0}))
+    tags = _by_tag(points)
+    assert [s for s, _ in tags["rank0/loss"]] == [0, 1, 2, 3, 4]
+    assert tags["throughput/samples_per_s"] == [(s, 40.0) for s in range(5)]
+
+
+def test_a_world_that_shrinks_and_grows_says_its_size_at_the_step_and_renumbers_its_ranks():
+    steps = Steps()
+    points = steps.cell(3)
+    points += steps.add(0, _rows(range(2), 0)) + steps.add(1, _rows(range(2), 1)) + steps.add(2, _rows(range(1), 2))
+    points += steps.resized({0: 0, 2: 1}, 2, None)  # rank 1 lost: rank 2 is rank 1 from the cell's step 2
+    points += steps.add(1, _rows([2], 2))
+    points += steps.add(0, _rows([2], 0))
+    points += steps.resized({0: 0, 1: 1}, 3, [2])  # grown back to 3 at step 3
+    tags = _by_tag(points)
+    assert tags[WORLD_SIZE] == [(0, 3.0), (2, 2.0), (3, 3.0)]
+    assert (1, 51.0) in tags["loss"], "step 1 lacked rank 2: written with the ranks that logged it at the resize"
+    assert tags["loss"][-1] == (2, 102.0)  # ranks 0 and 2 (now 1: its rows say 2) at step 2
+
+
+def test_timings_and_non_numbers_are_left_out():
+    steps = Steps()
+    steps.cell(1)
+    points = steps.add(0, [{"why/step_s": 0.1}, {"step": 0, "loss": 1.0, "note": "x", "ok": True, "t": 3.0}])
+    assert sorted(tag for tag, _, _ in points) == ["loss", "rank0/loss"]
+
+
+class _Held:
+    """A run whose writes wait until released: a tracker that is slow, or stuck."""
+
+    where = "memory"
+
+    def __init__(self) -> None:
+        self.go = threading.Event()
+        self.points: list = []
+        self.texts: list = []
+        self.closed = False
+
+    def scalars(self, points):
+        self.go.wait()
+        self.points += points
+
+    def text(self, tag, text, step):
+        self.texts.append((tag, step))
+
+    def close(self):
+        self.closed = True
+
+
+def test_nothing_waits_for_a_slow_tracker_and_a_full_queue_drops_and_says_so_once(monkeypatch, capsys):
+    monkeypatch.setattr(tracker, "QUEUE", 50)
+    run = _Held()
+    t = Tracker(run, "held", {"n": 2})
+    t.cell("for step in range(100): ...", 1)
+    for step in range(200):  # the writer is stuck on the first batch: every call returns
+        t.metrics(0, [{"step": step, "loss": 1.0}])
+    assert t.dropped > 0
+    said = capsys.readouterr().err
+    assert said.count("does not keep up") == 1 and "training goes on" in said, said
+    run.go.set()
+    assert t.wait(10)
+    t.close()
+    steps = [s for tag, _, s in run.points if tag == "rank0/loss"]
+    assert steps == sorted(set(steps)) and steps[0] == 0, "what was kept is in order, once each"
+    assert run.closed
+
+
+def test_a_tracker_that_fails_is_said_once_and_the_rows_keep_coming(capsys):
+    run = _Held()
+    run.go.set()
+
+    def broken(points):
+        raise OSError("disk full")
+
+    run.scalars = broken
+    t = Tracker(run, "broken", {})
+    t.cell("x", 1)
+    for step in range(5):
+        t.metrics(0, [{"step": step, "loss": 1.0}])
+    assert t.wait(10)
+    t.close()
+    said = capsys.readouterr().err
+    assert said.count("failed to write (OSError: disk full)") == 1, said
+
+
+def test_a_tensorboard_run_reads_back_with_tensorboards_own_reader(tmp_path):
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    run = open_run("tensorboard", "one", str(tmp_path))
+    t = Tracker(run, "tensorboard", {"n": 2, "launcher": "local"})
+    for _ in range(2):
+        t.cell("for step in range(3): nbdist.log(step=step, loss=...)", 2)
+        for rank in (0, 1):
+            t.metrics(rank, _rows(range(3), rank))
+    t.close()
+    acc = EventAccumulator(str(tmp_path / "one"))
+    acc.Reload()
+    scalars = acc.Tags()["scalars"]
+    assert sorted(scalars) == ["loss", "rank0/loss", "rank1/loss", WORLD_SIZE]
+    assert [(e.step, e.value) for e in acc.Scalars("loss")] == [(s, 50.0 + s % 3) for s in range(6)]
+    assert [e.step for e in acc.Scalars("rank1/loss")] == list(range(6))
+    assert [(e.step, e.value) for e in acc.Scalars(WORLD_SIZE)] == [(0, 2.0)]
+    texts = acc.Tags()["tensors"]
+    assert "nbdist/cell/text_summary" in texts and "nbdist/config/text_summary" in texts, texts
+    assert [e.step for e in acc.Tensors("nbdist/cell/text_summary")] == [0, 3]
+
+
+def test_bad_input_is_one_line_naming_the_value_and_the_fix(tmp_path):
+    (tmp_path / "one").mkdir()
+    (tmp_path / "one" / "events.out.tfevents.1.host").write_bytes(b"")
+    (tmp_path / "a-file").write_text("")
+    cases = {
+        ("tensorbord", None, None): "'tensorbord' is not a tracker nbdist knows; did you mean 'tensorboard'?",
+        ("mlflow", None, None): "nbdist writes to tensorboard so far (mlflow is not built yet)",
+        ("tensorboard", "one", str(tmp_path)): "the run name 'one' is taken in",
+        ("tensorboard", "x", str(tmp_path / "a-file")): "cannot be written",
+        ("tensorboard", "a/b", str(tmp_path)): "run name 'a/b' is not a name",
+    }
+    for args, expected in cases.items():
+        with pytest.raises(ConfigError) as err:
+            open_run(*args)
+        assert expected in str(err.value) and "\n" not in str(err.value), (args, str(err.value))
+
+
+def test_steps_a_rank_never_logged_are_written_with_the_others_in_order_before_a_later_complete_step():
+    steps = Steps()
+    steps.cell(2)
+    points = steps.add(0, _rows(range(6), 0))
+    points += steps.add(1, _rows([0, 1], 1))  # rank 1 killed after step 1: its rows for 2-3 died with it
+    points += steps.add(1, _rows([4, 5], 1))  # rebuilt at step 4
+    assert _by_tag(points)["loss"] == [(0, 50.0), (1, 51.0), (2, 2.0), (3, 3.0), (4, 54.0), (5, 55.0)]
