@@ -185,7 +185,10 @@ def test_ranks_that_share_cores_need_a_larger_difference_to_be_named():
     near = {0: rows(exposed=0.02), 1: rows(exposed=0.02), 2: rows(forward=0.008)}  # 4 ms more: 15% of the step
     assert slow(near).cause == "compute"
     crowded = slow(near, crowded="4 ranks on 2 cores")
-    assert crowded.cause == "balanced" and "the bar is 20%" in crowded.text
+    assert crowded.cause == "balanced" and "the bar is 30%" in crowded.text
+    # a balanced 4-rank run on 2 cores in CI: one rank's compute 8.6 ms against 4.4 ms of a 19.7 ms step (21%)
+    seen = {0: rows(exposed=0.02), 1: rows(exposed=0.02), 2: rows(forward=0.0106)}
+    assert slow(seen).cause == "compute" and slow(seen, crowded="4 ranks on 2 cores").cause == "balanced"
 
 
 def test_a_save_or_evaluation_of_one_rank_needs_only_the_quiet_bar_where_ranks_share_cores():
