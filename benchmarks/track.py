@@ -15,7 +15,7 @@ import time
 from _common import save
 
 import nbdist
-from nbdist.track import sinks
+from nbdist.tracking import sinks
 
 STEPS = 400
 SLOW_S = 0.2

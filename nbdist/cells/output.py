@@ -79,7 +79,7 @@ class TaggedPrinter(Sink):
         listener: Any = None,
     ) -> None:
         self.quiet_ranks = quiet_ranks or set()
-        self.listener = listener  # what else hears the metric rows (a tracked run: track/tracker.py)
+        self.listener = listener  # what else hears the metric rows (a tracked run: tracking/tracker.py)
         self.expect = expect  # what %%dist_fit forecast (the dashboard draws it and says a miss)
         self.transcript = transcript  # what is shown is also kept there, for a page opened later
         self.limit = limit

@@ -40,7 +40,7 @@ class CellPath:
     recovery: Recovery
     growing: int = 0  # ranks asked for while the cell runs: added where its loop stops for them
     grown: str = ""  # the line of the last grow made where a cell stopped for it
-    listener: Any = None  # what else hears each cell, its metric rows and its resizes (a tracked run: track/)
+    listener: Any = None  # what else hears each cell, its metric rows and its resizes (a tracked run: tracking/)
 
     def engines(self) -> EngineSet:
         return self.membership.live()

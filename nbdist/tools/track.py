@@ -1,11 +1,11 @@
 """nbdist.track: what every rank logs, and nbdist's own step metrics, go to one run of an experiment tracker for the
-world (track/), from the next cell on, until ``untrack`` or the world's stop."""
+world (tracking/), from the next cell on, until ``untrack`` or the world's stop."""
 
 from __future__ import annotations
 
 from ..cluster import current
 from ..errors import ConfigError
-from ..track import Tracker, open_run
+from ..tracking import Tracker, open_run
 
 
 def track(kind: str = "tensorboard", name: str | None = None, folder: str | None = None) -> Tracker:

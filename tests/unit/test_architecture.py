@@ -130,9 +130,9 @@ def test_the_core_points_down():
 # (cluster.py, __init__, demo), which may import any folder below the magics.
 SHARED = {"errors", "config", "compat", "wire", "results", "doctor", "equivalence", "stragglers"}  # doctor, equivalence, stragglers: pure verdicts
 FOLDERS = {
-    "magics": {"tools", "cluster", "cells", "world", "launch", "widgets", "forecast", "track"},  # faces: call the API
+    "magics": {"tools", "cluster", "cells", "world", "launch", "widgets", "forecast", "tracking"},  # faces: call the API
     "server": {"cells", "world", "widgets"},  # the Jupyter server's side: what the kernel wrote, read from disk
-    "tools": {"cluster", "cells", "world", "launch", "engine", "parallel", "compression", "forecast", "track"},
+    "tools": {"cluster", "cells", "world", "launch", "engine", "parallel", "compression", "forecast", "tracking"},
     # a world's life: its membership and every change to it, a cell's way through it, recovery, grow; the on-rank
     # halves of recovery live in parallel/ and engine/ and are called there by name
     "lifecycle": {"cells", "world", "launch", "engine", "parallel"},
@@ -147,7 +147,7 @@ FOLDERS = {
     # the forecast: a cell run under fake tensors in a process of its own, and the real step it is checked against
     "forecast": {"parallel"},
     # a tracked run: the rows the cell path hands it, written to a tracker from the notebook
-    "track": set(),
+    "tracking": set(),
 }
 # Named exceptions, each with its reason.
 EXCEPTIONS = {

@@ -8,8 +8,8 @@ import threading
 import pytest
 
 from nbdist.errors import ConfigError
-from nbdist.track import Tracker, open_run, tracker
-from nbdist.track.steps import WORLD_SIZE, Steps
+from nbdist.tracking import Tracker, open_run, tracker
+from nbdist.tracking.steps import WORLD_SIZE, Steps
 
 
 def _rows(steps, rank, **extra):
@@ -173,3 +173,11 @@ def test_steps_a_rank_never_logged_are_written_with_the_others_in_order_before_a
     points += steps.add(1, _rows([0, 1], 1))  # rank 1 killed after step 1: its rows for 2-3 died with it
     points += steps.add(1, _rows([4, 5], 1))  # rebuilt at step 4
     assert _by_tag(points)["loss"] == [(0, 50.0), (1, 51.0), (2, 2.0), (3, 3.0), (4, 54.0), (5, 55.0)]
+
+
+def test_nbdist_track_is_the_function_whatever_was_imported():
+    import nbdist
+    import nbdist.tools.track
+    import nbdist.tracking  # noqa: F401 - a package named track would shadow nbdist.track once imported
+
+    assert nbdist.track is nbdist.tools.track.track and nbdist.untrack is nbdist.tools.track.untrack
