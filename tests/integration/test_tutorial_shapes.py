@@ -470,7 +470,8 @@ def test_a_child_forked_after_the_gpu_driver_loaded_says_torchs_spawn_error_and_
     )
     with pytest.raises(RankError) as err:  # before the driver is loaded: CPU torch's own answer
         run_cell(ip, use_cuda)
-    assert "Torch not compiled with CUDA enabled" in str(err.value), str(err.value)
+    if torch.version.cuda is None:  # a CUDA build marks the fork itself once a rank asked torch.cuda.is_available()
+        assert "Torch not compiled with CUDA enabled" in str(err.value), str(err.value)
     run_cell(ip, f"%%distributed\nimport ctypes\n_drv = ctypes.CDLL({str(lib)!r}); _drv.cuInit(0)")
     with pytest.raises(RankError) as err:
         run_cell(ip, use_cuda)
