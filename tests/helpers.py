@@ -213,3 +213,16 @@ class NotebookKernel:
     def close(self) -> None:
         self.kc.stop_channels()
         self.km.shutdown_kernel(now=False)
+
+
+def stand_in_driver(folder) -> str:
+    """A library named as NVIDIA's driver (libcuda.so.1, one cuInit that does nothing), built with cc in ``folder``:
+    loading it maps the name the check before a fork looks for (engine/warm.accelerator_driver), with no GPU."""
+    import pathlib
+    import subprocess
+
+    folder = pathlib.Path(folder)
+    (folder / "driver.c").write_text("int cuInit(unsigned int flags) { return 0; }\n")
+    lib = folder / "libcuda.so.1"
+    subprocess.run(["cc", "-shared", "-fPIC", "-o", str(lib), str(folder / "driver.c")], check=True)
+    return str(lib)

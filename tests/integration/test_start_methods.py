@@ -10,7 +10,6 @@ Time bounds only catch hangs (HANG_S); benchmarks/startup.py times the three met
 from __future__ import annotations
 
 import shutil
-import subprocess
 
 import psutil
 import pytest
@@ -20,7 +19,7 @@ from IPython.core.error import UsageError
 import nbdist
 from nbdist.errors import RankError
 from nbdist.launch import pool
-from tests.helpers import run_cell
+from tests.helpers import run_cell, stand_in_driver
 from tests.integration.test_recovery import TRAIN, _setup
 
 HANG_S = 120.0
@@ -107,14 +106,12 @@ def test_a_gpu_driver_loaded_on_a_rank_does_not_reach_the_ranks_a_grow_makes(ip,
     """A poison that appears after the world started: a cell loads the GPU's driver on every rank (here a library
     named as NVIDIA's, built for the test; no GPU), then %dist_grow. The new rank is made by the world's fork
     server, which never ran a cell, so nothing is refused and nothing of the ranks' is in it."""
-    (tmp_path / "driver.c").write_text("int cuInit(unsigned int flags) { return 0; }\n")
-    lib = tmp_path / "libcuda.so.1"
-    subprocess.run(["cc", "-shared", "-fPIC", "-o", str(lib), str(tmp_path / "driver.c")], check=True)
+    lib = stand_in_driver(tmp_path)
     pool.shutdown()
     run_cell(ip, f"%dist_start -n 2 --start {start} --oversubscribe")
     try:
         run_cell(ip, "%%distributed --setup\nmodel = torch.nn.Linear(2, 2)")  # what a grow replays on the new rank
-        run_cell(ip, f"%%distributed\nimport ctypes\n_drv = ctypes.CDLL({str(lib)!r}); _drv.cuInit(0)")
+        run_cell(ip, f"%%distributed\nimport ctypes\n_drv = ctypes.CDLL({lib!r}); _drv.cuInit(0)")
         from nbdist.engine.warm import accelerator_driver
 
         cluster = nbdist.current()

@@ -27,7 +27,7 @@ import torch
 
 import nbdist
 from nbdist.errors import RankError
-from tests.helpers import free_port, rank_said, run_cell
+from tests.helpers import free_port, rank_said, run_cell, stand_in_driver
 from tests.torchrun import torchrun
 
 HANG_S = 180
@@ -460,9 +460,7 @@ def test_a_child_forked_after_the_gpu_driver_loaded_says_torchs_spawn_error_and_
     'spawn' start method. The rank may still fork: a DataLoader's workers load as before. Here a library named
     as NVIDIA's driver is built and loaded on the ranks (no GPU); the GPU tier does it with the real call."""
     ip, pids = world
-    (tmp_path / "driver.c").write_text("int cuInit(unsigned int flags) { return 0; }\n")
-    lib = tmp_path / "libcuda.so.1"
-    subprocess.run(["cc", "-shared", "-fPIC", "-o", str(lib), str(tmp_path / "driver.c")], check=True)
+    lib = stand_in_driver(tmp_path)
     use_cuda = (
         "%%distributed\nimport multiprocessing\n"
         "def _use_gpu():\n    torch.zeros(1, device='cuda')\n"
@@ -472,7 +470,7 @@ def test_a_child_forked_after_the_gpu_driver_loaded_says_torchs_spawn_error_and_
         run_cell(ip, use_cuda)
     if torch.version.cuda is None:  # a CUDA build marks the fork itself once a rank asked torch.cuda.is_available()
         assert "Torch not compiled with CUDA enabled" in str(err.value), str(err.value)
-    run_cell(ip, f"%%distributed\nimport ctypes\n_drv = ctypes.CDLL({str(lib)!r}); _drv.cuInit(0)")
+    run_cell(ip, f"%%distributed\nimport ctypes\n_drv = ctypes.CDLL({lib!r}); _drv.cuInit(0)")
     with pytest.raises(RankError) as err:
         run_cell(ip, use_cuda)
     lines = str(err.value).splitlines()

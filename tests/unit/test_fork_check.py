@@ -14,6 +14,7 @@ import sys
 import pytest
 
 from nbdist.engine import warm
+from tests.helpers import stand_in_driver
 
 
 def test_a_mapped_driver_library_is_named_and_others_are_not(tmp_path):
@@ -31,10 +32,7 @@ def test_a_mapped_driver_library_is_named_and_others_are_not(tmp_path):
 
 @pytest.mark.skipif(shutil.which("cc") is None, reason="no C compiler to build a stand-in driver library")
 def test_a_process_that_loaded_a_driver_refuses_to_fork_and_says_which(tmp_path):
-    source = tmp_path / "driver.c"
-    source.write_text("int cuInit(unsigned int flags) { return 0; }\n")
-    lib = tmp_path / "libcuda.so.1"
-    subprocess.run(["cc", "-shared", "-fPIC", "-o", str(lib), str(source)], check=True)
+    lib = stand_in_driver(tmp_path)
     code = (
         "import ctypes, sys\n"
         "from nbdist.engine import warm\n"
