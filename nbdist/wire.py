@@ -4,6 +4,7 @@ the notebook that reads (cells/watch.py, cells/pdbrelay.py). A leaf: it imports 
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass, field
 
 METRICS = "nbdist.metrics."  # + a sequence number: rows logged with nbdist.log
@@ -19,6 +20,16 @@ WAITING = "waiting-{pid}"  # in a kept world's directory: this process saw its k
 BREAK_NOW = "break-now"  # in the world's directory: the time of a release that breaks the group at once (a death)
 REPORT = "rank{rank}.json"  # in the world's directory: where a rank is, written when it gets SIGUSR1 (engine/runtime.py)
 PEER_ENV = "NBDIST_PEER_RECOVERY"  # "1" on a rank of a world that recovers from a live peer (parallel/peer.py)
+
+
+def write_private(path: str, text: str) -> None:
+    """Write one of the files above (or a preflight line, a kept world's record) that another process polls for:
+    0600, through a temporary name and a rename, so that a reader that looks for ``path`` (by name, or by a glob
+    on its suffix) sees it whole or not at all, never created and still empty."""
+    tmp = f"{path}.{os.getpid()}.tmp"
+    with open(os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600), "w") as fh:
+        fh.write(text)
+    os.replace(tmp, path)
 
 
 # --------------------------------------------------------------------------- recovery from a live peer

@@ -9,6 +9,8 @@ import json
 import os
 from typing import Any
 
+from .. import wire
+
 POINTERS = "nbdist-kernels"  # in Jupyter's runtime directory: which world each kernel's cells ran on
 
 
@@ -61,11 +63,7 @@ def point(workdir: str, kernel_id: str = "") -> None:
     path = pointer_path(kernel_id)
     try:
         os.makedirs(os.path.dirname(path), mode=0o700, exist_ok=True)
-        tmp = f"{path}.{os.getpid()}"
-        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-        with os.fdopen(fd, "w") as fh:
-            json.dump({"workdir": workdir, "pid": os.getpid()}, fh)
-        os.replace(tmp, path)
+        wire.write_private(path, json.dumps({"workdir": workdir, "pid": os.getpid()}))
     except OSError:
         pass  # the cells run as before; a page opened later cannot show them
 

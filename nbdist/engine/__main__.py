@@ -120,6 +120,7 @@ def preflight() -> None:
     import json
     import socket
 
+    from nbdist import wire
     from nbdist.launch import net
 
     workdir, path = os.environ.get("NBDIST_CLUSTER_DIR", ""), connection_file()
@@ -135,9 +136,7 @@ def preflight() -> None:
     host = socket.gethostname()
     rank = next((os.environ[v] for v in os.environ.get("NBDIST_RANK_VARS", "").split(",") if v in os.environ), "?")
     line = f"the engine on {host} cannot reach the controller at {addr}:{port} ({reason}): {net.likely_fix(reason)}."
-    path = os.path.join(workdir, f"preflight-{host}-{rank}.txt")
-    with open(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600), "w") as fh:
-        fh.write(line)
+    wire.write_private(os.path.join(workdir, f"preflight-{host}-{rank}.txt"), line)  # read as soon as it exists
     print("nbdist: " + line, file=sys.stderr)
     sys.exit(2)
 

@@ -308,11 +308,7 @@ def _write_report(reason: str) -> None:
     directory = STATE.report_dir
     if not directory:
         return
-    path = os.path.join(directory, wire.REPORT.format(rank=STATE.rank))
-    tmp = path + f".{os.getpid()}.tmp"
-    with open(os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600), "w") as fh:
-        json.dump(report, fh)
-    os.replace(tmp, path)
+    wire.write_private(os.path.join(directory, wire.REPORT.format(rank=STATE.rank)), json.dumps(report))
 
 
 # --------------------------------------------------------------------------- watcher

@@ -157,12 +157,10 @@ def check_version(version: str) -> str:
     )
 
 
-def _say_preflight(line: str) -> None:
+def say_preflight(line: str) -> None:
     cluster_dir = os.environ.get("NBDIST_CLUSTER_DIR", "")
     if cluster_dir:
-        path = os.path.join(cluster_dir, PREFLIGHT)
-        with open(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600), "w") as fh:
-            fh.write(line + "\n")
+        wire.write_private(os.path.join(cluster_dir, PREFLIGHT), line + "\n")  # read as soon as it exists
     print(f"nbdist: {line}", flush=True)
 
 
@@ -194,7 +192,7 @@ def main(argv: list[str]) -> int:
     served = (
         None
         if not rayworld.warm_enabled()
-        else rayserve.ask(cluster_dir, args.n, args.command, env, say=_say, waiting=_waiting, preflight=_say_preflight)
+        else rayserve.ask(cluster_dir, args.n, args.command, env, say=_say, waiting=_waiting, preflight=say_preflight)
     )
     if served is not None:  # the world's driver started them, warm, and they have ended
         return served
@@ -202,14 +200,14 @@ def main(argv: list[str]) -> int:
     try:
         import ray
     except ImportError as exc:
-        _say_preflight(
+        say_preflight(
             f"--launcher ray needs Ray in the kernel's Python, {sys.executable} ({exc}): pip install "
             f"'ray[client]>={low[0]}.{low[1]},<{high[0]}.{high[1]}' there, or start with another --launcher."
         )
         return 2
     why = check_version(str(getattr(ray, "__version__", "?")))
     if why:
-        _say_preflight(why)
+        say_preflight(why)
         return 2
     where = args.address or "the Ray node of this host (RAY_ADDRESS unset)"
     # The kernel's wait says so, and its --timeout does not run meanwhile: Ray Client may take a minute (a server
@@ -222,7 +220,7 @@ def main(argv: list[str]) -> int:
     try:
         _connect(ray, args.address or "auto")
     except Exception as exc:
-        _say_preflight(
+        say_preflight(
             f"cannot reach the Ray cluster at {where}: {str(exc).splitlines()[0][:200]}. Name its head with --address "
             "ray://HEAD:10001 (Ray Client), or start the notebook on a Ray node."
         )
@@ -234,7 +232,7 @@ def main(argv: list[str]) -> int:
     _say(f"nbdist: connected; placing {args.n} rank(s)")
     short = world.cannot_hold(args.n)
     if short:
-        _say_preflight(short)
+        say_preflight(short)
         return 2
     server: rayserve.Server | None = None
 
@@ -296,7 +294,7 @@ CONNECT_LIMIT_S = 150.0  # Ray Client's own bound on three tries is about 110 s
 
 
 def _connect_timed_out(where: str) -> None:
-    _say_preflight(
+    say_preflight(
         f"the Ray cluster at {where} did not answer within {CONNECT_LIMIT_S:.0f} s: its head's Ray Client server "
         "logs say why (ray_client_server*.err in /tmp/ray/session_latest/logs on the head); start again once it "
         "answers."

@@ -123,11 +123,7 @@ class Keeper:
         every = [r.rank for r in engines.ranks]
         told = engines.call(every, parentwatch.keep_world, self.workdir, self.keep_s, timeout=engines.config.world.timeout)
         told.ordered("keeping the world", every)
-        path = self.record.path
-        tmp = f"{path}.{os.getpid()}.tmp"
-        with open(os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600), "w") as fh:
-            json.dump(dataclasses.asdict(self.record), fh, indent=1)
-        os.replace(tmp, path)
+        wire.write_private(self.record.path, json.dumps(dataclasses.asdict(self.record), indent=1))
         self.touch()
         if self._thread is None:
             self._thread = threading.Thread(target=self._beat, name="nbdist-keep", daemon=True)

@@ -39,11 +39,7 @@ def where(engines: EngineSet, ranks: list[int], wait: float = 0.5) -> dict[int, 
 def break_now(engines: EngineSet) -> None:
     """The release about to be sent breaks the process group at once (engine/runtime.py reads the time it was
     written: a file older than BREAK_S is a stale one and ignored)."""
-    path = os.path.join(engines.workdir, wire.BREAK_NOW)
-    tmp = f"{path}.{os.getpid()}"
     try:
-        with open(os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600), "w") as fh:
-            fh.write(repr(time.time()))
-        os.replace(tmp, path)
+        wire.write_private(os.path.join(engines.workdir, wire.BREAK_NOW), repr(time.time()))
     except OSError:
         pass  # the ranks wait their moment as for any release

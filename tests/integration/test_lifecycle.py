@@ -218,7 +218,12 @@ def test_the_first_cell_run_again_keeps_the_world_and_another_start_asks_for_res
         run_cell(ip, "%dist_stop")
 
 
-STORE = "(__import__('os').environ['MASTER_PORT'], id(__import__('nbdist.engine.state', fromlist=['STATE']).STATE.store))"
+# A rank's store connection: the port of rank 0's store, and which object in which process (a replaced rank forked
+# from the same warm process may hold its new store at the address its predecessor's had).
+STORE = (
+    "(__import__('os').environ['MASTER_PORT'], __import__('os').getpid(), "
+    "id(__import__('nbdist.engine.state', fromlist=['STATE']).STATE.store))"
+)
 SUM = "__import__('torch').distributed.all_reduce(t := __import__('torch').ones(1) * (dist.get_rank() + 1)) or t.item()"
 
 
@@ -239,6 +244,6 @@ def test_a_world_formed_again_keeps_its_store_and_connects_only_its_new_ranks():
         assert c.pull(SUM) == [6.0] * 3
         c.restart([0])
         moved = c.pull(STORE)
-        assert len({port for port, _ in moved}) == 1 and moved[0][0] != first[0][0], (first, moved)
-        assert all(m[1] != a[1] for m, a in zip(moved, after, strict=True)), (after, moved)
+        assert len({port for port, _, _ in moved}) == 1 and moved[0][0] != first[0][0], (first, moved)
+        assert all(m[1:] != a[1:] for m, a in zip(moved, after, strict=True)), (after, moved)
         assert c.pull(SUM) == [6.0] * 3

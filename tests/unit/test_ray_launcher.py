@@ -118,3 +118,40 @@ def test_a_later_engine_set_is_served_by_the_worlds_driver_and_its_ranks_end_wit
     dead.bind(rayserve.path(str(tmp_path)))
     dead.close()
     assert ask() is None
+
+
+def test_a_preflight_line_is_never_seen_created_and_still_empty(tmp_path, monkeypatch):
+    """CI saw ClusterError(''): the Ray launcher created its preflight file, and the notebook's registration read
+    it before the line was written. A reader polling as the notebook does sees the line whole or no file."""
+    import os
+    import threading
+
+    from nbdist.launch import ray as raylaunch
+    from nbdist.world.registration import check_preflight
+
+    monkeypatch.setenv("NBDIST_CLUSTER_DIR", str(tmp_path))
+    (tmp_path / "preflight-n1-0.txt.99.tmp").write_text("")  # a writer's temporary name is not read
+    engines = type("E", (), {"workdir": str(tmp_path), "launcher": type("L", (), {"unreachable_hint": str})()})()
+    check_preflight(engines)  # nothing to say yet
+    seen: list[str] = []
+    stop = threading.Event()
+
+    def poll() -> None:
+        path = tmp_path / raylaunch.PREFLIGHT
+        while not stop.is_set():
+            if path.exists():
+                seen.append(path.read_text())
+
+    reader = threading.Thread(target=poll)
+    reader.start()
+    try:
+        for i in range(300):
+            raylaunch.say_preflight(f"cannot reach the Ray cluster, try {i}")
+            os.unlink(tmp_path / raylaunch.PREFLIGHT)
+    finally:
+        stop.set()
+        reader.join()
+    assert seen and all(s.startswith("cannot reach the Ray cluster, try ") for s in seen), sorted(set(seen))[:3]
+    raylaunch.say_preflight("the line")
+    assert oct((tmp_path / raylaunch.PREFLIGHT).stat().st_mode & 0o777) == "0o600"
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted([raylaunch.PREFLIGHT, "preflight-n1-0.txt.99.tmp"])
