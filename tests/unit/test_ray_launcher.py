@@ -126,6 +126,7 @@ def test_a_preflight_line_is_never_seen_created_and_still_empty(tmp_path, monkey
     import os
     import threading
 
+    from nbdist.errors import ClusterError
     from nbdist.launch import ray as raylaunch
     from nbdist.world.registration import check_preflight
 
@@ -136,11 +137,12 @@ def test_a_preflight_line_is_never_seen_created_and_still_empty(tmp_path, monkey
     seen: list[str] = []
     stop = threading.Event()
 
-    def poll() -> None:
-        path = tmp_path / raylaunch.PREFLIGHT
+    def poll() -> None:  # as the notebook's registration polls
         while not stop.is_set():
-            if path.exists():
-                seen.append(path.read_text())
+            try:
+                check_preflight(engines)
+            except ClusterError as err:
+                seen.append(str(err))
 
     reader = threading.Thread(target=poll)
     reader.start()
