@@ -1,80 +1,220 @@
-"""The trackers a run can go to, each opened the same way (``open_run``) and checked first: not installed, a
-folder that cannot be written, a run name already taken are one line each, before anything is written.
+"""Opening a tracker's run (``open_run``), checked first: an unknown tracker, one not installed, an option it does
+not take, a place that cannot be written, a run name already taken: one line each, naming the fix, before anything
+is written (runs.py holds the runs themselves).
 
-TensorBoard: event files under ``DIR/NAME`` (``runs/`` and a dated name by default, TensorBoard's own habit),
-written by torch's ``SummaryWriter`` and flushed after each batch, so ``tensorboard --logdir runs`` shows a run
-while it trains. MLflow, Weights & Biases and trackio are named but not written to yet.
+Where each run goes by default, offline: TensorBoard ``runs/NAME`` (TensorBoard's own habit); MLflow a SQLite
+file, ``mlruns/mlflow.db``, its artifacts beside it (or ``--uri``, any MLflow tracking URI); W&B ``./wandb``,
+offline without an API key; trackio its local directory (TRACKIO_DIR, or ``--dir``). A run's name defaults to
+``nbdist-`` and the date and time; the project (MLflow's experiment) to ``nbdist``.
 """
 
 from __future__ import annotations
 
+import contextvars
+import glob
 import os
+import re
+import sys
 import time
 from typing import Any
 
 from ..config.values import did_you_mean
 from ..errors import ConfigError
-from .steps import Point
+from . import runs
 
 KINDS = ("tensorboard", "mlflow", "wandb", "trackio")
-WRITTEN = ("tensorboard",)
 EXTRA = 'pip install "nbdist[track]"'
+PACKAGE = {"tensorboard": "tensorboard", "mlflow": "mlflow", "wandb": "wandb", "trackio": "trackio"}
+NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}")  # a run name every tracker takes (W&B's id among them)
+PROJECT = "nbdist"
+WANDB_MODES = ("online", "offline", "shared", "disabled", "dryrun", "run")
 
 
-class TensorBoardRun:
-    """A TensorBoard run: one folder of event files."""
-
-    def __init__(self, folder: str) -> None:
-        try:
-            from torch.utils.tensorboard import SummaryWriter
-        except ImportError:
-            raise ConfigError(
-                f"%dist_track tensorboard needs the tensorboard package, which is not installed here; {EXTRA} "
-                "(or pip install tensorboard), then run %dist_track again."
-            ) from None
-        self.where = folder
-        self.writer = SummaryWriter(log_dir=folder)
-
-    def scalars(self, points: list[Point]) -> None:
-        for tag, value, step in points:
-            self.writer.add_scalar(tag, value, step)
-        self.writer.flush()
-
-    def text(self, tag: str, text: str, step: int) -> None:
-        self.writer.add_text(tag, text, step)
-        self.writer.flush()
-
-    def close(self) -> None:
-        self.writer.close()
-
-
-def open_run(kind: str, name: str | None = None, folder: str | None = None) -> Any:
-    """A new run of tracker ``kind`` named ``name`` (a dated one when None), checked before anything is written."""
+def open_run(
+    kind: str,
+    name: str | None = None,
+    folder: str | None = None,
+    project: str | None = None,
+    uri: str | None = None,
+    params: dict[str, Any] | None = None,
+) -> Any:
+    """A new run of tracker ``kind`` named ``name`` (a dated one when None), checked before anything is written.
+    ``params`` are for trackio, whose run takes its config when it is made (the others get it from the tracker)."""
     if kind not in KINDS:
         raise ConfigError(f"{kind!r} is not a tracker nbdist knows; {did_you_mean(kind, KINDS)}")
-    if kind not in WRITTEN:
-        raise ConfigError(
-            f"%dist_track {kind}: nbdist writes to {', '.join(WRITTEN)} so far ({kind} is not built yet); "
-            "use %dist_track tensorboard."
-        )
+    if uri is not None and kind != "mlflow":
+        raise ConfigError(f"--uri is MLflow's tracking URI; {kind} takes --dir instead.")
+    if project is not None and kind == "tensorboard":
+        raise ConfigError("TensorBoard has no projects: a run is a folder; give --dir (and a name) instead.")
     name = name or time.strftime("nbdist-%Y%m%d-%H%M%S")
-    if not name or os.sep in name or name in (".", ".."):
-        raise ConfigError(f"run name {name!r} is not a name; give one word such as %dist_track tensorboard mnist-ddp.")
-    base = os.path.abspath(folder or "runs")
-    path = os.path.join(base, name)
-    if os.path.isdir(path) and any(f.startswith("events.out.tfevents") for f in os.listdir(path)):
+    if not NAME.fullmatch(name):
         raise ConfigError(
-            f"the run name {name!r} is taken in {base} (its events are there); give another name, or remove {path}."
+            f"run name {name!r} is not one word of letters, digits, '.', '_' or '-'; give one such as "
+            f"%dist_track {kind} mnist-ddp."
         )
+    project = project or PROJECT
+    if not NAME.fullmatch(project):
+        raise ConfigError(
+            f"project {project!r} is not one word of letters, digits, '.', '_' or '-'; give one such as --project mnist."
+        )
+    if kind == "trackio" and folder is not None and "trackio" not in sys.modules:
+        os.environ["TRACKIO_DIR"] = _writable(folder, "--dir")  # read by trackio once, when imported
+    _importable(kind)
+    if kind == "tensorboard":
+        return _tensorboard(name, folder)
+    if kind == "mlflow":
+        return _mlflow(name, folder, project, uri)
+    if kind == "wandb":
+        return _wandb(name, folder, project)
+    return _trackio(name, folder, project, params or {})
+
+
+def _importable(kind: str) -> None:
+    module = "torch.utils.tensorboard" if kind == "tensorboard" else kind
+    try:
+        __import__(module)
+    except ImportError as exc:
+        raise ConfigError(
+            f"%dist_track {kind} needs the {PACKAGE[kind]} package, which is not installed in {sys.executable} "
+            f"({exc}); {EXTRA} (or pip install {PACKAGE[kind]}), then run %dist_track again."
+        ) from None
+
+
+def _writable(path: str, flag: str) -> str:
+    path = os.path.abspath(path)
     try:
         os.makedirs(path, exist_ok=True)
-        probe = os.path.join(path, ".nbdist-probe")
+        probe = os.path.join(path, f".nbdist-probe-{os.getpid()}")
         with open(probe, "w"):
             pass
         os.remove(probe)
     except OSError as exc:
         raise ConfigError(
-            f"--dir {base} cannot be written ({exc.strerror or exc}); give a folder you can write to, such as "
-            "--dir runs."
+            f"{flag} {path} cannot be written ({exc.strerror or exc}); give a folder you can write to, such as "
+            f"{flag} runs."
         ) from None
-    return TensorBoardRun(path)
+    return path
+
+
+def _first_line(exc: BaseException) -> str:
+    """A tracker's own error in one line (the first of its message, or its type)."""
+    text = str(exc).strip()
+    return text.splitlines()[0][:300] if text else type(exc).__name__
+
+
+def _taken(name: str, where: str) -> ConfigError:
+    return ConfigError(f"the run name {name!r} is taken in {where}; give another name, or remove that run first.")
+
+
+def _tensorboard(name: str, folder: str | None) -> runs.TensorBoardRun:
+    base = os.path.abspath(folder or "runs")
+    path = os.path.join(base, name)
+    if os.path.isdir(path) and any(f.startswith("events.out.tfevents") for f in os.listdir(path)):
+        raise _taken(name, f"{base} (its events are in {path})")
+    return runs.TensorBoardRun(_writable(path, "--dir"))
+
+
+def _mlflow(name: str, folder: str | None, project: str, uri: str | None) -> runs.MLflowRun:
+    from mlflow import MlflowClient
+
+    artifacts = None
+    if uri is None:
+        base = _writable(folder or "mlruns", "--dir")
+        uri, artifacts = f"sqlite:///{os.path.join(base, 'mlflow.db')}", os.path.join(base, "artifacts")
+    elif folder is not None:
+        raise ConfigError(
+            "give MLflow either --uri (its tracking URI) or --dir (a folder for a SQLite store), not both."
+        )
+    try:
+        client = MlflowClient(tracking_uri=uri)
+        experiment = client.get_experiment_by_name(project)
+        eid = experiment.experiment_id if experiment else client.create_experiment(project, artifact_location=artifacts)
+        if client.search_runs([eid], filter_string=f"attributes.run_name = '{name}'", max_results=1):
+            raise _taken(name, f"MLflow's experiment {project!r} at {uri}")
+        run = client.create_run(eid, run_name=name, tags={"nbdist.world": "1"})
+    except ConfigError:
+        raise
+    except Exception as exc:  # MLflow's own: a URI it cannot open or write
+        first = _first_line(exc)
+        raise ConfigError(
+            f"MLflow cannot open a run at {uri} ({first}); give --uri a tracking URI you can write to, such as "
+            "--uri sqlite:///mlruns/mlflow.db, or --dir a folder."
+        ) from None
+    return runs.MLflowRun(client, run.info.run_id, f"{uri} (experiment {project!r}, run {name!r})")
+
+
+def _wandb_mode() -> str:
+    """W&B's mode: WANDB_MODE when set, else online where an API key is (W&B's netrc login too), else offline."""
+    if os.environ.get("WANDB_MODE"):
+        return os.environ["WANDB_MODE"]
+    if os.environ.get("WANDB_API_KEY"):
+        return "online"
+    try:
+        import netrc
+
+        return "online" if netrc.netrc().authenticators("api.wandb.ai") else "offline"
+    except (OSError, netrc.NetrcParseError):
+        return "offline"
+
+
+def _wandb(name: str, folder: str | None, project: str) -> runs.WandbRun:
+    import wandb
+
+    base = _writable(folder or ".", "--dir")
+    local = glob.glob(os.path.join(base, "wandb", f"*-{name}"))
+    if local:
+        raise _taken(name, f"{os.path.join(base, 'wandb')} ({os.path.basename(local[0])})")
+    mode: Any = _wandb_mode()
+    if mode not in WANDB_MODES:
+        raise ConfigError(f"WANDB_MODE={mode!r} is not a W&B mode; {did_you_mean(mode, WANDB_MODES)}")
+    settings = wandb.Settings(mode=mode, silent=True, console="off", x_disable_stats=True, x_disable_meta=True)
+    try:
+        run = wandb.init(
+            project=project,
+            name=name,
+            id=name,
+            dir=base,
+            settings=settings,
+            reinit="create_new",
+            resume="never",
+        )
+    except Exception as exc:  # W&B's own: an id taken online, a login refused
+        first = _first_line(exc)
+        raise ConfigError(
+            f"W&B cannot start the run {name!r} in project {project!r} ({mode}: {first}); give another name, or "
+            "WANDB_MODE=offline to keep it on this machine."
+        ) from None
+    return runs.WandbRun(run, f"{run.dir.removesuffix('/files')} ({mode}, project {project!r})")
+
+
+def _trackio(name: str, folder: str | None, project: str, params: dict[str, Any]) -> runs.TrackioRun:
+    if folder is not None:  # trackio read TRACKIO_DIR once, when imported: was it this folder?
+        from trackio import utils
+
+        wanted = _writable(folder, "--dir")
+        if os.path.abspath(str(utils.TRACKIO_DIR)) != wanted:
+            raise ConfigError(
+                f"trackio keeps its runs in {utils.TRACKIO_DIR} in this kernel (TRACKIO_DIR, read when trackio was "
+                f"imported); set TRACKIO_DIR={wanted} before the kernel starts, or leave out --dir."
+            )
+    import trackio
+    from trackio.sqlite_storage import SQLiteStorage
+
+    where = f"{trackio.utils.TRACKIO_DIR} (project {project!r})"
+    if name in SQLiteStorage.get_runs(project):
+        raise _taken(name, f"trackio's {where}")
+    context = contextvars.Context()  # trackio's current run is set there, not in the notebook's context
+    try:
+        run = context.run(
+            trackio.init,
+            project=project,
+            name=name,
+            config=params,
+            embed=False,
+            auto_log_cpu=False,
+            auto_log_gpu=False,
+        )
+    except Exception as exc:
+        first = _first_line(exc)
+        raise ConfigError(f"trackio cannot start the run {name!r} in {where} ({first}).") from None
+    return runs.TrackioRun(context, run, where)

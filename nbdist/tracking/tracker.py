@@ -10,7 +10,6 @@ CLOSE_S) and ends the run.
 
 from __future__ import annotations
 
-import json
 import queue
 import sys
 import threading
@@ -28,9 +27,11 @@ class Run(Protocol):
 
     where: str  # where it is, in words: a folder, a URI
 
+    def params(self, params: dict[str, Any]) -> None: ...
+
     def scalars(self, points: list[Point]) -> None: ...
 
-    def text(self, tag: str, text: str, step: int) -> None: ...
+    def cell(self, code: str, step: int) -> None: ...
 
     def close(self) -> None: ...
 
@@ -46,7 +47,7 @@ class Tracker:
         self._queue: queue.Queue[tuple[str, tuple]] = queue.Queue(QUEUE)
         self._thread = threading.Thread(target=self._write, name="nbdist-track", daemon=True)
         self._thread.start()
-        self._put("text", ("nbdist/config", "```\n" + json.dumps(params, indent=1, default=str) + "\n```", 0))
+        self._put("params", (params,))
 
     # ------------------------------------------------------------------ the cell path's side: never waits
 
@@ -84,13 +85,13 @@ class Tracker:
                 if what == "cell":
                     code, world = args
                     self._apply(self.steps.cell(world))
-                    self.run.text("nbdist/cell", "```python\n" + code + "\n```", self.steps.offset)
+                    self.run.cell(code, self.steps.offset)
                 elif what == "rows":
                     self._apply(self.steps.add(*args))
                 elif what == "resized":
                     self._apply(self.steps.resized(*args))
-                elif what == "text":
-                    self.run.text(*args)
+                elif what == "params":
+                    self.run.params(*args)
             except Exception as exc:  # the tracker's own failure: said once, the training goes on
                 if not self.failed:
                     self.failed = f"{type(exc).__name__}: {exc}"

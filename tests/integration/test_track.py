@@ -1,6 +1,7 @@
 """``%dist_track``: one run of a tracker for the world, through what happens to the world (docs/faults.md rows
-106-107), on real 2-rank gloo worlds, read back with TensorBoard's own reader: the same cell run three times, a
-grow between cells, a rank killed mid-training and rebuilt from a living peer; each rank's steps once each and in
+106-107), on real 2-rank gloo worlds, for each of the four trackers (TensorBoard, MLflow, W&B offline, trackio
+local), read back with the tracker's own reader (tests/trackers.py): the same cell run three times, a grow between
+cells, a rank killed mid-training and rebuilt from a living peer; each rank's steps once each and in
 order, the world's value the mean over the ranks that logged the step, the world's size where it changed, the
 cells' sources. Then the bad input, one line each, with the world untouched.
 
@@ -14,6 +15,7 @@ import torch
 from IPython.core.error import UsageError
 
 import nbdist
+from tests import trackers
 from tests.helpers import run_cell
 from tests.integration.test_recovery import TRAIN, _setup
 
@@ -21,22 +23,18 @@ HANG_S = 120.0
 LOG = "%%distributed\nimport nbdist\nfor step in range(10):\n    nbdist.log(step=step, loss=float(dist.get_rank() * 100 + step))"
 
 
-def _read(folder) -> dict[str, list[tuple[int, float]]]:
-    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
-
-    acc = EventAccumulator(str(folder), size_guidance={"scalars": 0, "tensors": 0})
-    acc.Reload()
-    out = {tag: [(e.step, e.value) for e in acc.Scalars(tag)] for tag in acc.Tags()["scalars"]}
-    out["cells"] = [(e.step, 0.0) for e in acc.Tensors("nbdist/cell/text_summary")]
-    return out
+@pytest.fixture(autouse=True)
+def _wandb_offline(monkeypatch):
+    monkeypatch.setenv("WANDB_MODE", "offline")  # whatever login the machine has
 
 
-def test_one_run_through_cells_run_again_and_a_grow_each_step_once(ip, tmp_path, capsys):
+@pytest.mark.parametrize("kind", trackers.KINDS)
+def test_one_run_through_cells_run_again_and_a_grow_each_step_once(kind, ip, tmp_path, capsys):
     run_cell(ip, "%dist_start -n 2 --oversubscribe")
     try:
-        run_cell(ip, f"%dist_track tensorboard cells --dir {tmp_path}")
+        run_cell(ip, f"%dist_track {kind} cells {trackers.flags(kind, tmp_path)}")
         said = capsys.readouterr().out
-        assert f"tracking this world in the tensorboard run at {tmp_path / 'cells'} (from the next cell on)" in said
+        assert f"tracking this world in the {kind} run at " in said and "(from the next cell on)" in said, said
         run_cell(ip, "%%distributed --setup\nimport nbdist\nmodel = torch.nn.Linear(2, 2)")
         for _ in range(3):
             run_cell(ip, LOG)
@@ -44,22 +42,24 @@ def test_one_run_through_cells_run_again_and_a_grow_each_step_once(ip, tmp_path,
         run_cell(ip, LOG)
     finally:
         run_cell(ip, "%dist_stop")  # ends the run: what is queued is written first
-    got = _read(tmp_path / "cells")
+    got = trackers.read(kind, tmp_path, "cells")
     for rank in (0, 1):
         assert got[f"rank{rank}/loss"] == [(s, float(rank * 100 + s % 10)) for s in range(40)], rank
     assert got["rank2/loss"] == [(s, float(200 + s % 10)) for s in range(30, 40)]
     assert got["loss"] == [(s, 50.0 + s % 10) for s in range(30)] + [(s, 100.0 + s % 10) for s in range(30, 40)]
     assert got["world/size"] == [(0, 2.0), (30, 3.0)]
-    assert [s for s, _ in got["cells"]] == [0, 0, 10, 20, 30], "each cell's source where its steps begin"
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["cells"], "one run"
+    assert got["cells"] == [0, 0, 10, 20, 30], "each cell's source where its steps begin"
+    assert got["runs"] == 1, "one run"
+    assert got["params"]["n"] in (2, "2"), got["params"]
 
 
-def test_a_rank_killed_mid_training_and_rebuilt_from_a_peer_goes_on_in_the_same_run(ip, tmp_path):
+@pytest.mark.parametrize("kind", trackers.KINDS)
+def test_a_rank_killed_mid_training_and_rebuilt_from_a_peer_goes_on_in_the_same_run(kind, ip, tmp_path):
     train = TRAIN.replace("opt.step()\n", "opt.step()\n    nbdist.log(step=step, loss=loss.item())\n", 1)
     assert train != TRAIN
     run_cell(ip, "%dist_start -n 2 --max-restarts 1")
     try:
-        run_cell(ip, f"%dist_track tensorboard recovered --dir {tmp_path}")
+        run_cell(ip, f"%dist_track {kind} recovered {trackers.flags(kind, tmp_path / 'runs')}")
         run_cell(ip, _setup(str(tmp_path / "ckpt"), str(tmp_path / "mark")))
         run_cell(ip, f"%%distributed\n{train}")  # rank 1 kills itself at step 22; the cell goes on
         assert (tmp_path / "mark").exists()
@@ -67,7 +67,8 @@ def test_a_rank_killed_mid_training_and_rebuilt_from_a_peer_goes_on_in_the_same_
         run_cell(ip, "%dist_track off")
     finally:
         run_cell(ip, "%dist_stop")
-    got = _read(tmp_path / "recovered")
+    got = trackers.read(kind, tmp_path / "runs", "recovered")
+    assert got["runs"] == 1
     assert [s for s, _ in got["rank0/loss"]] == list(range(40)), "the living rank: every step once"
     # the killed rank's rows of its last moments (the batch it had not sent yet) died with it; its replacement
     # goes on from the step it was rebuilt at: in order, none twice, every step from there
@@ -88,7 +89,7 @@ def test_bad_input_is_one_line_and_the_world_and_its_run_stay(ip, tmp_path):
     try:
         cases = {
             f"%dist_track tensorbord x --dir {tmp_path}": "did you mean 'tensorboard'?",
-            f"%dist_track wandb x --dir {tmp_path}": "(wandb is not built yet); use %dist_track tensorboard",
+            f"%dist_track tensorboard x --uri sqlite:///{tmp_path}/m.db": "--uri is MLflow's tracking URI",
         }
         for line, expected in cases.items():
             with pytest.raises(UsageError) as err:
@@ -105,4 +106,4 @@ def test_bad_input_is_one_line_and_the_world_and_its_run_stay(ip, tmp_path):
         assert nbdist.current().pull("_v") == [2.0, 2.0]
     finally:
         run_cell(ip, "%dist_stop")
-    assert [s for s, _ in _read(tmp_path / "first")["loss"]] == list(range(10))
+    assert [s for s, _ in trackers.read("tensorboard", tmp_path, "first")["loss"]] == list(range(10))

@@ -1,5 +1,5 @@
-"""A tracked run's steps (track/steps.py), its writer (track/tracker.py) and TensorBoard's run (track/sinks.py),
-read back with TensorBoard's own reader. The world's end to end: tests/integration/test_track.py."""
+"""A tracked run's steps (tracking/steps.py), its writer (tracking/tracker.py) and each tracker's run
+(tracking/sinks.py, runs.py), read back with the tracker's own reader (tests/trackers.py). The world's end to end: tests/integration/test_track.py."""
 
 from __future__ import annotations
 
@@ -10,6 +10,7 @@ import pytest
 from nbdist.errors import ConfigError
 from nbdist.tracking import Tracker, open_run, tracker
 from nbdist.tracking.steps import WORLD_SIZE, Steps
+from tests import trackers
 
 
 def _rows(steps, rank, **extra):
@@ -84,8 +85,11 @@ class _Held:
         self.go.wait()
         self.points += points
 
-    def text(self, tag, text, step):
-        self.texts.append((tag, step))
+    def params(self, params):
+        self.texts.append(("params", 0))
+
+    def cell(self, code, step):
+        self.texts.append(("cell", step))
 
     def close(self):
         self.closed = True
@@ -127,26 +131,32 @@ def test_a_tracker_that_fails_is_said_once_and_the_rows_keep_coming(capsys):
     assert said.count("failed to write (OSError: disk full)") == 1, said
 
 
-def test_a_tensorboard_run_reads_back_with_tensorboards_own_reader(tmp_path):
-    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
-
-    run = open_run("tensorboard", "one", str(tmp_path))
-    t = Tracker(run, "tensorboard", {"n": 2, "launcher": "local"})
+@pytest.mark.parametrize("kind", trackers.KINDS)
+def test_each_trackers_run_reads_back_with_its_own_reader(kind, tmp_path):
+    where = trackers.place(kind, tmp_path)
+    params = {"n": 2, "launcher": "local", "timeout": 60.0}
+    run = open_run(kind, "one", **where, params=params)
+    t = Tracker(run, kind, params)
     for _ in range(2):
         t.cell("for step in range(3): nbdist.log(step=step, loss=...)", 2)
-        for rank in (0, 1):
+        for rank in (1, 0):  # a rank's later steps before another's earlier ones
             t.metrics(rank, _rows(range(3), rank))
     t.close()
-    acc = EventAccumulator(str(tmp_path / "one"))
-    acc.Reload()
-    scalars = acc.Tags()["scalars"]
-    assert sorted(scalars) == ["loss", "rank0/loss", "rank1/loss", WORLD_SIZE]
-    assert [(e.step, e.value) for e in acc.Scalars("loss")] == [(s, 50.0 + s % 3) for s in range(6)]
-    assert [e.step for e in acc.Scalars("rank1/loss")] == list(range(6))
-    assert [(e.step, e.value) for e in acc.Scalars(WORLD_SIZE)] == [(0, 2.0)]
-    texts = acc.Tags()["tensors"]
-    assert "nbdist/cell/text_summary" in texts and "nbdist/config/text_summary" in texts, texts
-    assert [e.step for e in acc.Tensors("nbdist/cell/text_summary")] == [0, 3]
+    got = trackers.read(kind, tmp_path, "one")
+    assert got["runs"] == 1
+    assert sorted(k for k in got if k not in ("cells", "params", "runs", "status")) == [
+        "loss",
+        "rank0/loss",
+        "rank1/loss",
+        WORLD_SIZE,
+    ]
+    assert got["loss"] == [(s, 50.0 + s % 3) for s in range(6)]
+    assert got["rank1/loss"] == [(s, 100.0 + s % 3) for s in range(6)]
+    assert got[WORLD_SIZE] == [(0, 2.0)]
+    assert got["cells"] == [0, 3]
+    assert {k: str(v) for k, v in got["params"].items()} == {k: str(v) for k, v in params.items()}
+    if kind == "mlflow":
+        assert got["status"] == "FINISHED"
 
 
 def test_bad_input_is_one_line_naming_the_value_and_the_fix(tmp_path):
@@ -155,15 +165,55 @@ def test_bad_input_is_one_line_naming_the_value_and_the_fix(tmp_path):
     (tmp_path / "a-file").write_text("")
     cases = {
         ("tensorbord", None, None): "'tensorbord' is not a tracker nbdist knows; did you mean 'tensorboard'?",
-        ("mlflow", None, None): "nbdist writes to tensorboard so far (mlflow is not built yet)",
         ("tensorboard", "one", str(tmp_path)): "the run name 'one' is taken in",
         ("tensorboard", "x", str(tmp_path / "a-file")): "cannot be written",
-        ("tensorboard", "a/b", str(tmp_path)): "run name 'a/b' is not a name",
+        ("tensorboard", "a/b", str(tmp_path)): "run name 'a/b' is not one word",
     }
     for args, expected in cases.items():
         with pytest.raises(ConfigError) as err:
             open_run(*args)
         assert expected in str(err.value) and "\n" not in str(err.value), (args, str(err.value))
+
+
+def test_each_tracker_refuses_a_taken_name_an_unwritable_place_and_an_option_it_does_not_take(tmp_path, monkeypatch):
+    monkeypatch.setenv("WANDB_MODE", "offline")
+    for kind in trackers.KINDS:  # a run named "taken" in each tracker's place, one step logged, ended
+        taken = Tracker(open_run(kind, "taken", **trackers.place(kind, tmp_path / kind)), kind, {})
+        taken.cell("nbdist.log(step=0, loss=1.0)", 1)
+        taken.metrics(0, _rows([0], 0))
+        taken.close()
+    (tmp_path / "a-file").write_text("")
+    unwritable = str(tmp_path / "a-file" / "x")
+    cases = [
+        (
+            "mlflow",
+            {"name": "taken", **trackers.place("mlflow", tmp_path / "mlflow")},
+            "the run name 'taken' is taken in MLflow's",
+        ),
+        ("wandb", {"name": "taken", **trackers.place("wandb", tmp_path / "wandb")}, "the run name 'taken' is taken in"),
+        (
+            "trackio",
+            {"name": "taken", **trackers.place("trackio", tmp_path / "trackio")},
+            "the run name 'taken' is taken in trackio",
+        ),
+        ("mlflow", {"uri": f"sqlite:///{unwritable}/m.db"}, f"MLflow cannot open a run at sqlite:///{unwritable}/m.db"),
+        ("mlflow", {"folder": unwritable}, f"--dir {unwritable} cannot be written"),
+        ("wandb", {"folder": unwritable}, f"--dir {unwritable} cannot be written"),
+        ("mlflow", {"uri": "sqlite:///m.db", "folder": str(tmp_path)}, "either --uri"),
+        ("tensorboard", {"uri": "sqlite:///m.db"}, "--uri is MLflow's tracking URI; tensorboard takes --dir"),
+        ("tensorboard", {"project": "p"}, "TensorBoard has no projects"),
+        ("wandb", {"project": "a b"}, "project 'a b' is not one word"),
+        ("trackio", {"folder": str(tmp_path / "elsewhere")}, "set TRACKIO_DIR="),
+    ]
+    for kind, options, expected in cases:
+        with pytest.raises(ConfigError) as err:
+            open_run(kind, **options)
+        assert expected in str(err.value) and "\n" not in str(err.value), (kind, options, str(err.value))
+    monkeypatch.setenv("WANDB_MODE", "offlin")
+    with pytest.raises(ConfigError, match="WANDB_MODE='offlin' is not a W&B mode; did you mean 'offline'"):
+        open_run("wandb", "w", str(tmp_path))
+    for kind in trackers.KINDS:
+        assert trackers.read(kind, tmp_path / kind, "taken")["runs"] == 1, kind  # nothing was written by the refusals
 
 
 def test_steps_a_rank_never_logged_are_written_with_the_others_in_order_before_a_later_complete_step():
