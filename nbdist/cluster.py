@@ -20,6 +20,7 @@ from .lifecycle.cellpath import CellPath
 from .lifecycle.membership import Membership
 from .lifecycle.recovery import Recovery
 from .results import RunResult
+from .tracking import tracker as tracking
 from .world import kept, variables, views
 from .world.board import Listener, RankNow
 from .world.engineset import EngineSet, RankInfo
@@ -93,6 +94,7 @@ class Cluster:
         """Become the cluster of a kept world (``attach``): reconnect, prove it alive, keep its lease fresh."""
         global _CURRENT
         self.membership.adopt(record)
+        self.cells.listener = tracking.resume(record.workdir, say=self.membership.say)  # its run goes on, if any
         _CURRENT = self
         return self
 
@@ -245,8 +247,7 @@ class Cluster:
 
     @property
     def client(self) -> Any:
-        """The ipyparallel Client, for what nbdist does not wrap. Not read-only: what it changes, nbdist does not
-        know of (a rank's state, its output, a recovery)."""
+        """The ipyparallel Client, for what nbdist does not wrap (not read-only: what it changes, nbdist never hears)."""
         return self.engines.client if self.engines is not None else None
 
     def view(self, ranks: list[int]) -> Any:

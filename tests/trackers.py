@@ -20,6 +20,7 @@ import glob
 import hashlib
 import json
 import os
+import re
 import struct
 import tempfile
 import time
@@ -101,16 +102,26 @@ def _wandb_records(path: str):
             yield record
 
 
-def _wandb(folder, name: str) -> dict:
-    runs = glob.glob(os.path.join(str(folder), "wandb", "*-run-*"))
-    (run,) = [r for r in runs if r.endswith(f"-{name}")]
-    out: dict = {"params": {}, "runs": len(runs)}
-    path, records = os.path.join(run, f"run-{name}.wandb"), []
-    deadline = time.monotonic() + HANG_S  # W&B 0.31's finish() may return before its service wrote the records
+def _finished(path: str) -> list:
+    """The records of one offline run's file, once it holds the run's exit record (see the module's docstring)."""
+    records: list = []
+    deadline = time.monotonic() + HANG_S
     while not any(r.WhichOneof("record_type") == "exit" for r in records):
         assert time.monotonic() < deadline, f"{path} has no exit record after {HANG_S} s"
         time.sleep(0.05)
         records = list(_wandb_records(path))
+    return records
+
+
+def _wandb(folder, name: str) -> dict:
+    """A run is its id; a run opened again (resumed) offline is one more folder of the same id, synced as one."""
+    folders = {  # folder -> (when it was made, the run's id): offline-run-20261202_010625-ID
+        f: re.fullmatch(r".*-run-(\d{8}_\d{6})-(.+)", os.path.basename(f)).groups()
+        for f in glob.glob(os.path.join(str(folder), "wandb", "*-run-*"))
+    }
+    mine = sorted((f for f, (_, run_id) in folders.items() if run_id == name), key=lambda f: folders[f][0])
+    out: dict = {"params": {}, "runs": len({run_id for _, run_id in folders.values()}), "opened": len(mine)}
+    records = [r for run in mine for r in _finished(os.path.join(run, f"run-{name}.wandb"))]
     for record in records:
         which = record.WhichOneof("record_type")
         if which == "history":
@@ -123,8 +134,11 @@ def _wandb(folder, name: str) -> dict:
             for item in record.config.update:
                 value = json.loads(item.value_json)
                 out["params"][item.key] = value.get("value", value) if isinstance(value, dict) else value
-    cells = sorted(glob.glob(os.path.join(run, "files", "cells", "*-step-*.py")))
-    out["cells"] = [int(os.path.basename(c)[10:17]) for c in cells]
+    out["cells"] = [
+        int(os.path.basename(c)[10:17])
+        for run in mine
+        for c in sorted(glob.glob(os.path.join(run, "files", "cells", "*")))
+    ]
     return out
 
 

@@ -28,7 +28,7 @@ def track(
         )
     params = cluster.membership.config.flat()
     run = open_run(kind, name, folder, project, uri, params)
-    cluster.cells.listener = tracker = Tracker(run, kind, params)
+    cluster.cells.listener = tracker = Tracker(run, kind, params, cluster.membership.workdir)
     return tracker
 
 

@@ -45,7 +45,9 @@ class _Cells:
 
 
 class TensorBoardRun:
-    """A TensorBoard run: one folder of event files."""
+    """A TensorBoard run: one folder of event files (one more each time it is opened again)."""
+
+    spec: dict[str, Any] = {}  # what opens it again (sinks.py): the options it was opened with
 
     def __init__(self, folder: str) -> None:
         from torch.utils.tensorboard import SummaryWriter
@@ -79,9 +81,10 @@ MLFLOW_VALUE = 6000  # a parameter's value, at most (characters)
 class MLflowRun(_Cells):
     """An MLflow run, through ``MlflowClient`` (nothing of mlflow's global active run is touched)."""
 
-    def __init__(self, client: Any, run_id: str, where: str) -> None:
+    def __init__(self, client: Any, run_id: str, where: str, uri: str) -> None:
         super().__init__()
         self.client, self.run_id, self.where = client, run_id, where
+        self.spec = {"run_id": run_id, "uri": uri}
 
     def params(self, params: dict[str, Any]) -> None:
         from mlflow.entities import Param
@@ -111,6 +114,7 @@ class WandbRun(_Cells):
     def __init__(self, run: Any, where: str) -> None:
         super().__init__()
         self.run, self.where = run, where
+        self.spec: dict[str, Any] = {}
         run.define_metric(STEP)
         run.define_metric("*", step_metric=STEP)
 
@@ -136,6 +140,7 @@ class TrackioRun:
 
     def __init__(self, context: contextvars.Context, run: Any, where: str) -> None:
         self.context, self.run, self.where = context, run, where
+        self.spec: dict[str, Any] = {}
 
     def params(self, params: dict[str, Any]) -> None:
         pass  # given to trackio.init (sinks.py): a run's config is set when it is made

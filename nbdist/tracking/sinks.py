@@ -57,16 +57,35 @@ def open_run(
         raise ConfigError(
             f"project {project!r} is not one word of letters, digits, '.', '_' or '-'; give one such as --project mnist."
         )
+    return _open({"kind": kind, "name": name, "folder": folder, "project": project, "uri": uri}, params or {})
+
+
+def reopen(spec: dict[str, Any]) -> Any:
+    """The run ``spec`` describes (a run's ``spec``), opened again to go on: its world's kernel was restarted."""
+    return _open(spec, {}, again=True)
+
+
+def _open(spec: dict[str, Any], params: dict[str, Any], again: bool = False) -> Any:
+    kind, folder = spec["kind"], spec["folder"]
+    if again and kind == "trackio" and "trackio" not in sys.modules:
+        os.environ["TRACKIO_DIR"] = spec["trackio_dir"]  # where the run is, whatever this kernel's environment says
     if kind == "trackio" and folder is not None and "trackio" not in sys.modules:
         os.environ["TRACKIO_DIR"] = _writable(folder, "--dir")  # read by trackio once, when imported
     _importable(kind)
     if kind == "tensorboard":
-        return _tensorboard(name, folder)
-    if kind == "mlflow":
-        return _mlflow(name, folder, project, uri)
-    if kind == "wandb":
-        return _wandb(name, folder, project)
-    return _trackio(name, folder, project, params or {})
+        run: Any = _tensorboard(spec["name"], folder, again)
+    elif kind == "mlflow":
+        run = _mlflow(spec["name"], folder, spec["project"], spec["uri"], spec.get("run_id"))
+    elif kind == "wandb":
+        run = _wandb(spec["name"], folder, spec["project"], again)
+    else:
+        run = _trackio(spec["name"], folder, spec["project"], params, again)
+    run.spec = {**spec, "folder": _absolute(folder), **run.spec}
+    return run
+
+
+def _absolute(folder: str | None) -> str | None:
+    return os.path.abspath(folder) if folder is not None else None  # a new kernel may start elsewhere
 
 
 def _importable(kind: str) -> None:
@@ -106,27 +125,31 @@ def _taken(name: str, where: str) -> ConfigError:
     return ConfigError(f"the run name {name!r} is taken in {where}; give another name, or remove that run first.")
 
 
-def _tensorboard(name: str, folder: str | None) -> runs.TensorBoardRun:
+def _tensorboard(name: str, folder: str | None, again: bool) -> runs.TensorBoardRun:
     base = os.path.abspath(folder or "runs")
     path = os.path.join(base, name)
-    if os.path.isdir(path) and any(f.startswith("events.out.tfevents") for f in os.listdir(path)):
+    if not again and os.path.isdir(path) and any(f.startswith("events.out.tfevents") for f in os.listdir(path)):
         raise _taken(name, f"{base} (its events are in {path})")
     return runs.TensorBoardRun(_writable(path, "--dir"))
 
 
-def _mlflow(name: str, folder: str | None, project: str, uri: str | None) -> runs.MLflowRun:
+def _mlflow(name: str, folder: str | None, project: str, uri: str | None, again: str | None) -> runs.MLflowRun:
+    """A new MLflow run; with ``again`` (its id), that run, running again."""
     from mlflow import MlflowClient
 
     artifacts = None
     if uri is None:
         base = _writable(folder or "mlruns", "--dir")
         uri, artifacts = f"sqlite:///{os.path.join(base, 'mlflow.db')}", os.path.join(base, "artifacts")
-    elif folder is not None:
+    elif folder is not None and not again:
         raise ConfigError(
             "give MLflow either --uri (its tracking URI) or --dir (a folder for a SQLite store), not both."
         )
     try:
         client = MlflowClient(tracking_uri=uri)
+        if again:
+            client.update_run(again, status="RUNNING")
+            return runs.MLflowRun(client, again, f"{uri} (experiment {project!r}, run {name!r})", uri)
         experiment = client.get_experiment_by_name(project)
         eid = experiment.experiment_id if experiment else client.create_experiment(project, artifact_location=artifacts)
         if client.search_runs([eid], filter_string=f"attributes.run_name = '{name}'", max_results=1):
@@ -140,7 +163,7 @@ def _mlflow(name: str, folder: str | None, project: str, uri: str | None) -> run
             f"MLflow cannot open a run at {uri} ({first}); give --uri a tracking URI you can write to, such as "
             "--uri sqlite:///mlruns/mlflow.db, or --dir a folder."
         ) from None
-    return runs.MLflowRun(client, run.info.run_id, f"{uri} (experiment {project!r}, run {name!r})")
+    return runs.MLflowRun(client, run.info.run_id, f"{uri} (experiment {project!r}, run {name!r})", uri)
 
 
 def _wandb_mode() -> str:
@@ -157,12 +180,12 @@ def _wandb_mode() -> str:
         return "offline"
 
 
-def _wandb(name: str, folder: str | None, project: str) -> runs.WandbRun:
+def _wandb(name: str, folder: str | None, project: str, again: bool) -> runs.WandbRun:
     import wandb
 
     base = _writable(folder or ".", "--dir")
     local = glob.glob(os.path.join(base, "wandb", f"*-{name}"))
-    if local:
+    if local and not again:
         raise _taken(name, f"{os.path.join(base, 'wandb')} ({os.path.basename(local[0])})")
     mode: Any = _wandb_mode()
     if mode not in WANDB_MODES:
@@ -176,7 +199,7 @@ def _wandb(name: str, folder: str | None, project: str) -> runs.WandbRun:
             dir=base,
             settings=settings,
             reinit="create_new",
-            resume="never",
+            resume="allow" if again else "never",
         )
     except Exception as exc:  # W&B's own: an id taken online, a login refused
         first = _first_line(exc)
@@ -187,7 +210,7 @@ def _wandb(name: str, folder: str | None, project: str) -> runs.WandbRun:
     return runs.WandbRun(run, f"{run.dir.removesuffix('/files')} ({mode}, project {project!r})")
 
 
-def _trackio(name: str, folder: str | None, project: str, params: dict[str, Any]) -> runs.TrackioRun:
+def _trackio(name: str, folder: str | None, project: str, params: dict[str, Any], again: bool) -> runs.TrackioRun:
     if folder is not None:  # trackio read TRACKIO_DIR once, when imported: was it this folder?
         from trackio import utils
 
@@ -201,7 +224,7 @@ def _trackio(name: str, folder: str | None, project: str, params: dict[str, Any]
     from trackio.sqlite_storage import SQLiteStorage
 
     where = f"{trackio.utils.TRACKIO_DIR} (project {project!r})"
-    if name in SQLiteStorage.get_runs(project):
+    if not again and name in SQLiteStorage.get_runs(project):
         raise _taken(name, f"trackio's {where}")
     context = contextvars.Context()  # trackio's current run is set there, not in the notebook's context
     try:
@@ -213,8 +236,11 @@ def _trackio(name: str, folder: str | None, project: str, params: dict[str, Any]
             embed=False,
             auto_log_cpu=False,
             auto_log_gpu=False,
+            resume="allow" if again else "never",
         )
     except Exception as exc:
         first = _first_line(exc)
         raise ConfigError(f"trackio cannot start the run {name!r} in {where} ({first}).") from None
-    return runs.TrackioRun(context, run, where)
+    tracked = runs.TrackioRun(context, run, where)
+    tracked.spec = {"trackio_dir": str(trackio.utils.TRACKIO_DIR)}
+    return tracked

@@ -6,26 +6,39 @@ The ranks send their rows as they always do; the cell path hands them to the tra
 to the run, so a slow tracker never slows a step or a cell. When the queue is full (a tracker stuck for minutes)
 batches are dropped and counted, said once, and the run goes on. ``close`` writes what is queued (for at most
 CLOSE_S) and ends the run.
+
+A world's run outlives its kernel with the world (``%dist_start --keep``, then ``%dist_attach`` in a new kernel):
+the tracker keeps STATE in the world's private directory (how to open the run again, its last step, the world's
+size), written before each batch's points go to the tracker, so the steps a new kernel's cells log go on after
+every step the run may hold: none twice. ``resume`` opens the run again from it; ``close`` removes it.
 """
 
 from __future__ import annotations
 
+import contextlib
+import json
+import os
 import queue
 import sys
 import threading
 import time
+from collections.abc import Callable
 from typing import Any, Protocol
 
+from .. import wire
+from .sinks import reopen
 from .steps import Point, Steps
 
 QUEUE = 10_000  # batches waiting for the writer, at most
 CLOSE_S = 30.0  # what is queued at close is written for at most this long
+STATE = "track.json"  # in the world's directory, while a run is open
 
 
 class Run(Protocol):
     """A tracker's run, as the writer thread uses it (sinks.py makes one per tracker)."""
 
     where: str  # where it is, in words: a folder, a URI
+    spec: dict[str, Any]  # what opens it again (sinks.reopen)
 
     def params(self, params: dict[str, Any]) -> None: ...
 
@@ -39,15 +52,21 @@ class Run(Protocol):
 class Tracker:
     """One run for one world (see the module's docstring)."""
 
-    def __init__(self, run: Run, kind: str, params: dict[str, Any]) -> None:
+    def __init__(
+        self, run: Run, kind: str, params: dict[str, Any], workdir: str = "", steps: Steps | None = None
+    ) -> None:
         self.run, self.kind = run, kind
-        self.steps = Steps()
+        self.steps = steps or Steps()
+        self.state = os.path.join(workdir, STATE) if workdir else ""  # where the run's state is kept, if anywhere
+        self._kept = -2  # the last step the state file holds
         self.dropped = 0
         self.failed = ""  # the first error the tracker raised, once said
+        self._keep()  # before the writer thread, which keeps it from then on
         self._queue: queue.Queue[tuple[str, tuple]] = queue.Queue(QUEUE)
         self._thread = threading.Thread(target=self._write, name="nbdist-track", daemon=True)
         self._thread.start()
-        self._put("params", (params,))
+        if steps is None:  # a new run; one opened again has its parameters
+            self._put("params", (params,))
 
     # ------------------------------------------------------------------ the cell path's side: never waits
 
@@ -106,7 +125,14 @@ class Tracker:
 
     def _apply(self, points: list[Point]) -> None:
         if points:
+            self._keep()  # first: a kernel that dies now leaves a run whose next steps come after these
             self.run.scalars(points)
+
+    def _keep(self) -> None:
+        if self.state and self.steps.last != self._kept:
+            spec = {"run": self.run.spec, "last": self.steps.last, "world": self.steps.world}
+            wire.write_private(self.state, json.dumps(spec))
+            self._kept = self.steps.last
 
     def wait(self, timeout: float = CLOSE_S) -> bool:
         """Until what is queued now is written (True), or ``timeout`` seconds."""
@@ -125,3 +151,20 @@ class Tracker:
             pass
         self._thread.join(CLOSE_S)
         self.run.close()
+        if self.state:
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(self.state)
+
+
+def resume(workdir: str, say: Callable[[str], None]) -> Tracker | None:
+    """The run of the world in ``workdir``, opened again where its last kernel left it (None: it has none), said."""
+    try:
+        with open(os.path.join(workdir, STATE)) as fh:
+            state = json.load(fh)
+    except FileNotFoundError:
+        return None
+    steps = Steps(world=int(state["world"]), last=int(state["last"]))
+    steps.offset = steps.last + 1
+    tracker = Tracker(reopen(state["run"]), state["run"]["kind"], {}, workdir, steps)
+    say(f"tracking this world in the {tracker.kind} run at {tracker.run.where} again (from step {steps.offset})")
+    return tracker

@@ -230,6 +230,12 @@ def check_notebook(name: str, nb: nbformat.NotebookNode, text: str) -> None:
             if "application/vnd.plotly.v1+json" in o.get("data", {})
         ]
         assert sum("in communication" in t for t in figures) == 1, figures  # no later cell shows another share
+        # the tracked section (the track extra is in the suite's environment): one run, the dashboard's numbers
+        assert "the run holds ['loss', 'rank0/loss', 'rank1/loss', 'world/size'], 30 steps of the world's loss" in text
+        gap = re.search(r"the world's loss is the mean of the ranks' at every step \(largest gap ([0-9.e+-]+)\)", text)
+        assert gap and float(gap[1]) <= 1e-6, gap
+        said, shown = re.search(r"last step: the run says ([0-9.]+), the dashboard's headline ([0-9.]+)", text).groups()
+        assert said == shown, (said, shown)
     if name.startswith("13_"):
         # Lightning, Accelerate and DeepSpeed: their torchrun scripts on the ranks, equal to torchrun's weights
         assert text.count("   bit for bit: True") == 3, text[-1500:]

@@ -231,3 +231,37 @@ def test_nbdist_track_is_the_function_whatever_was_imported():
     import nbdist.tracking  # noqa: F401 - a package named track would shadow nbdist.track once imported
 
     assert nbdist.track is nbdist.tools.track.track and nbdist.untrack is nbdist.tools.track.untrack
+
+
+@pytest.mark.parametrize("kind", trackers.KINDS)
+def test_a_run_opened_again_from_the_worlds_directory_goes_on_after_its_last_step(kind, tmp_path, monkeypatch):
+    """A kept world's kernel restarted: the run ends as the process does (its tracker's atexit), the state in the
+    world's directory says where it was, and the new kernel's tracker goes on in the same run, no step twice."""
+    monkeypatch.setenv("WANDB_MODE", "offline")
+    workdir = tmp_path / "world"
+    workdir.mkdir()
+    first = Tracker(
+        open_run(kind, "kept", **trackers.place(kind, tmp_path / "runs"), params={"n": 2}), kind, {"n": 2}, str(workdir)
+    )
+    first.cell("a", 2)
+    for rank in (0, 1):
+        first.metrics(rank, _rows(range(4), rank))
+    assert first.wait(10)
+    first.run.close()  # the kernel goes: its run's own end, not nbdist's close
+    assert (workdir / tracker.STATE).exists()
+    said: list[str] = []
+    again = tracker.resume(str(workdir), say=said.append)
+    assert again is not None and said == [
+        f"tracking this world in the {kind} run at {again.run.where} again (from step 4)"
+    ]
+    again.cell("b", 3)
+    for rank in (0, 1, 2):
+        again.metrics(rank, _rows(range(2), rank))
+    again.close()
+    assert not (workdir / tracker.STATE).exists() and tracker.resume(str(workdir), say=said.append) is None
+    got = trackers.read(kind, tmp_path / "runs", "kept")
+    assert got["runs"] == 1
+    assert got["rank0/loss"] == [(s, float(s)) for s in range(4)] + [(4, 0.0), (5, 1.0)]
+    assert got["rank2/loss"] == [(4, 200.0), (5, 201.0)]
+    assert got[WORLD_SIZE] == [(0, 2.0), (4, 3.0)]
+    assert got["cells"] == [0, 4]
