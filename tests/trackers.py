@@ -20,7 +20,6 @@ import glob
 import hashlib
 import json
 import os
-import re
 import struct
 import tempfile
 import time
@@ -114,14 +113,16 @@ def _finished(path: str) -> list:
 
 
 def _wandb(folder, name: str) -> dict:
-    """A run is its id; a run opened again (resumed) offline is one more folder of the same id, synced as one."""
-    folders = {  # folder -> (when it was made, the run's id): offline-run-20261202_010625-ID
-        f: re.fullmatch(r".*-run-(\d{8}_\d{6})-(.+)", os.path.basename(f)).groups()
-        for f in glob.glob(os.path.join(str(folder), "wandb", "*-run-*"))
-    }
-    mine = sorted((f for f, (_, run_id) in folders.items() if run_id == name), key=lambda f: folders[f][0])
-    out: dict = {"params": {}, "runs": len({run_id for _, run_id in folders.values()}), "opened": len(mine)}
-    records = [r for run in mine for r in _finished(os.path.join(run, f"run-{name}.wandb"))]
+    """A run is its id; a run opened again (resumed) offline is one more folder of the same id, synced as one (W&B
+    names it offline-run-TIME-ID, or offline-run-TIME-ID-1 within the same second: the id is read from the file)."""
+    opened: dict[str, list] = {}  # run id -> its folders' records, in the order the folders were made
+    for run in sorted(glob.glob(os.path.join(str(folder), "wandb", "offline-run-*"))):
+        (path,) = glob.glob(os.path.join(run, "run-*.wandb"))
+        records = _finished(path)
+        run_id = next(r.run.run_id for r in records if r.WhichOneof("record_type") == "run")
+        opened.setdefault(run_id, []).append((run, records))
+    out: dict = {"params": {}, "runs": len(opened)}
+    records = [r for _, folder_records in opened[name] for r in folder_records]
     for record in records:
         which = record.WhichOneof("record_type")
         if which == "history":
@@ -136,7 +137,7 @@ def _wandb(folder, name: str) -> dict:
                 out["params"][item.key] = value.get("value", value) if isinstance(value, dict) else value
     out["cells"] = [
         int(os.path.basename(c)[10:17])
-        for run in mine
+        for run, _ in opened[name]
         for c in sorted(glob.glob(os.path.join(run, "files", "cells", "*")))
     ]
     return out
