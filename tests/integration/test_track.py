@@ -1,26 +1,37 @@
 """``%dist_track``: one run of a tracker for the world, through what happens to the world (docs/faults.md rows
 106-107), on real 2-rank gloo worlds, for each of the four trackers (TensorBoard, MLflow, W&B offline, trackio
 local), read back with the tracker's own reader (tests/trackers.py): the same cell run three times, a grow between
-cells, a rank killed mid-training and rebuilt from a living peer; each rank's steps once each and in
-order, the world's value the mean over the ranks that logged the step, the world's size where it changed, the
-cells' sources. Then the bad input, one line each, with the world untouched.
+cells, a rank killed mid-training and rebuilt from a living peer, a kept world's kernel restarted and attached
+again; each rank's steps once each and in order, the world's value the mean over the ranks that logged the step,
+the world's size where it changed, the cells' sources. Then the bad input, one line each, with the world untouched.
 
 Time bounds only catch hangs (HANG_S); benchmarks/track.py measures what tracking costs a step.
 """
 
 from __future__ import annotations
 
+import json
+
 import pytest
 import torch
 from IPython.core.error import UsageError
 
 import nbdist
+from nbdist.launch import procs
 from tests import trackers
-from tests.helpers import run_cell
+from tests.helpers import run_cell, wait_gone
+from tests.integration.test_keep import start_kept, waiting_out_the_lease
 from tests.integration.test_recovery import TRAIN, _setup
 
 HANG_S = 120.0
 LOG = "%%distributed\nimport nbdist\nfor step in range(10):\n    nbdist.log(step=step, loss=float(dist.get_rank() * 100 + step))"
+
+
+@pytest.fixture
+def kept_dir(tmp_path, monkeypatch):
+    path = tmp_path / "kept"
+    monkeypatch.setenv("NBDIST_KEPT_DIR", str(path))
+    return path
 
 
 @pytest.fixture(autouse=True)
@@ -107,3 +118,34 @@ def test_bad_input_is_one_line_and_the_world_and_its_run_stay(ip, tmp_path):
     finally:
         run_cell(ip, "%dist_stop")
     assert [s for s, _ in trackers.read("tensorboard", tmp_path, "first")["loss"]] == list(range(10))
+
+
+@pytest.mark.parametrize("kind", trackers.KINDS)
+def test_a_kept_worlds_run_goes_on_after_the_kernel_restarts_and_attaches(kind, kept_dir, tmp_path):
+    """JupyterLab's "Restart kernel" under a kept world: the old kernel's tracker ends its run as the process exits;
+    %dist_attach in the new kernel opens the same run again, and the next cell's steps go on after the last."""
+    kernel, pids = start_kept(kept_dir, "60")
+    try:
+        for cell in (f"%dist_track {kind} kept {trackers.flags(kind, tmp_path)}", LOG):
+            content, text, _ = kernel.run(cell)
+            assert content["status"] == "ok", text
+        (record,) = kept_dir.glob("*.json")
+        workdir = json.loads(record.read_text())["workdir"]
+        kernel.km.restart_kernel(now=False)
+        waiting_out_the_lease(workdir, pids)
+        content, text, _ = kernel.run("%load_ext nbdist\n%dist_attach")
+        assert content["status"] == "ok", text
+        assert f"tracking this world in the {kind} run at " in text and " again (from step 10)" in text, text
+        for cell in (LOG, "%dist_stop"):
+            content, text, _ = kernel.run(cell)
+            assert content["status"] == "ok", text
+        assert wait_gone(pids, 30) == []
+    finally:
+        kernel.close()
+        procs.kill([p for p in pids if procs.alive(p)])
+    got = trackers.read(kind, tmp_path, "kept")
+    assert got["runs"] == 1, "one run, opened twice"
+    for rank in (0, 1):
+        assert got[f"rank{rank}/loss"] == [(s, float(rank * 100 + s % 10)) for s in range(20)], rank
+    assert got["loss"] == [(s, 50.0 + s % 10) for s in range(20)]
+    assert got["cells"] == [0, 10]
