@@ -1,7 +1,10 @@
 """One run's steps across a world's cells: what each rank logs becomes the run's points, once each.
 
-A cell's loop counts its steps from 0 again (a cell run three times logs 0..N three times); the run's step goes on:
-a cell's step ``s`` is the run's ``offset + s``, the offset one past the last step the run has. A step a rank logs
+A cell's loop may count its steps from 0 again (a cell run three times logs 0..N three times) or go on with its
+own count (a loader whose step survives the cell); the run's step goes on either way: a cell's step ``s`` is the
+run's ``offset + s``, the offset set by the cell's first row: 0 where that row's step comes after the run's last
+step, else what moves it just past it. A row the offset would put at or before the run's last step of an earlier
+cell is left out. A step a rank logs
 again inside one cell (a loop that went back to its checkpoint after a recovery) is left out: nothing is logged
 twice. Each rank's values go under ``rank{r}/``; the world's value of a step (the mean over the ranks, the sum for
 throughput, as the dashboard's headline counts them) is written once every rank of the world has logged it; a
@@ -30,8 +33,9 @@ class Steps:
     """The run's step bookkeeping (see the module's docstring)."""
 
     world: int = 0  # ranks in the world now
-    offset: int = 0  # the run's step of this cell's step 0
+    offset: int | None = None  # the run's step of this cell's step 0 (None: the cell has logged nothing yet)
     last: int = -1  # the run's last step with a point
+    base: int = 0  # the run's first step after the earlier cells' last (where this cell begins)
     counted: dict[int, int] = field(default_factory=dict)  # rows without a step, per rank, in this cell
     written: dict[tuple[str, int], int] = field(default_factory=dict)  # (key, rank) -> last cell step written
     waiting: dict[tuple[int, str], dict[int, float]] = field(default_factory=dict)  # (cell step, key) -> rank: value
@@ -39,12 +43,12 @@ class Steps:
     def cell(self, world: int) -> list[Point]:
         """A cell starts on ``world`` ranks: its steps go on after the run's; the world's size if it changed."""
         out = self.flush()
-        self.offset = self.last + 1
+        self.base, self.offset = self.last + 1, None
         self.counted.clear()
         self.written.clear()
         if world != self.world:
             self.world = world
-            out.append((WORLD_SIZE, float(world), self.offset))
+            out.append((WORLD_SIZE, float(world), self.base))
         return out
 
     def resized(self, new: dict[int, int], step: int | None, joined: list[int] | None) -> list[Point]:
@@ -53,7 +57,7 @@ class Steps:
         self.world = len(set(new.values()) | set(joined or []))
         self.written = {(k, new[r]): s for (k, r), s in self.written.items() if r in new}
         self.counted = {new[r]: n for r, n in self.counted.items() if r in new}
-        at = self.offset + step if step is not None else self.last + 1
+        at = self.last + 1 if step is None or self.offset is None else max(self.offset + step, self.base)
         out.append((WORLD_SIZE, float(self.world), at))
         return out
 
@@ -67,6 +71,10 @@ class Steps:
                 step = self.counted.get(rank, 0)
                 self.counted[rank] = step + 1
             cell_step = int(step)
+            if self.offset is None:
+                self.offset = 0 if cell_step >= self.base else self.base - cell_step
+            if self.offset + cell_step < self.base:
+                continue  # before the cell's first row, at a step an earlier cell has
             for key, value in row.items():
                 if key in SKIP or key.startswith(TIMED) or not _number(value):
                     continue
@@ -95,7 +103,7 @@ class Steps:
         values = self.waiting.pop((cell_step, key)).values()
         total = math.fsum(values)
         value = total if key.startswith(SUMMED) else total / len(values)
-        return [(key, value, self.offset + cell_step)]
+        return [(key, value, (self.offset or 0) + cell_step)]
 
 
 def _number(value: Any) -> bool:

@@ -104,7 +104,7 @@ class Tracker:
                 if what == "cell":
                     code, world = args
                     self._apply(self.steps.cell(world))
-                    self.run.cell(code, self.steps.offset)
+                    self.run.cell(code, self.steps.base)
                 elif what == "rows":
                     self._apply(self.steps.add(*args))
                 elif what == "resized":
@@ -164,7 +164,7 @@ def resume(workdir: str, say: Callable[[str], None]) -> Tracker | None:
     except FileNotFoundError:
         return None
     steps = Steps(world=int(state["world"]), last=int(state["last"]))
-    steps.offset = steps.last + 1
+    steps.base = steps.last + 1
     tracker = Tracker(reopen(state["run"]), state["run"]["kind"], {}, workdir, steps)
-    say(f"tracking this world in the {tracker.kind} run at {tracker.run.where} again (from step {steps.offset})")
+    say(f"tracking this world in the {tracker.kind} run at {tracker.run.where} again (from step {steps.base})")
     return tracker

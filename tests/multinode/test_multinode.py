@@ -21,6 +21,7 @@ import torch
 
 import nbdist
 from nbdist.errors import ClusterError, RankError
+from tests import trackers
 from tests.helpers import check_ddp_against_one_process, poll, run_cell, touch_code, wait_for, wait_gone
 from tests.slurmnodes import HOST_ADDR, NODES, UNROUTED
 from tests.sockets import listening, outside, tree
@@ -377,16 +378,19 @@ def test_a_lost_node_shrinks_the_world_to_node1_and_it_grows_back_when_node2_ret
     """node2's ranks killed mid-training and node2 drained: their replacement job waits in the queue past
     --timeout, so the world goes on with node1's 2 ranks and the job stays queued. node2 back (resumed) while the
     next cell trains: the job starts there and its 2 ranks join at a step boundary of that cell's loop, which goes
-    on with 4 ranks."""
+    on with 4 ranks. The world is tracked (%dist_track tensorboard): one run through the shrink and the grow, each
+    step once, the world's size where it changed, written from the notebook (the ranks on the nodes open none)."""
     progress = str(tmp_path / "progress")
     said: list[tuple[float, str]] = []
     cluster = nbdist.start(
         n=4, launcher="slurm", nodes=2, max_restarts=1, min_ranks=2, timeout=40,
         progress=lambda line: said.append((time.time(), line)),
     )
+    train = ELASTIC_TRAIN.replace("    time.sleep(0.05)\n", "    nbdist.log(step=step, loss=loss.item())\n    time.sleep(0.05)\n")
     try:
         assert sorted(r.host for r in cluster.ranks) == ["node1", "node1", "node2", "node2"]
-        cluster.run(f"PROGRESS, STEPS = {progress!r}, 40\n{ELASTIC_SETUP}", setup=True).raise_for_error()
+        nbdist.track("tensorboard", "elastic", str(tmp_path / "runs"))
+        cluster.run(f"PROGRESS, STEPS = {progress!r}, 40\nimport nbdist\n{ELASTIC_SETUP}", setup=True).raise_for_error()
         lost = [r for r in cluster.ranks if r.host == "node2"]
 
         def lose_node2() -> None:
@@ -396,7 +400,7 @@ def test_a_lost_node_shrinks_the_world_to_node1_and_it_grows_back_when_node2_ret
                 os.kill(r.pid, signal.SIGKILL)  # the namespaces share one pid space
 
         threading.Thread(target=lose_node2, daemon=True).start()
-        result = cluster.run(ELASTIC_TRAIN)
+        result = cluster.run(train)
         result.raise_for_error()
         [line] = result.recovered
         print(line)
@@ -427,7 +431,7 @@ def test_a_lost_node_shrinks_the_world_to_node1_and_it_grows_back_when_node2_ret
             slurm.resume("node2")
 
         threading.Thread(target=node2_back, daemon=True).start()
-        result = cluster.run("start = loader.step\n" + ELASTIC_TRAIN.replace(
+        result = cluster.run("start = loader.step\n" + train.replace(
             "    time.sleep(0.05)\n", "    time.sleep(0.05)\n    if dist.get_world_size() == 4 and step >= start + 10:\n        break\n"
         ))
         result.raise_for_error()
@@ -445,6 +449,16 @@ def test_a_lost_node_shrinks_the_world_to_node1_and_it_grows_back_when_node2_ret
             cluster.membership.sizes_line()
         )
     finally:
-        cluster.stop()
+        cluster.stop()  # ends the run too
         slurm.run("scontrol", "update", "nodename=node2", "state=resume", check=False)
     assert slurm.wait_empty(60) == []
+    got = trackers.read("tensorboard", tmp_path / "runs", "elastic")
+    assert got["runs"] == 1 and got["cells"] == [0, 0, 40, 40], got["cells"]  # setup, a loop, STEPS=, a loop counting on
+    for rank in range(4):
+        steps = [s for s, _ in got[f"rank{rank}/loss"]]
+        assert steps == sorted(set(steps)), (rank, steps)  # in order, none twice
+    assert [s for s, _ in got["rank0/loss"]] == list(range(len(got["rank0/loss"])))  # node1's ranks: every step
+    lost_at, grown_at = [s for s, _ in got["world/size"]][1:]
+    assert [v for _, v in got["world/size"]] == [4.0, 2.0, 4.0] and 5 <= lost_at < 40 <= grown_at, got["world/size"]
+    assert max(s for s, _ in got["rank2/loss"] if s < 40) < lost_at + 1  # node2's ranks: gone from the shrink
+    assert min(s for s, _ in got["rank2/loss"] if s >= 40) >= grown_at  # and back from the grow

@@ -265,3 +265,25 @@ def test_a_run_opened_again_from_the_worlds_directory_goes_on_after_its_last_ste
     assert got["rank2/loss"] == [(4, 200.0), (5, 201.0)]
     assert got[WORLD_SIZE] == [(0, 2.0), (4, 3.0)]
     assert got["cells"] == [0, 4]
+
+
+def test_a_loop_that_keeps_its_own_count_across_cells_keeps_it_and_one_that_restarts_goes_on_after():
+    steps = Steps()
+    points = steps.cell(2)
+    for rank in (0, 1):
+        points += steps.add(rank, _rows(range(5), rank))
+    points += steps.cell(2)  # a loader's step survives the cell: 5..9
+    for rank in (0, 1):
+        points += steps.add(rank, _rows(range(5, 10), rank))
+    points += steps.cell(2)  # counts from 0 again: after the run's last step, 10..12
+    for rank in (0, 1):
+        points += steps.add(rank, _rows(range(3), rank))
+    points += steps.cell(2)  # goes on from 2 (below the run's last): its first row moves it just past, 13..14
+    for rank in (0, 1):
+        points += steps.add(rank, _rows([2, 3], rank))
+    points += steps.flush()
+    got = _by_tag(points)
+    assert [s for s, _ in got["rank0/loss"]] == list(range(15))
+    assert [v for _, v in got["rank1/loss"]] == [100.0 + s for s in [*range(10), 0, 1, 2, 2, 3]]
+    assert [s for s, _ in got["loss"]] == list(range(15))
+    assert steps.base == 13
