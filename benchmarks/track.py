@@ -15,7 +15,7 @@ import time
 from _common import save
 
 import nbdist
-from nbdist.tracking import sinks
+from nbdist.tracking import runs
 
 STEPS = 400
 SLOW_S = 0.2
@@ -34,7 +34,7 @@ for step in range({STEPS}):
 """
 
 
-class _Slow(sinks.TensorBoardRun):
+class _Slow(runs.TensorBoardRun):
     def scalars(self, points):
         time.sleep(SLOW_S)
         super().scalars(points)

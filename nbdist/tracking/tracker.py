@@ -30,6 +30,7 @@ from .sinks import reopen
 from .steps import Point, Steps
 
 QUEUE = 10_000  # batches waiting for the writer, at most
+DRAIN = 1_000  # batches the writer takes at once: their points go to the tracker in one write
 CLOSE_S = 30.0  # what is queued at close is written for at most this long
 STATE = "track.json"  # in the world's directory, while a run is open
 
@@ -96,21 +97,15 @@ class Tracker:
 
     def _write(self) -> None:
         while True:
-            what, args = self._queue.get()
+            batch = [self._queue.get()]  # and what else is queued: its rows go to the tracker in one write
+            while len(batch) < DRAIN:
+                try:
+                    batch.append(self._queue.get_nowait())
+                except queue.Empty:
+                    break
+            stop = any(what == "stop" for what, _ in batch)
             try:
-                if what == "stop":
-                    self._apply(self.steps.flush())
-                    return
-                if what == "cell":
-                    code, world = args
-                    self._apply(self.steps.cell(world))
-                    self.run.cell(code, self.steps.base)
-                elif what == "rows":
-                    self._apply(self.steps.add(*args))
-                elif what == "resized":
-                    self._apply(self.steps.resized(*args))
-                elif what == "params":
-                    self.run.params(*args)
+                self._handle(batch)
             except Exception as exc:  # the tracker's own failure: said once, the training goes on
                 if not self.failed:
                     self.failed = f"{type(exc).__name__}: {exc}"
@@ -121,7 +116,31 @@ class Tracker:
                         flush=True,
                     )
             finally:
-                self._queue.task_done()
+                for _ in batch:
+                    self._queue.task_done()
+            if stop:
+                return
+
+    def _handle(self, batch: list[tuple[str, tuple]]) -> None:
+        points: list[Point] = []
+        for what, args in batch:
+            if what == "rows":
+                points += self.steps.add(*args)
+                continue
+            self._apply(points)  # what came before, first
+            points = []
+            if what == "stop":
+                self._apply(self.steps.flush())
+                return
+            if what == "cell":
+                code, world = args
+                self._apply(self.steps.cell(world))
+                self.run.cell(code, self.steps.base)
+            elif what == "resized":
+                self._apply(self.steps.resized(*args))
+            elif what == "params":
+                self.run.params(*args)
+        self._apply(points)
 
     def _apply(self, points: list[Point]) -> None:
         if points:
