@@ -93,7 +93,7 @@ def test_a_rank_killed_mid_training_and_rebuilt_from_a_peer_goes_on_in_the_same_
     assert torch.equal(final[0], final[1])
 
 
-def test_bad_input_is_one_line_and_the_world_and_its_run_stay(ip, tmp_path):
+def test_bad_input_is_one_line_and_the_world_and_its_run_stay(ip, tmp_path, capsys):
     with pytest.raises(UsageError, match="%dist_start"):  # no world yet
         run_cell(ip, f"%dist_track tensorboard early --dir {tmp_path}")
     run_cell(ip, "%dist_start -n 2")
@@ -110,6 +110,10 @@ def test_bad_input_is_one_line_and_the_world_and_its_run_stay(ip, tmp_path):
         with pytest.raises(UsageError, match="this world is tracked already .* %dist_track off ends that run first"):
             run_cell(ip, f"%dist_track tensorboard second --dir {tmp_path}")
         run_cell(ip, LOG)
+        capsys.readouterr()
+        run_cell(ip, LOG.replace("loss=float(", "acc='high', loss=float("))  # a metric that is not a number
+        said = capsys.readouterr().out
+        assert said.count("nbdist.log: acc='high' is not a number; it is left out of the row") == 1, said
         run_cell(ip, "%dist_track off")
         with pytest.raises(UsageError, match="the run name 'first' is taken in"):
             run_cell(ip, f"%dist_track tensorboard first --dir {tmp_path}")
@@ -117,7 +121,8 @@ def test_bad_input_is_one_line_and_the_world_and_its_run_stay(ip, tmp_path):
         assert nbdist.current().pull("_v") == [2.0, 2.0]
     finally:
         run_cell(ip, "%dist_stop")
-    assert [s for s, _ in trackers.read("tensorboard", tmp_path, "first")["loss"]] == list(range(10))
+    got = trackers.read("tensorboard", tmp_path, "first")
+    assert [s for s, _ in got["loss"]] == list(range(20)) and "acc" not in got  # the training and its run went on
 
 
 @pytest.mark.parametrize("kind", trackers.KINDS)
