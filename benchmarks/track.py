@@ -1,13 +1,15 @@
-"""What ``%dist_track`` costs a step (#56): the same training cell untracked, tracked to TensorBoard, and tracked to a
-TensorBoard run made artificially slow (each batch's write sleeps SLOW_S: nothing may wait on it), alternated in one
-run at 2 and 16 ranks (oversubscribed here). Each cell: STEPS steps of a small MLP's forward, backward and SGD step
-with ``nbdist.log(step=, loss=, lr=)`` every step. The goal: tracked within 1% of untracked. Medians of the cell's
-wall time per step; JSON under results/track.json.
+"""What ``%dist_track`` costs a step (#56): the same training cell untracked, tracked to each tracker of ``--kinds``
+(TensorBoard by default; mlflow, wandb offline, trackio local), and tracked to a TensorBoard run made artificially
+slow (each batch's write sleeps SLOW_S: nothing may wait on it), alternated in one run at 2 and 16 ranks
+(oversubscribed here). Each cell: STEPS steps of a small MLP's forward, backward and SGD step with
+``nbdist.log(step=, loss=, lr=)`` every step. The goal: tracked within 1% of untracked. Medians of the cell's wall
+time per step; JSON under results/track.json.
 """
 
 from __future__ import annotations
 
 import argparse
+import os
 import statistics
 import tempfile
 import time
@@ -19,6 +21,7 @@ from nbdist.tracking import runs
 
 STEPS = 400
 SLOW_S = 0.2
+SLOW = "slow tensorboard"  # TensorBoard with each batch's write slowed by SLOW_S
 SETUP = """
 import torch, nbdist
 torch.manual_seed(0)
@@ -46,45 +49,54 @@ def per_step(cluster: nbdist.Cluster) -> float:
     return (time.perf_counter() - tic) / STEPS
 
 
+def _open(kind: str, n: int, rep: int, folder: str) -> None:
+    slow = kind == SLOW
+    tracker = nbdist.track(
+        "tensorboard" if slow else kind, f"n{n}-{rep}-{kind.replace(' ', '-')}", **_place(kind, folder)
+    )
+    if slow:
+        tracker.run.__class__ = _Slow
+
+
+def _place(kind: str, folder: str) -> dict[str, str]:
+    return {"project": "nbdist-bench"} if kind == "trackio" else {"folder": folder}
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--ranks", default="2,16")
     parser.add_argument("--reps", type=int, default=5)
+    parser.add_argument("--kinds", default="tensorboard", help="the trackers to measure, comma-separated")
     args = parser.parse_args()
+    os.environ.setdefault("WANDB_MODE", "offline")
+    ways = ["untracked", *args.kinds.split(","), SLOW]
     out: dict[str, dict[str, float]] = {}
     folder = tempfile.mkdtemp(prefix="nbdist-track-bench-")
+    os.environ.setdefault("TRACKIO_DIR", os.path.join(folder, "trackio"))
     for n in [int(v) for v in args.ranks.split(",")]:
-        times: dict[str, list[float]] = {"untracked": [], "tensorboard": [], "slow tensorboard": []}
+        times: dict[str, list[float]] = {way: [] for way in ways}
         with nbdist.start(n=n, oversubscribe=True, timeout=300) as cluster:
             cluster.run(SETUP, setup=True).raise_for_error()
             per_step(cluster)  # warm-up
             for rep in range(args.reps):
-                for way in ("untracked", "tensorboard", "slow tensorboard"):
+                for way in ways:
                     if way != "untracked":
-                        tracker = nbdist.track("tensorboard", f"n{n}-{rep}-{way.replace(' ', '-')}", folder)
-                        if way.startswith("slow"):
-                            tracker.run.__class__ = _Slow
+                        _open(way, n, rep, folder)
                     times[way].append(per_step(cluster))
                     if way != "untracked":
                         tic = time.perf_counter()
                         nbdist.untrack()
                         times.setdefault(f"{way} close_s", []).append(time.perf_counter() - tic)
-                print(
-                    f"{n} ranks, rep {rep + 1}: "
-                    + ", ".join(
-                        f"{w} {times[w][-1] * 1e3:.3f} ms/step"
-                        for w in ("untracked", "tensorboard", "slow tensorboard")
-                    ),
-                    flush=True,
-                )
+                print(f"{n} ranks, rep {rep + 1}: " + ", ".join(f"{w} {times[w][-1] * 1e3:.3f} ms/step" for w in ways))
         med = {w: statistics.median(v) for w, v in times.items()}
         out[str(n)] = med
         base = med["untracked"]
         print(
-            f"{n} ranks, median per step: untracked {base * 1e3:.3f} ms, tensorboard {med['tensorboard'] * 1e3:.3f} ms "
-            f"({(med['tensorboard'] / base - 1) * 100:+.1f}%), slow tensorboard {med['slow tensorboard'] * 1e3:.3f} ms "
-            f"({(med['slow tensorboard'] / base - 1) * 100:+.1f}%); closing a run {med['tensorboard close_s']:.2f} s, "
-            f"a slow one {med['slow tensorboard close_s']:.2f} s"
+            f"{n} ranks, median per step: untracked {base * 1e3:.3f} ms, "
+            + ", ".join(f"{w} {med[w] * 1e3:.3f} ms ({(med[w] / base - 1) * 100:+.1f}%)" for w in ways[1:])
+            + "; closing a run: "
+            + ", ".join(f"{w} {med[w + ' close_s']:.2f} s" for w in ways[1:]),
+            flush=True,
         )
     save("track", {"steps": STEPS, "slow_s": SLOW_S, "median_s_per_step": out})
 
