@@ -112,7 +112,7 @@ def test_bad_input_is_one_line_and_the_world_and_its_run_stay(ip, tmp_path, caps
         run_cell(ip, LOG)
         capsys.readouterr()
         run_cell(ip, LOG.replace("loss=float(", "acc='high', loss=float("))  # a metric that is not a number
-        said = capsys.readouterr().out
+        said = "".join(capsys.readouterr())
         assert said.count("nbdist.log: acc='high' is not a number; it is left out of the row") == 1, said
         run_cell(ip, "%dist_track off")
         with pytest.raises(UsageError, match="the run name 'first' is taken in"):
@@ -126,9 +126,11 @@ def test_bad_input_is_one_line_and_the_world_and_its_run_stay(ip, tmp_path, caps
 
 
 @pytest.mark.parametrize("kind", trackers.KINDS)
-def test_a_kept_worlds_run_goes_on_after_the_kernel_restarts_and_attaches(kind, kept_dir, tmp_path):
+def test_a_kept_worlds_run_goes_on_after_the_kernel_restarts_and_attaches(kind, kept_dir, tmp_path, monkeypatch):
     """JupyterLab's "Restart kernel" under a kept world: the old kernel's tracker ends its run as the process exits;
     %dist_attach in the new kernel opens the same run again, and the next cell's steps go on after the last."""
+    # W&B's service of this test process (the earlier tests') would be the kernels' too, as no Jupyter server's is
+    monkeypatch.delenv("WANDB_SERVICE", raising=False)
     kernel, pids = start_kept(kept_dir, "60")
     try:
         for cell in (f"%dist_track {kind} kept {trackers.flags(kind, tmp_path)}", LOG):
