@@ -103,7 +103,7 @@ FROZEN = {
     "dist_attach": "name",
     "dist_equiv": "--steps --timeout function",
     "dist_why": "--timeout",
-    "dist_track": "kind name --dir",
+    "dist_track": "kind name --dir --project --uri",
 }
 
 
