@@ -70,7 +70,7 @@ def _mlflow(folder, name: str) -> dict:
         history = sorted(client.get_metric_history(run.info.run_id, key), key=lambda m: (m.step, m.timestamp))
         out[key] = [(m.step, m.value) for m in history]
     cells = client.list_artifacts(run.info.run_id, "cells")
-    out["cells"] = [int(os.path.basename(a.path)[10:17]) for a in sorted(cells, key=lambda a: a.path)]
+    out["cells"] = [int(os.path.basename(a.path)[5:12]) for a in sorted(cells, key=lambda a: a.path)]
     out["params"] = dict(run.data.params)
     out["runs"] = len(runs)
     out["status"] = run.info.status
@@ -136,7 +136,7 @@ def _wandb(folder, name: str) -> dict:
                 value = json.loads(item.value_json)
                 out["params"][item.key] = value.get("value", value) if isinstance(value, dict) else value
     out["cells"] = [
-        int(os.path.basename(c)[10:17])
+        int(os.path.basename(c)[5:12])
         for run, _ in opened[name]
         for c in sorted(glob.glob(os.path.join(run, "files", "cells", "*")))
     ]

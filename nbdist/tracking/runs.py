@@ -1,6 +1,6 @@
-"""The four trackers' runs, each the same three calls for the writer thread (tracker.py's ``Run``): ``params``
-once, then ``scalars`` and ``cell`` (a cell's source where its steps begin) as the world trains, ``close`` at the end. Each is opened by sinks.py, which
-checks its place first; each writes offline or locally unless told otherwise:
+"""The four trackers' runs, each the same four calls for the writer thread (tracker.py's ``Run``): ``params`` once,
+then ``scalars`` and ``cell`` (a cell's source where its steps begin) as the world trains, ``close`` at the end.
+Each is opened by sinks.py, which checks its place first; each writes offline or locally unless told otherwise:
 
 - TensorBoard: event files in one folder, written through torch's ``SummaryWriter``: one event per step with all
   its tags (add_scalar makes one per point: 2.5 times the cost), flushed every FLUSH_S.
@@ -36,14 +36,15 @@ def _by_step(points: list[Point]) -> dict[int, dict[str, float]]:
 
 
 class _Cells:
-    """A run's cell files: numbered in the order the cells ran (two cells may begin at the same step)."""
+    """A run's cell files, by the step where each begins, then in the order they ran (two cells may begin at the
+    same step: a cell that logs nothing, then the next); a run opened again begins after its last step."""
 
     def __init__(self) -> None:
         self.cells = 0
 
     def next_name(self, step: int) -> str:
         self.cells += 1
-        return f"cells/{self.cells:04d}-step-{step:07d}.py"
+        return f"cells/step-{step:07d}-{self.cells:04d}.py"
 
 
 class TensorBoardRun:
