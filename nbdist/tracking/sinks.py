@@ -24,7 +24,6 @@ from . import runs
 
 KINDS = ("tensorboard", "mlflow", "wandb", "trackio")
 EXTRA = 'pip install "nbdist[track]"'
-PACKAGE = {"tensorboard": "tensorboard", "mlflow": "mlflow", "wandb": "wandb", "trackio": "trackio"}
 NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}")  # a run name every tracker takes (W&B's id among them)
 PROJECT = "nbdist"
 WANDB_MODES = ("online", "offline", "shared", "disabled", "dryrun", "run")
@@ -46,18 +45,17 @@ def open_run(
         raise ConfigError(f"--uri is MLflow's tracking URI; {kind} takes --dir instead.")
     if project is not None and kind == "tensorboard":
         raise ConfigError("TensorBoard has no projects: a run is a folder; give --dir (and a name) instead.")
-    name = name or time.strftime("nbdist-%Y%m%d-%H%M%S")
-    if not NAME.fullmatch(name):
-        raise ConfigError(
-            f"run name {name!r} is not one word of letters, digits, '.', '_' or '-'; give one such as "
-            f"%dist_track {kind} mnist-ddp."
-        )
-    project = project or PROJECT
-    if not NAME.fullmatch(project):
-        raise ConfigError(
-            f"project {project!r} is not one word of letters, digits, '.', '_' or '-'; give one such as --project mnist."
-        )
+    name = _word("run name", name or time.strftime("nbdist-%Y%m%d-%H%M%S"), f"%dist_track {kind} mnist-ddp")
+    project = _word("project", project or PROJECT, "--project mnist")
     return _open({"kind": kind, "name": name, "folder": folder, "project": project, "uri": uri}, params or {})
+
+
+def _word(what: str, value: str, example: str) -> str:
+    if not NAME.fullmatch(value):
+        raise ConfigError(
+            f"{what} {value!r} is not one word of letters, digits, '.', '_' or '-'; give one such as {example}."
+        )
+    return value
 
 
 def reopen(spec: dict[str, Any]) -> Any:
@@ -94,8 +92,8 @@ def _importable(kind: str) -> None:
         __import__(module)
     except ImportError as exc:
         raise ConfigError(
-            f"%dist_track {kind} needs the {PACKAGE[kind]} package, which is not installed in {sys.executable} "
-            f"({exc}); {EXTRA} (or pip install {PACKAGE[kind]}), then run %dist_track again."
+            f"%dist_track {kind} needs the {kind} package, which is not installed in {sys.executable} "
+            f"({exc}); {EXTRA} (or pip install {kind}), then run %dist_track again."
         ) from None
 
 
