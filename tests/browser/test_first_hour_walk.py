@@ -25,7 +25,7 @@ from tests.notebooks.test_notebooks import WALKED, check_notebook, stream_text
 # notebook -> (cells tagged raises-exception, cells whose picture is kept)
 WALK = {
     "00_quickstart": (1, {}),
-    "06_monitoring": (0, {"dashboard": 3, "headline": 5, "bench": 7, "claims": 12}),
+    "06_monitoring": (0, {"dashboard": 3, "headline": 5, "bench": 7, "claims": 12, "tracked": 17}),
     "08_faults_and_recovery": (2, {"raises": 4, "kill": 16, "compare": 17, "mismatch": 31}),
 }
 assert sorted(f"{name}.ipynb" for name in WALK) == sorted(WALKED)
