@@ -71,13 +71,22 @@ class Heard:
             if md.get("execute_result") and not seen.result:
                 seen.result = True
                 self.sink.result(rank, md["execute_result"])
-            data = md.get("data") or {}
-            # each batch once, then out of ipyparallel's store, which would keep every row of the cell; list(): the
-            # IO thread adds batches meanwhile
-            for key in sorted(k for k in list(data) if k.startswith(wire.METRICS)):
-                rows = data.pop(key).get("rows", [])
-                self.metrics[rank].add(rows)
-                call_sink(self.sink, "metrics", rank, rows)
+            self._emit_rows(md, rank, "metrics")
+
+    def emit_rows(self) -> None:
+        """Only the metric rows, while nothing is shown (``wait(show=False)``): kept for the result and handed to the
+        sink's ``logged`` (a tracked run hears them), not drawn."""
+        for i, child in enumerate(self.children):
+            self._emit_rows(child.output.metadata, self.ranks[i], "logged")
+
+    def _emit_rows(self, md: dict[str, Any], rank: int, method: str) -> None:
+        data = md.get("data") or {}
+        # each batch once, then out of ipyparallel's store, which would keep every row of the cell; list(): the IO
+        # thread adds batches meanwhile
+        for key in sorted(k for k in list(data) if k.startswith(wire.METRICS)):
+            rows = data.pop(key).get("rows", [])
+            self.metrics[rank].add(rows)
+            call_sink(self.sink, method, rank, rows)
 
     def _emit_streams(self, i: int, md: dict[str, Any], rank: int, seen: _Seen, last: bool = False) -> None:
         """A rank's new stdout, stderr and displays in the order they were made, from the messages heard

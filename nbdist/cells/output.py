@@ -35,6 +35,9 @@ class Sink:
     def metrics(self, rank: int, rows: list[dict[str, Any]]) -> None:
         """Rows this rank logged with ``nbdist.log``."""
 
+    def logged(self, rank: int, rows: list[dict[str, Any]]) -> None:
+        """Rows this rank logged while the cell's output is not shown (``wait(show=False)``): kept, not drawn."""
+
     def state(self, rank: int, state: RankState) -> None:
         """This rank's state changed (busy, idle, failed, dead)."""
 
@@ -173,6 +176,10 @@ class TaggedPrinter(Sink):
             self._bar = tqdm(total=total, desc="ranks finished", leave=False)
         self._bar.n = done
         self._bar.refresh()
+
+    def logged(self, rank: int, rows: list[dict[str, Any]]) -> None:
+        if self.listener is not None:  # a tracked run has every row, shown or not
+            self.listener.metrics(rank, rows)
 
     def metrics(self, rank: int, rows: list[dict[str, Any]]) -> None:
         """Plotted live in a notebook: the dashboard appears with the first rows."""

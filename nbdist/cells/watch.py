@@ -179,6 +179,8 @@ class Watch:
                             self.finished.add(i)
                             call_sink(self.sink, "finished", self.ranks[i])
                     call_sink(self.sink, "tick")
+                else:  # nothing shown, but the rows are kept and a tracked run hears them as they come
+                    self.out.emit_rows()
                 self._notice_deaths()
                 if self.tick is not None and time.perf_counter() - self.ticked >= TICK_S:
                     self.ticked = time.perf_counter()
@@ -309,16 +311,19 @@ class Watch:
             self.board.set(sorted(unanswered - dead), RankState.IDLE)
 
     def _finish_output(self, stream: bool) -> None:
-        # Output can trail the reply by a moment (iopub and shell are separate sockets).
-        if stream:
-            end = time.perf_counter() + 1.0
-            for i, child in enumerate(self.children):
-                if i in self.gone | self.ended and not child.done():
-                    continue  # a dead engine's output never completes
-                try:
-                    child.output.result(timeout=max(0.0, end - time.perf_counter()))
-                except Exception:  # the output of a dead engine never completes
-                    pass
+        # Output can trail the reply by a moment (iopub and shell are separate sockets); its metric rows are kept
+        # whether it is shown or not.
+        end = time.perf_counter() + 1.0
+        for i, child in enumerate(self.children):
+            if i in self.gone | self.ended and not child.done():
+                continue  # a dead engine's output never completes
+            try:
+                child.output.result(timeout=max(0.0, end - time.perf_counter()))
+            except Exception:  # the output of a dead engine never completes
+                pass
+        if not stream:
+            self.out.emit_rows()
+        else:
             self.out.emit(last=True)
             self._report_states()
             self.sink.flush()

@@ -31,6 +31,7 @@ import torch
 
 import nbdist
 from nbdist.errors import ClusterError, ConfigError, RankError
+from tests import trackers
 from tests.gone_node import gone_node
 from tests.helpers import poll, run_cell
 
@@ -305,12 +306,18 @@ def test_a_world_below_min_ranks_fails_the_cell_naming_what_was_lost(tmp_path, g
 def test_a_world_grown_while_a_noblock_cell_trains_goes_on_from_the_step_it_stopped_at(tmp_path, ip, capsys):
     """3 ranks train in a --noblock cell; at a seeded random step %dist_grow 1: the loop stops at a step boundary
     every rank agrees on, the world grows to 4 from that step's state and the cell goes on: as by hand (3 ranks to
-    that step, 4 after). The cell's result says the grow; the 4 ranks hold the same weights."""
+    that step, 4 after). The cell's result says the grow; the 4 ranks hold the same weights. The loop logs its loss
+    and the world is tracked: the cell followed with nothing shown (wait(show=False)) still keeps every rank's rows
+    after the grow, and the tracked run has each step once, every rank's from where it joined."""
     progress = str(tmp_path / "progress")
     after = 3 + PICK % 10
-    slow = TRAIN.replace("time.sleep(0.03)", "time.sleep(0.06)")  # the loop must still run when the grow comes
+    slow = TRAIN.replace("time.sleep(0.03)", "time.sleep(0.06)").replace(  # the loop must still run when the grow comes
+        " opt.step()\n", " opt.step()\n    nbdist.log(step=step, loss=loss.item())\n"
+    )
+    assert slow != TRAIN.replace("time.sleep(0.03)", "time.sleep(0.06)")
     with nbdist.start(3, oversubscribe=True) as c:
-        c.run(f"PROGRESS = {progress!r}\n{SETUP}", setup=True).raise_for_error()
+        nbdist.track("tensorboard", "grown", str(tmp_path / "runs"))
+        c.run(f"PROGRESS = {progress!r}\nimport nbdist\n{SETUP}", setup=True).raise_for_error()
         c.run(slow, block=False)
         assert poll(lambda: _progress(progress, 0) >= after, HANG_S), "the loop did not start"
         capsys.readouterr()
@@ -326,7 +333,13 @@ def test_a_world_grown_while_a_noblock_cell_trains_goes_on_from_the_step_it_stop
         assert result.ok, result
         assert [r.rank for r in result.ranks] == [0, 1, 2, 3], result
         assert any(line.startswith("grew the world from 3 to 4 ranks") for line in result.recovered), result.recovered
+        logged = {rank: [row["step"] for row in rows if "loss" in row] for rank, rows in result.metrics.items()}
+        assert logged == {rank: list(range(stop, STEPS)) for rank in range(4)}, (stop, logged)
         grown = c.pull("final")
+    got = trackers.read("tensorboard", tmp_path / "runs", "grown")
+    assert [s for s, _ in got["rank0/loss"]] == list(range(STEPS)), got["rank0/loss"]  # every step once, in order
+    assert [s for s, _ in got["rank3/loss"]] == list(range(stop, STEPS)), (stop, got["rank3/loss"])
+    assert got["world/size"] == [(0, 3.0), (stop, 4.0)], got["world/size"]
     for rank in (1, 2, 3):
         assert all(torch.equal(a, b) for a, b in zip(grown[0], grown[rank], strict=True))
     reference = _by_hand(tmp_path, stop, 3, 4)
