@@ -1,8 +1,9 @@
 """``%dist_track``: one run of a tracker for the world, through what happens to the world (docs/faults.md rows
 106-107), on real 2-rank gloo worlds, for each of the four trackers (TensorBoard, MLflow, W&B offline, trackio
 local), read back with the tracker's own reader (tests/trackers.py): the same cell run three times, a grow between
-cells, a rank killed mid-training and rebuilt from a living peer, a kept world's kernel restarted and attached
-again; each rank's steps once each and in order, the world's value the mean over the ranks that logged the step,
+cells, a rank killed mid-training and rebuilt from a living peer, a lost rank shrinking the world and a grow
+bringing it back, a kept world's kernel restarted and attached again (ranks on two Slurm nodes:
+tests/multinode/test_multinode.py); each rank's steps once each and in order, the world's value the mean over the ranks that logged the step,
 the world's size where it changed, the cells' sources. Then the bad input, one line each, with the world untouched.
 
 Time bounds only catch hangs (HANG_S); benchmarks/track.py measures what tracking costs a step.
@@ -11,6 +12,8 @@ Time bounds only catch hangs (HANG_S); benchmarks/track.py measures what trackin
 from __future__ import annotations
 
 import json
+import os
+import threading
 
 import pytest
 import torch
@@ -19,7 +22,12 @@ from IPython.core.error import UsageError
 import nbdist
 from nbdist.launch import procs
 from tests import trackers
-from tests.helpers import run_cell, wait_gone
+from tests.gone_node import gone_node
+from tests.helpers import poll, run_cell, wait_gone
+from tests.integration.test_elastic import SETUP as ELASTIC_SETUP
+from tests.integration.test_elastic import STEPS as ELASTIC_STEPS
+from tests.integration.test_elastic import TRAIN as ELASTIC_TRAIN
+from tests.integration.test_elastic import _progress
 from tests.integration.test_keep import start_kept, waiting_out_the_lease
 from tests.integration.test_recovery import TRAIN, _setup
 
@@ -32,6 +40,13 @@ def kept_dir(tmp_path, monkeypatch):
     path = tmp_path / "kept"
     monkeypatch.setenv("NBDIST_KEPT_DIR", str(path))
     return path
+
+
+@pytest.fixture
+def gone_flag(tmp_path):
+    """The "gone-node" launcher (tests/gone_node.py); the flag file it yields marks the node gone."""
+    with gone_node(tmp_path) as flag:
+        yield flag
 
 
 @pytest.fixture(autouse=True)
@@ -91,6 +106,46 @@ def test_a_rank_killed_mid_training_and_rebuilt_from_a_peer_goes_on_in_the_same_
         values = [r[step] for r in ranks if step in r]
         assert world == pytest.approx(sum(values) / len(values), rel=1e-6), step
     assert torch.equal(final[0], final[1])
+
+
+@pytest.mark.parametrize("kind", trackers.KINDS)
+def test_a_lost_rank_shrinks_the_world_and_a_grow_brings_it_back_in_the_same_run(kind, tmp_path, gone_flag):
+    """3 ranks train; rank 2 is killed mid-loop and its node is gone (no replacement starts): the world goes on with
+    2 ranks from the step it was rebuilt at. The node back, %dist_grow 1 and 10 more steps on 3 ranks. One run: each
+    rank's steps once each and in order, the joined rank 2's from the grow, the world's size where it changed."""
+    progress = str(tmp_path / "progress")
+    train = ELASTIC_TRAIN.replace(" opt.step()\n", " opt.step()\n    nbdist.log(step=step, loss=loss.item())\n")
+    assert train != ELASTIC_TRAIN
+    more = train.replace(f"loader.steps({ELASTIC_STEPS})", f"loader.steps({ELASTIC_STEPS + 10})")  # 10 steps on
+    assert more != train
+    with nbdist.start(3, launcher="gone-node", max_restarts=1, min_ranks=2, oversubscribe=True, timeout=90) as c:
+        nbdist.track(kind, "elastic", **trackers.place(kind, tmp_path / "runs"))
+        c.run(f"PROGRESS = {progress!r}\nimport nbdist\n{ELASTIC_SETUP}", setup=True).raise_for_error()
+        gone_flag.write_text("")  # no engine starts: rank 2's replacement never comes
+        pid = c.engines.ranks[2].pid
+        killer = threading.Thread(
+            target=lambda: poll(lambda: _progress(progress, 2) >= 5, HANG_S, every=0.005) and os.kill(pid, 9),
+            daemon=True,
+        )
+        killer.start()
+        result = c.run(train).raise_for_error()
+        killer.join(HANG_S)
+        assert "continuing with 2 of 3 ranks" in result.recovered[0], result.recovered
+        gone_flag.unlink()  # the node is back
+        c.grow(1)
+        c.run(more).raise_for_error()
+        nbdist.untrack()
+    got = trackers.read(kind, tmp_path / "runs", "elastic")
+    assert got["runs"] == 1, "one run"
+    (_, three), (lost_at, two), (grown_at, again) = got["world/size"]
+    assert (three, two, again) == (3.0, 2.0, 3.0) and 5 <= lost_at < grown_at == ELASTIC_STEPS, got["world/size"]
+    for rank in (0, 1):
+        assert [s for s, _ in got[f"rank{rank}/loss"]] == list(range(ELASTIC_STEPS + 10)), rank
+    rank2 = [s for s, _ in got["rank2/loss"]]  # the lost rank's rows to its death, then the joined rank's
+    assert rank2 == sorted(set(rank2)) and rank2[-10:] == list(range(grown_at, grown_at + 10)), rank2
+    assert all(s < lost_at or s >= grown_at for s in rank2), (lost_at, rank2)
+    assert [s for s, _ in got["loss"]] == list(range(ELASTIC_STEPS + 10))
+    assert got["cells"] == [0, 0, ELASTIC_STEPS], "the setup cell, the loop, the loop going on"
 
 
 def test_bad_input_is_one_line_and_the_world_and_its_run_stay(ip, tmp_path, capsys):

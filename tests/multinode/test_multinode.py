@@ -111,6 +111,31 @@ def test_slurm_launcher_puts_ranks_on_two_nodes_and_trains_like_one_process(ip, 
     assert not os.path.exists("slurm_engine.sbatch"), "the batch script stays in the cluster's directory"
 
 
+def test_a_world_on_two_slurm_nodes_is_one_run_in_each_tracker(ip, slurm, tmp_path, monkeypatch):
+    """Ranks on node1 and node2, tracked by each tracker in turn (%dist_track KIND, a cell run twice, %dist_track
+    off): one run each, written from the notebook, every rank's steps once each and in order, the world's the mean.
+    (The shrink and the grow of a two-node world, tracked: the lost-node test below.)"""
+    monkeypatch.setenv("WANDB_MODE", "offline")
+    log = "%%distributed\nimport nbdist\nfor step in range(10):\n    nbdist.log(step=step, loss=float(dist.get_rank() * 100 + step))"
+    run_cell(ip, "%dist_start --launcher slurm -n 2 --nodes 2 --timeout 90")
+    try:
+        assert sorted(r.host for r in nbdist.current().ranks) == ["node1", "node2"]
+        for kind in trackers.KINDS:
+            for cell in (f"%dist_track {kind} nodes {trackers.flags(kind, tmp_path / kind)}", log, log, "%dist_track off"):
+                run_cell(ip, cell)
+    finally:
+        run_cell(ip, "%dist_stop")
+    assert slurm.wait_empty(30) == []
+    for kind in trackers.KINDS:
+        got = trackers.read(kind, tmp_path / kind, "nodes")
+        assert got["runs"] == 1, kind
+        for rank in (0, 1):
+            assert got[f"rank{rank}/loss"] == [(s, float(rank * 100 + s % 10)) for s in range(20)], (kind, rank)
+        assert got["loss"] == [(s, 50.0 + s % 10) for s in range(20)], kind
+        assert got["world/size"] == [(0, 2.0)] and got["cells"] == [0, 10], (kind, got["world/size"], got["cells"])
+        assert got["params"]["launcher"] == "slurm" and got["params"]["nodes"] in (2, "2"), (kind, got["params"])
+
+
 def test_a_rank_killed_on_node2_is_named_with_its_host_and_restarts_through_slurm(ip, slurm, tmp_path):
     run_cell(ip, "%dist_start --launcher slurm -n 2 --nodes 2 --timeout 90")
     cluster = nbdist.current()
