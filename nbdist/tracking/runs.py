@@ -2,8 +2,8 @@
 then ``scalars`` and ``cell`` (a cell's source where its steps begin) as the world trains, ``close`` at the end.
 Each is opened by sinks.py, which checks its place first; each writes offline or locally unless told otherwise:
 
-- TensorBoard: event files in one folder, written through torch's ``SummaryWriter``: one event per step with all
-  its tags (add_scalar makes one per point: 2.5 times the cost), flushed every FLUSH_S.
+- TensorBoard: event files in one folder, written by nbdist (tfevents.py: torch's ``SummaryWriter`` costs six
+  times as much), one event per step with all its tags, each batch written and flushed at once.
 - MLflow: one run in an experiment of a tracking URI (a SQLite file by default: MLflow's file store is in
   maintenance); metrics batched (log_batch), the config as parameters, each cell's source as an artifact.
 - Weights & Biases: one run, offline unless WANDB_MODE says otherwise or an API key is set; the run's x axis is
@@ -23,9 +23,9 @@ from collections import defaultdict
 from typing import Any
 
 from .steps import Point
+from .tfevents import EventFile
 
 STEP = "nbdist/step"  # W&B's x axis for every metric of the run
-FLUSH_S = 2  # TensorBoard's writer flushes its events this often (and at close): tensorboard sees them within it
 
 
 def _by_step(points: list[Point]) -> dict[int, dict[str, float]]:
@@ -48,34 +48,38 @@ class _Cells:
 
 
 class TensorBoardRun:
-    """A TensorBoard run: one folder of event files (one more each time it is opened again)."""
+    """A TensorBoard run: one folder of event files (one more each time it is opened again), written by nbdist
+    (tfevents.py): one event per step with all its tags."""
 
     spec: dict[str, Any] = {}  # what opens it again (sinks.py): the options it was opened with
 
     def __init__(self, folder: str) -> None:
-        from torch.utils.tensorboard import SummaryWriter
-
         self.where = folder
-        self.writer = SummaryWriter(log_dir=folder, flush_secs=FLUSH_S)
+        self.events = EventFile(folder)
 
     def params(self, params: dict[str, Any]) -> None:
-        self.writer.add_text("nbdist/config", "```\n" + json.dumps(params, indent=1, default=str) + "\n```", 0)
-        self.writer.flush()
+        self._text("nbdist/config", "```\n" + json.dumps(params, indent=1, default=str) + "\n```", 0)
 
-    def scalars(self, points: list[Point]) -> None:  # one event per step, all its tags (add_scalar: one per point)
+    def scalars(self, points: list[Point]) -> None:
         from tensorboard.compat.proto.summary_pb2 import Summary
 
-        events: Any = self.writer.file_writer  # made when the writer was (add_scalar's own way to the event file)
-        for step, row in sorted(_by_step(points).items()):
-            values = [Summary.Value(tag=tag, simple_value=value) for tag, value in row.items()]
-            events.add_summary(Summary(value=values), step)
+        self.events.summaries(
+            [
+                (step, Summary(value=[Summary.Value(tag=tag, simple_value=value) for tag, value in row.items()]))
+                for step, row in sorted(_by_step(points).items())
+            ]
+        )
 
     def cell(self, code: str, step: int) -> None:
-        self.writer.add_text("nbdist/cell", "```python\n" + code + "\n```", step)
-        self.writer.flush()
+        self._text("nbdist/cell", "```python\n" + code + "\n```", step)
+
+    def _text(self, tag: str, text: str, step: int) -> None:
+        from torch.utils.tensorboard.summary import text as summary  # TensorBoard's text plugin, as add_text makes it
+
+        self.events.summaries([(step, summary(tag, text))])
 
     def close(self) -> None:
-        self.writer.close()
+        self.events.close()
 
 
 MLFLOW_KEY = re.compile(r"[^\w\-. :/]")  # what MLflow refuses in a metric or parameter name

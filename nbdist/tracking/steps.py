@@ -16,6 +16,7 @@ points to write, the writer thread calls it (tracker.py).
 
 from __future__ import annotations
 
+import heapq
 import math
 from dataclasses import dataclass, field
 from typing import Any
@@ -39,6 +40,9 @@ class Steps:
     counted: dict[int, int] = field(default_factory=dict)  # rows without a step, per rank, in this cell
     written: dict[tuple[str, int], int] = field(default_factory=dict)  # (key, rank) -> last cell step written
     waiting: dict[tuple[int, str], dict[int, float]] = field(default_factory=dict)  # (cell step, key) -> rank: value
+    # per key, the cell steps that began waiting, lowest first (a heap; a step already written is skipped when
+    # popped): the steps before a complete one are found without a scan over everything waiting
+    heads: dict[str, list[int]] = field(default_factory=dict)
 
     def cell(self, world: int) -> list[Point]:
         """A cell starts on ``world`` ranks: its steps go on after the run's; the world's size if it changed."""
@@ -84,11 +88,17 @@ class Steps:
                 at = self.offset + cell_step
                 out.append((f"rank{rank}/{key}", float(value), at))
                 self.last = max(self.last, at)
-                values = self.waiting.setdefault((cell_step, key), {})
+                values = self.waiting.get((cell_step, key))
+                if values is None:
+                    values = self.waiting[(cell_step, key)] = {}
+                    heapq.heappush(self.heads.setdefault(key, []), cell_step)
                 values[rank] = float(value)
                 if len(values) >= self.world:  # the steps before it that some rank never logged first: in order
-                    for earlier in sorted(s for s, k in self.waiting if k == key and s < cell_step):
-                        out += self._world(earlier, key)
+                    heap = self.heads[key]
+                    while heap and heap[0] < cell_step:
+                        earlier = heapq.heappop(heap)
+                        if (earlier, key) in self.waiting:
+                            out += self._world(earlier, key)
                     out += self._world(cell_step, key)
         return out
 
@@ -97,6 +107,7 @@ class Steps:
         out: list[Point] = []
         for cell_step, key in sorted(self.waiting):
             out += self._world(cell_step, key)
+        self.heads.clear()
         return out
 
     def _world(self, cell_step: int, key: str) -> list[Point]:

@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import sys
 import threading
 
 import pytest
@@ -287,3 +288,38 @@ def test_a_loop_that_keeps_its_own_count_across_cells_keeps_it_and_one_that_rest
     assert [v for _, v in got["rank1/loss"]] == [100.0 + s for s in [*range(10), 0, 1, 2, 2, 3]]
     assert [s for s, _ in got["loss"]] == list(range(15))
     assert steps.base == 13
+
+
+@pytest.mark.parametrize("crc", ["google-crc32c", "tensorboard's own"])
+def test_nbdists_event_file_is_read_by_tensorboard_with_its_own_checksums(crc, tmp_path, monkeypatch):
+    """tracking/tfevents.py writes TensorBoard's record format itself: TensorBoard's reader (which checks every
+    record's checksums) reads each step's scalars and the text back; every record's checksum is TensorBoard's."""
+    import struct
+
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+    from tensorboard.compat.tensorflow_stub.pywrap_tensorflow import masked_crc32c
+
+    from nbdist.tracking.runs import TensorBoardRun
+
+    if crc != "google-crc32c":
+        monkeypatch.setitem(sys.modules, "google_crc32c", None)  # not installed
+    tb = TensorBoardRun(str(tmp_path))
+    tb.params({"n": 2})
+    tb.scalars([("loss", 1.0, 0), ("rank0/loss", 2.0, 0), ("loss", 0.5, 1), ("loss", 0.25, 7)])
+    tb.cell("print('hi')", 1)
+    tb.close()
+    data = open(tb.events.path, "rb").read()
+    at, records = 0, 0
+    while at < len(data):  # each record: length, its checksum, the event, its checksum
+        (size,) = struct.unpack("<Q", data[at : at + 8])
+        assert struct.unpack("<I", data[at + 8 : at + 12])[0] == masked_crc32c(data[at : at + 8])
+        event = data[at + 12 : at + 12 + size]
+        assert struct.unpack("<I", data[at + 12 + size : at + 16 + size])[0] == masked_crc32c(event)
+        at, records = at + 16 + size, records + 1
+    assert records == 6  # the file's version, the config, three steps, the cell
+    acc = EventAccumulator(str(tmp_path), size_guidance={"scalars": 0, "tensors": 0})
+    acc.Reload()
+    assert [(e.step, e.value) for e in acc.Scalars("loss")] == [(0, 1.0), (1, 0.5), (7, 0.25)]
+    assert [(e.step, e.value) for e in acc.Scalars("rank0/loss")] == [(0, 2.0)]
+    assert [e.step for e in acc.Tensors("nbdist/cell/text_summary")] == [1]
+    assert acc.Tensors("nbdist/config/text_summary")[0].tensor_proto.string_val[0].decode().startswith("```")
