@@ -323,3 +323,19 @@ def test_nbdists_event_file_is_read_by_tensorboard_with_its_own_checksums(crc, t
     assert [(e.step, e.value) for e in acc.Scalars("rank0/loss")] == [(0, 2.0)]
     assert [e.step for e in acc.Tensors("nbdist/cell/text_summary")] == [1]
     assert acc.Tensors("nbdist/config/text_summary")[0].tensor_proto.string_val[0].decode().startswith("```")
+
+
+def test_a_metric_of_rank_0s_own_is_written_as_it_comes_not_when_the_cell_ends():
+    """Rank 0 logs val_acc every 5 steps, the other ranks never: once another rank has sent rows, each of rank 0's
+    values is the world's at once (the dashboard's rule); a metric every rank logs still waits for all of them."""
+    steps = Steps()
+    steps.cell(3)
+    rows0 = [{"step": s, "loss": 1.0, **({"val_acc": s / 10} if s % 5 == 0 else {})} for s in range(10)]
+    points = steps.add(0, rows0[:5])  # before any other rank sent a row: it may be everyone's, so it waits
+    assert "val_acc" not in _by_tag(points)
+    points += steps.add(1, [{"step": s, "loss": 2.0} for s in range(10)])
+    points += steps.add(0, rows0[5:])
+    assert _by_tag(points)["val_acc"] == [(0, 0.0), (5, 0.5)]  # written before the cell ends (no flush yet)
+    assert "loss" not in _by_tag(points)  # rank 2 has not logged it yet
+    points += steps.add(2, [{"step": s, "loss": 3.0} for s in range(10)])
+    assert _by_tag(points)["loss"] == [(s, 2.0) for s in range(10)]
