@@ -74,7 +74,8 @@ class PendingRun:
 
     def wait(self, timeout: float | None = None, show: bool = True) -> RunResult:
         """Follow the cell to its end (releasing ranks after ``timeout`` seconds from its start). ``show``: its
-        output as it comes and, if it failed, what failed (the lines its RankError would say; ``result()`` raises it)."""
+        output as it comes and, if it failed, what failed (the lines its RankError would say; ``result()`` raises it).
+        Shown or not, its metric rows are in the result and a tracked run has them."""
         out = self.advance(timeout, show)
         if not isinstance(out, RunResult):
             return out.wait(timeout, show)
