@@ -8,10 +8,10 @@ cell is left out. A step a rank logs
 again inside one cell (a loop that went back to its checkpoint after a recovery) is left out: nothing is logged
 twice. Each rank's values go under ``rank{r}/``; the world's value of a step (the mean over the ranks, the sum for
 throughput, as the dashboard's headline counts them) is written once every rank of the world has logged it (a
-metric only one rank logs, such as rank 0's validation accuracy, as it comes, once another rank sent rows
-without it: the dashboard's rule); a step some rank never logs (a rank killed before it sent its last rows) is written with the ranks that did, when a
-later step is complete, a resize comes or the next cell starts: each tag's steps are written in order (TensorBoard
-drops a point older than the last it read). Pure bookkeeping: ``Steps.add`` returns the
+metric only one rank logs, such as rank 0's validation accuracy: once another rank has logged that step without
+it); a step some rank never logs (a rank killed before it sent its last rows) is written with the ranks that did,
+when a later step is complete, a resize comes or the next cell starts: each tag's steps are written in order
+(TensorBoard drops a point older than the last it read). Pure bookkeeping: ``Steps.add`` returns the
 points to write, the writer thread calls it (tracker.py).
 """
 
@@ -45,7 +45,7 @@ class Steps:
     # popped): the steps before a complete one are found without a scan over everything waiting
     heads: dict[str, list[int]] = field(default_factory=dict)
     who: dict[str, set[int]] = field(default_factory=dict)  # the ranks that logged each key in this cell
-    senders: set[int] = field(default_factory=set)  # the ranks that sent rows in this cell
+    reached: dict[int, int] = field(default_factory=dict)  # each rank's last cell step with a metric, in this cell
 
     def cell(self, world: int) -> list[Point]:
         """A cell starts on ``world`` ranks: its steps go on after the run's; the world's size if it changed."""
@@ -54,7 +54,7 @@ class Steps:
         self.counted.clear()
         self.written.clear()
         self.who.clear()
-        self.senders.clear()
+        self.reached.clear()
         if world != self.world:
             self.world = world
             out.append((WORLD_SIZE, float(world), self.base))
@@ -67,15 +67,13 @@ class Steps:
         self.written = {(k, new[r]): s for (k, r), s in self.written.items() if r in new}
         self.counted = {new[r]: n for r, n in self.counted.items() if r in new}
         self.who = {k: {new[r] for r in ranks if r in new} for k, ranks in self.who.items()}
-        self.senders = {new[r] for r in self.senders if r in new}
+        self.reached = {new[r]: s for r, s in self.reached.items() if r in new}
         at = self.last + 1 if step is None or self.offset is None else max(self.offset + step, self.base)
         out.append((WORLD_SIZE, float(self.world), at))
         return out
 
     def add(self, rank: int, rows: list[dict[str, Any]]) -> list[Point]:
         out: list[Point] = []
-        if rows:
-            self.senders.add(rank)
         for row in rows:
             if row.get("step") is None and any(k.startswith(TIMED) for k in row):
                 continue
@@ -97,6 +95,7 @@ class Steps:
                 at = self.offset + cell_step
                 out.append((f"rank{rank}/{key}", float(value), at))
                 self.last = max(self.last, at)
+                self.reached[rank] = max(self.reached.get(rank, cell_step), cell_step)
                 values = self.waiting.get((cell_step, key))
                 if values is None:
                     values = self.waiting[(cell_step, key)] = {}
@@ -104,7 +103,7 @@ class Steps:
                 values[rank] = float(value)
                 logging = self.who.setdefault(key, set())
                 logging.add(rank)
-                if len(values) >= self._expected(len(logging)):  # the steps before it some rank never logged: first
+                if len(values) >= self._expected(logging, cell_step):  # complete: first the steps before it, in order
                     heap = self.heads[key]
                     while heap and heap[0] < cell_step:
                         earlier = heapq.heappop(heap)
@@ -121,13 +120,14 @@ class Steps:
         self.heads.clear()
         return out
 
-    def _expected(self, logging: int) -> int:
-        """How many ranks' values a step of a metric waits for (the dashboard's rule, widgets/store.py): every
-        rank, once two log it; one, when other ranks send rows without it (a metric of rank 0's own, such as its
-        validation accuracy); every rank, while no other rank has sent a row."""
-        if logging > 1:
-            return max(logging, self.world)
-        return 1 if len(self.senders) > 1 else max(1, self.world)
+    def _expected(self, logging: set[int], cell_step: int) -> int:
+        """How many ranks' values a step of a metric waits for: every rank, once two log it; one, when another rank
+        has logged this step or a later one without it (a metric of rank 0's own, such as its validation accuracy);
+        every rank, until then (the dashboard's rule, widgets/store.py, made exact for a run that keeps each point)."""
+        if len(logging) > 1:
+            return max(len(logging), self.world)
+        alone = any(r not in logging and at >= cell_step for r, at in self.reached.items())
+        return 1 if alone else max(1, self.world)
 
     def _world(self, cell_step: int, key: str) -> list[Point]:
         values = self.waiting.pop((cell_step, key)).values()

@@ -326,10 +326,12 @@ def test_nbdists_event_file_is_read_by_tensorboard_with_its_own_checksums(crc, t
 
 
 def test_a_metric_of_rank_0s_own_is_written_as_it_comes_not_when_the_cell_ends():
-    """Rank 0 logs val_acc every 5 steps, the other ranks never: once another rank has sent rows, each of rank 0's
-    values is the world's at once (the dashboard's rule); a metric every rank logs still waits for all of them."""
+    """Rank 0 logs val_acc every 5 steps, the other ranks never: once another rank has logged that step without it,
+    each of rank 0's values is the world's at once; a metric every rank logs still waits for all of them, also when
+    another rank's first batch held only nbdist's own timings."""
     steps = Steps()
     steps.cell(3)
+    assert steps.add(1, [{"step": None, "why/compute_s": 0.1}]) == []  # a timing row: not a step of rank 1's
     rows0 = [{"step": s, "loss": 1.0, **({"val_acc": s / 10} if s % 5 == 0 else {})} for s in range(10)]
     points = steps.add(0, rows0[:5])  # before any other rank sent a row: it may be everyone's, so it waits
     assert "val_acc" not in _by_tag(points)
