@@ -156,6 +156,7 @@ def _install_cell_hooks() -> None:
         STATE.cell += 1
 
     def post(result: Any = None) -> None:
+        _deaf_until_replied()  # first: a release that comes while the cell's end is handled must not cut it short
         debug.cell_over()
         exits.at_end(result)  # exit(0) in the cell is success; any exit is told to the notebook
         children.at_end(result)  # what the processes the cell started printed; one that failed fails the cell
@@ -164,7 +165,6 @@ def _install_cell_hooks() -> None:
                 fn()
             except Exception as exc:
                 print(f"nbdist: {exc}", file=sys.stderr, flush=True)
-        _deaf_until_replied()
         STATE.busy_since = None
         from .metrics import cell_over
 
@@ -184,7 +184,11 @@ def _deaf_until_replied() -> None:
     the next request, after this one's reply). A release that reached a rank just after its cell ended (the notebook
     had not had its reply yet) raised KeyboardInterrupt between the cell and the reply: the engine never sent the
     reply and sat idle while the notebook waited for it, until nbdist ended the rank ('its cell over, no reply
-    sent'; 1 kill in about 50 at 8 ranks)."""
+    sent'; 1 kill in about 50 at 8 ranks). It is the first thing the post-cell hook does. When it was the last, a
+    release during the hook's own work (a rank whose collective broke as another rank died, and the release after
+    that death) raised KeyboardInterrupt there; IPython catches it, so the hook stopped before marking the cell over
+    and before ignoring SIGINT, and the next signal, before the reply, lost the reply: the living rank sat idle in
+    the kernel's event loop, busy, until nbdist ended it ('(in its cell): selectors.py in select <- ...')."""
     try:
         signal.signal(signal.SIGINT, signal.SIG_IGN)
     except ValueError:  # not the main thread: no handler of ours to change

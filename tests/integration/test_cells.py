@@ -178,6 +178,30 @@ def test_a_released_rank_that_is_slow_to_stop_is_left_to_finish_and_keeps_its_va
     assert_usable(cluster)
 
 
+def test_a_release_that_comes_while_a_cell_ends_cuts_nothing_short(cluster, capsys):
+    """The release that follows a death can reach a living rank while its post-cell hook runs (its collective broke
+    and its cell just ended). Here each rank's cell-end work signals itself (SIGINT, as a release does): the hook
+    goes on to the end, nothing is said of an interrupt, and the rank is not left marked busy in a cell that is over
+    (with the hook's own SIGINT guard last, the interrupt cut it short: busy forever, and a second signal before the
+    reply lost the reply, and nbdist then ended the living rank)."""
+    from nbdist.world import reports
+
+    cluster.run(
+        "import os, signal\nfrom nbdist.engine import state\n"
+        "_released = lambda: os.kill(os.getpid(), signal.SIGINT)\nstate.CELL_END.append(_released)"
+    ).raise_for_error()
+    try:
+        capsys.readouterr()
+        cluster.run("x = 1").raise_for_error()
+        said = "".join(capsys.readouterr())
+        assert "KeyboardInterrupt" not in said and "Error in callback" not in said, said
+        where = reports.where(cluster.engines, [0, 1], wait=HANG_S)
+        assert {r: rep.get("busy") for r, rep in where.items()} == {0: False, 1: False}, where
+    finally:
+        cluster.run("state.CELL_END.remove(_released)").raise_for_error()
+    assert_usable(cluster)
+
+
 def test_a_stuck_rank_that_is_ended_is_named_with_where_it_was_last_seen(cluster, capsys):
     """A released rank that ignores the interrupt and sleeps at one line (no CPU, the same place at two looks) is
     stuck: nbdist ends it, and says first where it was, in the cell's output and in the rank's error, so the person
