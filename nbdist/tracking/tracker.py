@@ -15,6 +15,7 @@ every step the run may hold: none twice. ``resume`` opens the run again from it;
 
 from __future__ import annotations
 
+import atexit
 import contextlib
 import json
 import os
@@ -32,6 +33,7 @@ from .steps import Point, Steps
 QUEUE = 10_000  # batches waiting for the writer, at most
 DRAIN = 1_000  # batches the writer takes at once: their points go to the tracker in one write
 CLOSE_S = 30.0  # what is queued at close is written for at most this long
+EXIT_S = 3.0  # ... and when the process exits with the run open (jupyter_client kills a kernel 5 s after asking)
 STATE = "track.json"  # in the world's directory, while a run is open
 
 
@@ -66,6 +68,8 @@ class Tracker:
         self._queue: queue.Queue[tuple[str, tuple]] = queue.Queue(QUEUE)
         self._thread = threading.Thread(target=self._write, name="nbdist-track", daemon=True)
         self._thread.start()
+        self._closed = False
+        atexit.register(self._at_exit)
         if steps is None:  # a new run; one opened again has its parameters
             self._put("params", (params,))
 
@@ -164,15 +168,31 @@ class Tracker:
 
     def close(self) -> None:
         """Write what is queued (for at most CLOSE_S), then end the run."""
-        try:
-            self._queue.put(("stop", ()), timeout=CLOSE_S)
-        except queue.Full:
-            pass
-        self._thread.join(CLOSE_S)
-        self.run.close()
+        atexit.unregister(self._at_exit)
+        self._finish(CLOSE_S)
         if self.state:
             with contextlib.suppress(FileNotFoundError):
                 os.unlink(self.state)
+
+    def _at_exit(self) -> None:
+        """The kernel's process exits with the run open (a restart under a kept world, a script's end): what is
+        queued is written (for at most EXIT_S: a restarting kernel is killed a few seconds after it was asked to
+        end) and the run ended, so nothing it was handed is lost (a tracker's own writer thread, trackio's, would
+        die with the process); its state stays in the world's directory for the kernel that attaches next."""
+        self._finish(EXIT_S)
+
+    def _finish(self, within: float) -> None:
+        if self._closed:
+            return
+        self._closed = True
+        try:
+            self._queue.put(("stop", ()), timeout=within)
+        except queue.Full:
+            pass
+        self._thread.join(within)
+        if within == EXIT_S and self._thread.is_alive():
+            return  # a tracker stuck in a write would hold the exiting process: it is left as it is
+        self.run.close()
 
 
 def resume(workdir: str, say: Callable[[str], None]) -> Tracker | None:

@@ -341,3 +341,29 @@ def test_a_metric_of_rank_0s_own_is_written_as_it_comes_not_when_the_cell_ends()
     assert "loss" not in _by_tag(points)  # rank 2 has not logged it yet
     points += steps.add(2, [{"step": s, "loss": 3.0} for s in range(10)])
     assert _by_tag(points)["loss"] == [(s, 2.0) for s in range(10)]
+
+
+@pytest.mark.parametrize("kind", trackers.KINDS)
+def test_a_process_that_exits_with_its_run_open_loses_no_row_and_keeps_the_state(kind, tmp_path):
+    """A kernel restarted under a kept world exits with its run open: what its tracker was handed is written before
+    the process ends (trackio's own writer thread, every 0.5 s, used to die with it), and the run's state stays in
+    the world's directory for the kernel that attaches next."""
+    import json
+    import subprocess
+
+    script = f"""
+import sys
+sys.path[:0] = {sys.path!r}
+from nbdist.tracking import Tracker, open_run
+params = {{"n": 2}}
+t = Tracker(open_run({kind!r}, "left", **{trackers.place(kind, tmp_path)!r}, params=params), {kind!r}, params,
+            {str(tmp_path)!r})
+t.cell("for step in range(3): nbdist.log(step=step, loss=...)", 2)
+for rank in (0, 1):
+    t.metrics(rank, {_rows(range(3), 0)!r} if rank == 0 else {_rows(range(3), 1)!r})
+"""  # and the process ends at once, the run open
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr[-2000:]
+    got = trackers.read(kind, tmp_path, "left")
+    assert got["rank1/loss"] == [(s, 100.0 + s) for s in range(3)], got
+    assert json.loads((tmp_path / tracker.STATE).read_text())["last"] == 2
