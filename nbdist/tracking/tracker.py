@@ -169,7 +169,7 @@ class Tracker:
     def close(self) -> None:
         """Write what is queued (for at most CLOSE_S), then end the run."""
         atexit.unregister(self._at_exit)
-        self._finish(CLOSE_S)
+        self._finish(CLOSE_S, exiting=False)
         if self.state:
             with contextlib.suppress(FileNotFoundError):
                 os.unlink(self.state)
@@ -179,9 +179,9 @@ class Tracker:
         queued is written (for at most EXIT_S: a restarting kernel is killed a few seconds after it was asked to
         end) and the run ended, so nothing it was handed is lost (a tracker's own writer thread, trackio's, would
         die with the process); its state stays in the world's directory for the kernel that attaches next."""
-        self._finish(EXIT_S)
+        self._finish(EXIT_S, exiting=True)
 
-    def _finish(self, within: float) -> None:
+    def _finish(self, within: float, exiting: bool) -> None:
         if self._closed:
             return
         self._closed = True
@@ -190,7 +190,7 @@ class Tracker:
         except queue.Full:
             pass
         self._thread.join(within)
-        if within == EXIT_S and self._thread.is_alive():
+        if exiting and self._thread.is_alive():
             return  # a tracker stuck in a write would hold the exiting process: it is left as it is
         self.run.close()
 
