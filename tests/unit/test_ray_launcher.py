@@ -125,6 +125,7 @@ def test_a_preflight_line_is_never_seen_created_and_still_empty(tmp_path, monkey
     it before the line was written. A reader polling as the notebook does sees the line whole or no file."""
     import os
     import threading
+    import time
 
     from nbdist.errors import ClusterError
     from nbdist.launch import ray as raylaunch
@@ -135,6 +136,7 @@ def test_a_preflight_line_is_never_seen_created_and_still_empty(tmp_path, monkey
     engines = type("E", (), {"workdir": str(tmp_path), "launcher": type("L", (), {"unreachable_hint": str})()})()
     check_preflight(engines)  # nothing to say yet
     seen: list[str] = []
+    polls = [0]
     stop = threading.Event()
 
     def poll() -> None:  # as the notebook's registration polls
@@ -143,17 +145,23 @@ def test_a_preflight_line_is_never_seen_created_and_still_empty(tmp_path, monkey
                 check_preflight(engines)
             except ClusterError as err:
                 seen.append(str(err))
+            polls[0] += 1
 
     reader = threading.Thread(target=poll)
     reader.start()
     try:
         for i in range(300):
             raylaunch.say_preflight(f"cannot reach the Ray cluster, try {i}")
+            # the reader polls through each write; two more polls mean one began after it, and saw the line
+            # (on 2 busy cores it could otherwise miss every line, and the test prove nothing)
+            until, deadline = polls[0] + 2, time.monotonic() + 10  # the bound only catches a hang
+            while polls[0] < until and time.monotonic() < deadline:
+                time.sleep(0)
             os.unlink(tmp_path / raylaunch.PREFLIGHT)
     finally:
         stop.set()
         reader.join()
-    assert seen and all(s.startswith("cannot reach the Ray cluster, try ") for s in seen), sorted(set(seen))[:3]
+    assert len(seen) >= 300 and all(s.startswith("cannot reach the Ray cluster, try ") for s in seen), sorted(set(seen))[:3]
     raylaunch.say_preflight("the line")
     assert oct((tmp_path / raylaunch.PREFLIGHT).stat().st_mode & 0o777) == "0o600"
     assert sorted(p.name for p in tmp_path.iterdir()) == sorted([raylaunch.PREFLIGHT, "preflight-n1-0.txt.99.tmp"])
