@@ -11,6 +11,7 @@ from nbdist.results import RankState
 from nbdist.world import published
 from nbdist.world.board import Board
 from nbdist.world.engineset import RankInfo
+from tests.helpers import poll
 
 
 def test_every_change_of_the_board_is_in_the_file_whole(tmp_path):
@@ -41,6 +42,7 @@ def test_every_change_of_the_board_is_in_the_file_whole(tmp_path):
 
     t = threading.Thread(target=reader)
     t.start()
+    assert poll(lambda: seen, 10)  # the reader runs before the writers start (on busy cores it might not, after)
     writers = [
         threading.Thread(target=lambda s=s: [board.set([0], s) for _ in range(200)])
         for s in (RankState.IDLE, RankState.BUSY)
