@@ -136,13 +136,19 @@ def main() -> None:
                         "cause_right_rank_among": among,
                         "seconds": time.perf_counter() - tic,
                         "stalled_s": verdict.figures.get("stalled_s"),
+                        # the largest difference as a share of a step, and in how many of the window's steps it
+                        # passed the quiet bar (said where ranks share cores and it is under the crowded bar)
+                        "share": verdict.figures.get("excess_s", 0) / verdict.figures.get("step_s", 1),
+                        "steady": verdict.figures.get("steady"),
                         "text": verdict.text,
                     }
                     rows.append(row)
                     table[(wrap, fault, verdict.cause)] += 1
                     print(
                         f"{wrap:4} {fault:8} seed {seed} rank {rank}: {verdict.cause:9} {named} {'ok' if right else 'WRONG'}"
-                        + (f"  named after {row['stalled_s']:.1f} s of stall" if row["stalled_s"] else ""),
+                        + (f"  named after {row['stalled_s']:.1f} s of stall" if row["stalled_s"] else "")
+                        + (f"  {row['share']:.0%} of a step" if "excess_s" in verdict.figures else "")
+                        + (" steady in {} of {} steps".format(*row["steady"]) if row["steady"] else ""),
                         flush=True,
                     )
                     if not right:

@@ -3,7 +3,9 @@
 ``slow(rows)``: ``rows`` is each rank's step rows (``why/...`` seconds). Over the last ``WINDOW`` steps (the first
 ``SKIP`` are warm-up) each rank's typical phase times are compared with the other ranks'. A rank whose phase
 takes longer than the others' by at least ``SHARE`` of a step (and ``FLOOR`` seconds) holds the world back: in a
-synchronous step every other rank waits for it in the next collective. The cause is that phase, said in words:
+synchronous step every other rank waits for it in the next collective. Where ranks share cores their turns on
+them move every phase, so the bar is ``CROWDED_SHARE``, or ``SHARE`` in ``STEADY`` of the steps (a fault's extra
+time comes every step; a turn moves from rank to rank). The cause is that phase, said in words:
 
 - ``data``: slow input on that rank (the loader, host-to-device copies, anything before the forward);
 - ``compute``: compute skew (forward, backward's computation and the optimizer: more work, or a slower device);
@@ -32,6 +34,11 @@ SHARE = 0.10  # of a step: a rank's phase this much longer than the others' hold
 # differences up to 12% of a step (benchmarks/why.py), and 21% once in CI (notebook 17, 2026-12-01), so there the bar is
 # higher
 CROWDED_SHARE = 0.30
+# ... unless the difference is steady: a fault's extra time comes every step, while turns on a core move from rank
+# to rank. Where ranks share cores a rank is also named when its phase exceeds the others' by ``SHARE`` of the step
+# in this share of the window's steps (each step against the other ranks' median in that step)
+STEADY = 0.8
+STEADY_MIN = 5  # steps: fewer compared (DDP's split of backward, read on some steps only) cannot show steadiness
 FLOOR = 0.002  # seconds: differences below this are noise whatever the step
 COMM = 0.5  # of a step waited for the all-reduce on every rank: communication-bound (when ranks do not share cores)
 SPECIFIC = ("save", "eval", "gc", "hook")  # named before compute or data when they explain half the excess
@@ -76,6 +83,23 @@ def _typical(rows: list[dict[str, float]]) -> dict[str, float]:
     if split and len(split) < len(phases):
         typical.update({k: statistics.median(p[k] for p in split) for k in ("compute", "comm")})
     return typical
+
+
+def _steady(timed: dict[int, list[dict[str, Any]]], rank: int, phase: str, bar: float) -> tuple[int, int]:
+    """In how many of the window's steps ``rank``'s ``phase`` exceeded the other ranks' median that step by ``bar``,
+    and of how many. Each rank logs a row a step, so the rows line up from the end; compute and communication
+    are compared in the steps where every rank split DDP's backward (see ``_typical``)."""
+    n = min(len(rs) for rs in timed.values())
+    window = {r: [_phases(x) for x in rs[-n:]] for r, rs in timed.items()}
+    steps = list(range(n))
+    if phase in ("compute", "comm"):
+        split = [i for i in steps if all("why/exposed_s" in timed[r][len(timed[r]) - n + i] for r in timed)]
+        steps = split or steps
+    over = sum(
+        window[rank][i][phase] - statistics.median(window[q][i][phase] for q in window if q != rank) >= bar
+        for i in steps
+    )
+    return over, len(steps)
 
 
 def _ms(seconds: float) -> str:
@@ -124,10 +148,17 @@ def slow(rows: dict[int, list[dict[str, Any]]], world: int | None = None, crowde
             phase = specific
             most = excess[(rank, specific)]
             break
+    quiet = max(SHARE * step, FLOOR)
+    steady = ""
     if most < bar and crowded:
         exact = max(((r, p) for r in typical for p in EXACT), key=lambda rp: excess[rp])
-        if excess[exact] >= max(SHARE * step, FLOOR):
-            (rank, phase), most, bar = exact, excess[exact], max(SHARE * step, FLOOR)
+        over, of = _steady(timed, rank, phase, quiet)
+        figures["steady"] = (over, of)
+        if excess[exact] >= quiet:
+            (rank, phase), most, bar = exact, excess[exact], quiet
+        elif most >= quiet and of >= STEADY_MIN and over >= STEADY * of:
+            bar = quiet
+            steady = f" It did so in {over} of the last {of} steps: steady, not the turns of ranks that share cores."
     figures.update(rank=rank, phase=phase, excess_s=most, bar_s=bar)
     if most >= bar:
         culprits = sorted(r for r in typical if excess[(r, phase)] >= 0.5 * most)
@@ -140,7 +171,7 @@ def slow(rows: dict[int, list[dict[str, Any]]], world: int | None = None, crowde
             phase,
             f"{name} on {ranks_text(culprits)}: it {does} {_ms(typical[rank][phase])} a step, the "
             f"other ranks {_ms(statistics.median(rest))}; with a step of {_ms(step)} that is "
-            f"{most / step:.0%} of every step the others wait for it (in the next collective)." + said,
+            f"{most / step:.0%} of every step the others wait for it (in the next collective)." + steady + said,
             None,
             figures,
         )
@@ -175,7 +206,9 @@ def slow(rows: dict[int, list[dict[str, Any]]], world: int | None = None, crowde
         "balanced",
         f"balanced: no rank stands out over the last {figures['steps']} steps (the largest "
         f"difference, rank {rank}'s {phase}, is {_ms(max(most, 0))}, {max(most, 0) / step:.0%} of a "
-        f"{_ms(step)} step; the bar is {share:.0%})"
+        f"{_ms(step)} step; the bar is {share:.0%}"
+        + (f", or {SHARE:.0%} in {STEADY:.0%} of the steps" if crowded else "")
+        + ")"
         + (f"; the all-reduce is waited for {comm / step:.0%} of a step" if comm else "")
         + (f" ({crowded}: each waits for the others' turns on a core)" if comm and crowded else "")
         + "."
@@ -220,10 +253,7 @@ def hang(reports: dict[int, dict[str, Any]], stalled_s: float) -> Verdict | None
     odd = _odd_call(busy) if tie else None
     if odd is not None:  # where they wait ties; what each called last does not
         figures["ranks"], theirs, others = odd
-        told = (
-            f"; from the line where they wait, {ranks_text(figures['ranks'])} called {theirs}, the others "
-            f"{others}"
-        )
+        told = f"; from the line where they wait, {ranks_text(figures['ranks'])} called {theirs}, the others {others}"
     elif tie:
         told = "; the groups are as large, so which side called the odd one cannot be told from where they wait"
     else:

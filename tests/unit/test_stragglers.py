@@ -181,14 +181,26 @@ def test_the_world_panel_says_the_verdict_and_a_balanced_one_as_even():
     assert said is not None and said["pct"] < 3 and said["verdict"].startswith("balanced"), said
 
 
-def test_ranks_that_share_cores_need_a_larger_difference_to_be_named():
-    near = {0: rows(exposed=0.02), 1: rows(exposed=0.02), 2: rows(forward=0.008)}  # 4 ms more: 15% of the step
+def test_ranks_that_share_cores_need_a_larger_difference_to_be_named_unless_it_is_steady():
+    # 4 ms more forward on rank 2 (15% of the step) in 15 of the last 20 steps: turns on a core, typically
+    def some(n_slow, forward=0.008):
+        return rows(n=2 + 20 - n_slow) + rows(n=n_slow, forward=forward)
+
+    near = {0: rows(n=22, exposed=0.02), 1: rows(n=22, exposed=0.02), 2: some(15)}
     assert slow(near).cause == "compute"
     crowded = slow(near, crowded="4 ranks on 2 cores")
-    assert crowded.cause == "balanced" and "the bar is 30%" in crowded.text
+    assert crowded.cause == "balanced" and "the bar is 30%, or 10% in 80% of the steps" in crowded.text
+    assert crowded.figures["steady"] == (15, 20), crowded.figures
     # a balanced 4-rank run on 2 cores in CI: one rank's compute 8.6 ms against 4.4 ms of a 19.7 ms step (21%)
-    seen = {0: rows(exposed=0.02), 1: rows(exposed=0.02), 2: rows(forward=0.0106)}
+    seen = {0: rows(n=22, exposed=0.02), 1: rows(n=22, exposed=0.02), 2: some(15, forward=0.0106)}
     assert slow(seen).cause == "compute" and slow(seen, crowded="4 ranks on 2 cores").cause == "balanced"
+    # the same 4 ms in 16 of 20 steps, or every step (a fault planted: benchmarks/why.py's FSDP2 loop, a 31 ms
+    # input wait in a crowded 100-130 ms step, 23-31%): named, and the steps said
+    for n_slow in (16, 20):
+        steady = {0: rows(n=22, exposed=0.02), 1: rows(n=22, exposed=0.02), 2: some(n_slow)}
+        verdict = slow(steady, crowded="4 ranks on 2 cores")
+        assert (verdict.cause, verdict.figures["ranks"]) == ("compute", [2]), verdict.text
+        assert f"in {n_slow} of the last 20 steps: steady" in verdict.text
 
 
 def test_a_save_or_evaluation_of_one_rank_needs_only_the_quiet_bar_where_ranks_share_cores():
@@ -198,5 +210,5 @@ def test_a_save_or_evaluation_of_one_rank_needs_only_the_quiet_bar_where_ranks_s
         ranks = {0: rows(exposed=0.02), 1: rows(exposed=0.02, **{phase: 0.006, "other": 0.0}), 2: rows(exposed=0.02)}
         verdict = slow(ranks, crowded="4 ranks on 2 cores")
         assert (verdict.cause, verdict.figures["ranks"]) == (phase, [1]), verdict.text
-    stretched = {0: rows(exposed=0.02), 1: rows(exposed=0.02), 2: rows(forward=0.008)}  # 4 ms more: 15% of the step
-    assert slow(stretched, crowded="4 ranks on 2 cores").cause == "balanced"
+    stretched = {0: rows(n=22, exposed=0.02), 1: rows(n=22, exposed=0.02), 2: rows(n=9) + rows(n=13, forward=0.008)}
+    assert slow(stretched, crowded="4 ranks on 2 cores").cause == "balanced"  # 4 ms more in 13 of 20 steps: 15%
