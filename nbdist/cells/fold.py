@@ -7,8 +7,9 @@ gives back the lines to show now, each as ``(stream, text)``:
   bar's, are the rank's *live line*, never printed as they come; the line shows once it ends, as ordinary
   output even when it came on stderr, as tqdm's does);
 * the oldest waiting line is shown together with the same line at the head of each other rank's
-  queue, once every running rank has one there or ``hold`` seconds have passed (streaming stays
-  live: nothing waits longer than that); a rank's own lines keep their order;
+  queue, once every running rank has one there, or no rank has sent it for ``hold`` seconds, or
+  ``MOST`` holds have passed since the first did (streaming stays live: nothing waits longer);
+  beyond ``MANY`` ranks the hold grows with the world; a rank's own lines keep their order;
 * lines alike are one line: ``[ranks 0-15] epoch 1 done``; lines that differ only in their numbers
   are one line from ``compact`` ranks on, each number that differs shown as ``low…high``
   (``[ranks 0-15] loss 0.512…0.634``, ``(low rank 4, high rank 9)`` when one number differs);
@@ -32,7 +33,12 @@ from typing import Any
 from ..doctor import ranks_text
 
 NUMBER = re.compile(r"[-+]?\d+(?:\.\d+)?(?:[eE][-+]?\d+)?")
-HOLD = 0.5  # seconds a line waits at most for the same line from the other ranks
+HOLD = 0.5  # seconds a line waits for the same line from the other ranks, counted from the last rank that sent it
+# ... and at most this many holds from the first. Both grow with the world past ``MANY`` ranks: where many ranks
+# share few cores their lines reach the notebook spread over a second or more (64 ranks on 2 cores in CI: one
+# print shown as two lines, 31 ranks more than 0.5 s behind the others)
+MOST = 4
+MANY = 16
 PROGRESS = re.compile(r"(\d+)/(\d+)")  # tqdm's "n/total"
 Shown = tuple[str, str, "dict[str, Any] | None"]  # (stream or "display", text or tag, a display's content)
 
@@ -70,7 +76,8 @@ def shape(text: str) -> str:
 
 class Folder:
     def __init__(self, ranks: list[int], *, hold: float = HOLD, fold: bool = True, compact: int = 3) -> None:
-        self.ranks, self.hold, self.fold, self.compact = list(ranks), hold, fold, compact
+        self.ranks, self.fold, self.compact = list(ranks), fold, compact
+        self.hold = hold * max(1.0, len(self.ranks) / MANY)
         self.queues: dict[int, deque[_Line]] = {r: deque() for r in ranks}
         self.partial: dict[tuple[int, str], str] = {}
         self.live: dict[int, str] = {}  # each rank's progress line (carriage-return updates), unfinished
@@ -137,7 +144,8 @@ class Folder:
                 continue
             alike = [h for h in heads.values() if h.name == first.name and _alike(h, first)]
             waiting = [r for r in self.ranks if r not in heads and r not in self.done]
-            if waiting and now - first.at < self.hold:
+            last = max(h.at for h in alike)
+            if waiting and now - last < self.hold and now - first.at < MOST * self.hold:
                 return out
             out += self._take(sorted(alike, key=lambda line: line.rank))
 

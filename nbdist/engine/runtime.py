@@ -157,15 +157,17 @@ def _install_cell_hooks() -> None:
 
     def post(result: Any = None) -> None:
         _deaf_until_replied()  # first: a release that comes while the cell's end is handled must not cut it short
-        debug.cell_over()
-        exits.at_end(result)  # exit(0) in the cell is success; any exit is told to the notebook
-        children.at_end(result)  # what the processes the cell started printed; one that failed fails the cell
-        for fn in list(CELL_END):  # state.at_cell_end: before the cell counts as done (a background save completes)
-            try:
-                fn()
-            except Exception as exc:
-                print(f"nbdist: {exc}", file=sys.stderr, flush=True)
-        STATE.busy_since = None
+        try:
+            debug.cell_over()
+            exits.at_end(result)  # exit(0) in the cell is success; any exit is told to the notebook
+            children.at_end(result)  # what the processes the cell started printed; one that failed fails the cell
+            for fn in list(CELL_END):  # state.at_cell_end: before the cell counts as done (a background save ends)
+                try:
+                    fn()
+                except Exception as exc:
+                    print(f"nbdist: {exc}", file=sys.stderr, flush=True)
+        finally:  # whatever failed above, the cell is over: a rank left busy and idle is ended as stuck
+            STATE.busy_since = None
         from .metrics import cell_over
 
         cell_over()  # what the cell logged since the last batch; the next cell's input checked afresh
@@ -174,6 +176,7 @@ def _install_cell_hooks() -> None:
 
     shell.events.register("pre_run_cell", pre)
     shell.events.register("post_run_cell", post)
+    _deaf_after_the_code(shell)
     exits.install(shell)  # exit(), quit(), sys.exit() end the cell's code, not the rank
     traceback_uninterrupted(shell)
     _HOOKED.add(id(shell))
@@ -193,6 +196,26 @@ def _deaf_until_replied() -> None:
         signal.signal(signal.SIGINT, signal.SIG_IGN)
     except ValueError:  # not the main thread: no handler of ours to change
         pass
+
+
+def _deaf_after_the_code(shell: Any) -> None:
+    """SIGINT is ignored from the moment the cell's code is over (its last statement ran, or it raised), until the
+    reply is sent: not only from the post-cell hook on. Between the two IPython stores history and calls the
+    post-execute callbacks, and a KeyboardInterrupt raised outside a callback leaves ``run_cell`` with no post-cell
+    hook run and no reply sent (CI saw a living rank idle, busy and silent, ended as stuck: test_elastic,
+    2026-12-02). A cell inside a cell (a magic that runs one) goes deaf only when the outer one is over."""
+    run, depth = shell.run_ast_nodes, [0]
+
+    async def run_ast_nodes(*args: Any, **kwargs: Any) -> Any:
+        depth[0] += 1
+        try:
+            return await run(*args, **kwargs)
+        finally:
+            depth[0] -= 1
+            if depth[0] == 0:
+                _deaf_until_replied()
+
+    shell.run_ast_nodes = run_ast_nodes
 
 
 def traceback_uninterrupted(shell: Any) -> None:

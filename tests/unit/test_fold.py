@@ -6,7 +6,7 @@ import re
 
 import pytest
 
-from nbdist.cells.fold import Folder, visible
+from nbdist.cells.fold import MOST, Folder, visible
 from nbdist.cells.output import TaggedPrinter
 from nbdist.results import ranks_text
 
@@ -64,6 +64,29 @@ def test_a_line_waits_for_the_other_ranks_only_a_moment():
     assert _texts(f.ready(0.3)) == ["[rank 0] saving"], "held no longer than hold"
 
 
+def test_a_line_waits_while_more_ranks_send_it_and_longer_in_a_large_world():
+    f = Folder([0, 1, 2], hold=0.25)
+    f.feed(0, "stdout", "saving\n", now=0.0)
+    f.feed(1, "stdout", "saving\n", now=0.2)
+    assert f.ready(0.4) == [], "rank 1 sent it 0.2 s ago: rank 2 may still"
+    assert _texts(f.ready(0.46)) == ["[ranks 0,1] saving"], "no rank sent it for a hold"
+    # ranks that keep coming are waited for at most MOST holds from the first
+    trickle = Folder(list(range(10)), hold=0.25)
+    for rank in range(5):
+        trickle.feed(rank, "stdout", "step\n", now=0.2 * rank)
+        assert trickle.ready(0.2 * rank + 0.19) == []
+    trickle.feed(5, "stdout", "step\n", now=1.0)
+    assert _texts(trickle.ready(MOST * 0.25 + 0.01)) == ["[ranks 0-5] step"]
+    # 64 ranks on 2 cores (CI): 33 ranks' line, and 0.6 s later the 31 others': one line (the hold is 2 s there)
+    many = Folder(list(range(64)))
+    for rank in range(33):
+        many.feed(rank, "stdout", "sum 64.0\n", now=0.0)
+    assert many.ready(0.6) == []
+    for rank in range(33, 64):
+        many.feed(rank, "stdout", "sum 64.0\n", now=0.6)
+    assert _texts(many.ready(0.6)) == ["[ranks 0-63] sum 64.0"]
+
+
 def test_a_finished_rank_is_not_waited_for():
     f = Folder([0, 1], hold=10.0)
     f.finished(1)
@@ -112,9 +135,16 @@ def test_finished_bars_fold_whatever_padding_their_last_update_carried():
     # tqdm pads an update with spaces when the one before was longer: rank 1's last state ends in blanks
     f = Folder([0, 1, 2])
     f.feed(0, "stderr", "\rtrain: 100%|##| 9/9 [00:00<00:00, 7455.88it/s]\n", now=0.0)
-    f.feed(1, "stderr", "\rtrain:  89%|# | 8/9 [00:00<00:00, 10000.00it/s]\rtrain: 100%|##| 9/9 [00:00<00:00, 8179.70it/s]  \n", now=0.0)
+    f.feed(
+        1,
+        "stderr",
+        "\rtrain:  89%|# | 8/9 [00:00<00:00, 10000.00it/s]\rtrain: 100%|##| 9/9 [00:00<00:00, 8179.70it/s]  \n",
+        now=0.0,
+    )
     f.feed(2, "stderr", "\rtrain: 100%|##| 9/9 [00:00<00:00, 9000.00it/s]\n", now=0.0)
-    assert _texts(f.ready(1.0)) == ["[ranks 0-2] train: 100%|##| 9/9 [00:00<00:00, 7455.88…9000.00it/s]  (low rank 0, high rank 2)"]
+    assert _texts(f.ready(1.0)) == [
+        "[ranks 0-2] train: 100%|##| 9/9 [00:00<00:00, 7455.88…9000.00it/s]  (low rank 0, high rank 2)"
+    ]
 
 
 def test_a_bar_that_never_ended_shows_its_last_state_when_the_cell_ends():
@@ -162,7 +192,9 @@ def test_a_failure_at_16_ranks_names_the_cause_then_one_line_for_the_released():
 
     bad = RankResult(rank=7, engine_id=7, status="error", error={"ename": "ValueError", "evalue": "boom", "line": 3})
     released = [
-        RankResult(rank=r, engine_id=r, status="interrupted", error={"ename": "KeyboardInterrupt", "evalue": "", "line": 5})
+        RankResult(
+            rank=r, engine_id=r, status="interrupted", error={"ename": "KeyboardInterrupt", "evalue": "", "line": 5}
+        )
         for r in range(16)
         if r != 7
     ]
@@ -188,8 +220,14 @@ def test_status_at_16_ranks_is_one_line_per_kind_of_rank():
     from nbdist.results import grouped as summary
 
     rows = [
-        {"rank": r, "host": f"node{1 + r // 8}", "device": "cpu", "backend": "gloo", "gpu": "",
-         "state": "busy" if r == 14 else "idle"}
+        {
+            "rank": r,
+            "host": f"node{1 + r // 8}",
+            "device": "cpu",
+            "backend": "gloo",
+            "gpu": "",
+            "state": "busy" if r == 14 else "idle",
+        }
         for r in range(16)
     ]
     assert summary(rows) == ["ranks 0-13,15: idle on node1, node2 (cpu, gloo)", "rank 14: busy on node2 (cpu, gloo)"]
@@ -200,14 +238,27 @@ def test_where_at_many_ranks_groups_the_ranks_at_the_same_place():
 
     def waiting(seconds, count=812):
         return {
-            "busy": True, "cell_line": 5, "function": "all_reduce", "in_collective": True,
-            "collective": {"op": "all_reduce", "shapes": ["[1] float32"], "count": count, "done": False,
-                           "seconds": seconds},
+            "busy": True,
+            "cell_line": 5,
+            "function": "all_reduce",
+            "in_collective": True,
+            "collective": {
+                "op": "all_reduce",
+                "shapes": ["[1] float32"],
+                "count": count,
+                "done": False,
+                "seconds": seconds,
+            },
         }
 
     reports = {r: waiting(31.0 + r / 10) for r in range(16)}
-    reports[14] = {"busy": True, "cell_line": 3, "function": "<module>", "in_collective": False,
-                   "collective": {"op": "all_reduce", "shapes": ["[1] float32"], "count": 811, "done": True}}
+    reports[14] = {
+        "busy": True,
+        "cell_line": 3,
+        "function": "<module>",
+        "in_collective": False,
+        "collective": {"op": "all_reduce", "shapes": ["[1] float32"], "count": 811, "done": True},
+    }
     hosts = {r: f"node{1 + r // 8}" for r in range(16)}
     lines = render(reports, hosts=hosts)
     heads = [ln for ln in lines if not ln.startswith(" ")]
