@@ -202,6 +202,30 @@ def test_a_release_that_comes_while_a_cell_ends_cuts_nothing_short(cluster, caps
     assert_usable(cluster)
 
 
+def test_a_release_between_the_cells_code_and_its_post_cell_hook_is_ignored(cluster, capsys):
+    """Between a cell's code and nbdist's post-cell hook IPython does its own work (history, the post-execute
+    callbacks); a release that came there raised KeyboardInterrupt, and out of IPython's callback loop it left
+    run_cell with no hook run and no reply sent (CI: a living rank idle and busy, ended as stuck). Here a
+    post-execute callback signals its rank as a release does: SIGINT is ignored from the end of the code on, so
+    nothing is said of an interrupt, the reply comes, and the rank is not busy."""
+    from nbdist.world import reports
+
+    cluster.run(
+        "import os, signal\n_released = lambda: os.kill(os.getpid(), signal.SIGINT)\n"
+        "get_ipython().events.register('post_execute', _released)"
+    ).raise_for_error()
+    try:
+        capsys.readouterr()
+        cluster.run("x = 1").raise_for_error()
+        said = "".join(capsys.readouterr())
+        assert "KeyboardInterrupt" not in said and "Error in callback" not in said, said
+        where = reports.where(cluster.engines, [0, 1], wait=HANG_S)
+        assert {r: rep.get("busy") for r, rep in where.items()} == {0: False, 1: False}, where
+    finally:
+        cluster.run("get_ipython().events.unregister('post_execute', _released)").raise_for_error()
+    assert_usable(cluster)
+
+
 def test_a_stuck_rank_that_is_ended_is_named_with_where_it_was_last_seen(cluster, capsys):
     """A released rank that ignores the interrupt and sleeps at one line (no CPU, the same place at two looks) is
     stuck: nbdist ends it, and says first where it was, in the cell's output and in the rank's error, so the person
