@@ -178,18 +178,15 @@ def test_a_released_rank_that_is_slow_to_stop_is_left_to_finish_and_keeps_its_va
     assert_usable(cluster)
 
 
-def test_a_release_that_comes_while_a_cell_ends_cuts_nothing_short(cluster, capsys):
-    """The release that follows a death can reach a living rank while its post-cell hook runs (its collective broke
-    and its cell just ended). Here each rank's cell-end work signals itself (SIGINT, as a release does): the hook
-    goes on to the end, nothing is said of an interrupt, and the rank is not left marked busy in a cell that is over
-    (with the hook's own SIGINT guard last, the interrupt cut it short: busy forever, and a second signal before the
-    reply lost the reply, and nbdist then ended the living rank)."""
+SIGNAL_ITSELF = "import os, signal\n_released = lambda: os.kill(os.getpid(), signal.SIGINT)\n"
+
+
+def _a_cell_signalled_where(cluster, capsys, install: str, remove: str) -> None:
+    """With ``install`` run on the ranks (it hooks ``_released``, which signals its own rank as a release does, into
+    a cell's end), a cell says nothing of an interrupt and leaves no rank busy; ``remove`` takes the hook out."""
     from nbdist.world import reports
 
-    cluster.run(
-        "import os, signal\nfrom nbdist.engine import state\n"
-        "_released = lambda: os.kill(os.getpid(), signal.SIGINT)\nstate.CELL_END.append(_released)"
-    ).raise_for_error()
+    cluster.run(SIGNAL_ITSELF + install).raise_for_error()
     try:
         capsys.readouterr()
         cluster.run("x = 1").raise_for_error()
@@ -198,8 +195,22 @@ def test_a_release_that_comes_while_a_cell_ends_cuts_nothing_short(cluster, caps
         where = reports.where(cluster.engines, [0, 1], wait=HANG_S)
         assert {r: rep.get("busy") for r, rep in where.items()} == {0: False, 1: False}, where
     finally:
-        cluster.run("state.CELL_END.remove(_released)").raise_for_error()
+        cluster.run(remove).raise_for_error()
     assert_usable(cluster)
+
+
+def test_a_release_that_comes_while_a_cell_ends_cuts_nothing_short(cluster, capsys):
+    """The release that follows a death can reach a living rank while its post-cell hook runs (its collective broke
+    and its cell just ended). Here each rank's cell-end work signals itself (SIGINT, as a release does): the hook
+    goes on to the end, nothing is said of an interrupt, and the rank is not left marked busy in a cell that is over
+    (with the hook's own SIGINT guard last, the interrupt cut it short: busy forever, and a second signal before the
+    reply lost the reply, and nbdist then ended the living rank)."""
+    _a_cell_signalled_where(
+        cluster,
+        capsys,
+        "from nbdist.engine import state\nstate.CELL_END.append(_released)",
+        "state.CELL_END.remove(_released)",
+    )
 
 
 def test_a_release_between_the_cells_code_and_its_post_cell_hook_is_ignored(cluster, capsys):
@@ -208,22 +219,12 @@ def test_a_release_between_the_cells_code_and_its_post_cell_hook_is_ignored(clus
     run_cell with no hook run and no reply sent (CI: a living rank idle and busy, ended as stuck). Here a
     post-execute callback signals its rank as a release does: SIGINT is ignored from the end of the code on, so
     nothing is said of an interrupt, the reply comes, and the rank is not busy."""
-    from nbdist.world import reports
-
-    cluster.run(
-        "import os, signal\n_released = lambda: os.kill(os.getpid(), signal.SIGINT)\n"
-        "get_ipython().events.register('post_execute', _released)"
-    ).raise_for_error()
-    try:
-        capsys.readouterr()
-        cluster.run("x = 1").raise_for_error()
-        said = "".join(capsys.readouterr())
-        assert "KeyboardInterrupt" not in said and "Error in callback" not in said, said
-        where = reports.where(cluster.engines, [0, 1], wait=HANG_S)
-        assert {r: rep.get("busy") for r, rep in where.items()} == {0: False, 1: False}, where
-    finally:
-        cluster.run("get_ipython().events.unregister('post_execute', _released)").raise_for_error()
-    assert_usable(cluster)
+    _a_cell_signalled_where(
+        cluster,
+        capsys,
+        "get_ipython().events.register('post_execute', _released)",
+        "get_ipython().events.unregister('post_execute', _released)",
+    )
 
 
 def test_a_stuck_rank_that_is_ended_is_named_with_where_it_was_last_seen(cluster, capsys):
