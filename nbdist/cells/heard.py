@@ -2,8 +2,9 @@
 stderr and displays (message by message), its result and its metric rows; a rank debugger's messages go
 aside, to the watch's relay (``pdb``).
 
-Output is read from ipyparallel's per-engine metadata as it grows (the iopub callback only records the
-message and wakes the watch), so nothing is lost or printed twice.
+Each rank's messages are heard from its request's making on (``hear``, called as ipyparallel makes the request's
+future, before it is sent), so nothing is lost, reordered or printed twice; the iopub callback only records the
+message and wakes the watch.
 """
 
 from __future__ import annotations
@@ -24,25 +25,20 @@ _SHOWN_TYPES = ("stream", "display_data", "execute_result", "error", "data_messa
 class Heard:
     """One cell's output from its ranks (``children``: ipyparallel's per-engine results, in rank order)."""
 
-    def __init__(self, children: list[Any], ranks: list[int], sink: Sink, wake: queue.SimpleQueue[int]) -> None:
-        self.children, self.ranks, self.sink, self.wake = children, ranks, sink, wake
-        self.seen = [_Seen() for _ in children]
+    def __init__(self, ranks: list[int], sink: Sink, wake: queue.SimpleQueue[int]) -> None:
+        self.children: list[Any] = []  # ipyparallel's per-engine results, once the requests are made
+        self.ranks, self.sink, self.wake = ranks, sink, wake
+        self.seen = [_Seen() for _ in ranks]
         self.metrics: dict[int, KeptRows] = {r: KeptRows() for r in ranks}  # bounded, however long the cell
         # What each rank wrote and displayed, message by message, in order (ipyparallel keeps each stream's
         # text and the displays apart): (stream, text) or ("display", content), appended by its IO thread.
-        self.order: list[deque[tuple[str, Any]]] = [deque() for _ in children]
+        self.order: list[deque[tuple[str, Any]]] = [deque() for _ in ranks]
         self.pdb: queue.SimpleQueue[tuple[int, dict[str, Any]]] = queue.SimpleQueue()  # (child, what its pdb said)
-        self.heard = [functools.partial(self._poke, i) for i in range(len(children))]
+        self.heard = [functools.partial(self._poke, i) for i in range(len(ranks))]
 
-    def listen(self) -> None:
-        """On the client's IO thread, between two messages: take what each rank already sent from the
-        store (a fast rank can print before the watch exists), then hear every later message."""
-        for i, (child, heard) in enumerate(zip(self.children, self.heard, strict=True)):
-            md = child.output.metadata
-            self.order[i].extend((name, md[name]) for name in ("stdout", "stderr") if md.get(name))
-            for content in md.get("outputs") or []:
-                self._heard_display(i, content)
-            child.iopub_callbacks.append(heard)
+    def hear(self, i: int, future: Any) -> None:
+        """The i-th rank's request is being made (compat.execute_heard): hear every message of its reply."""
+        future.iopub_callbacks.append(self.heard[i])
 
     def _poke(self, i: int, msg: Any) -> None:
         # Wake the watching thread only for what it shows; bookkeeping messages would just

@@ -1,7 +1,8 @@
 """Run a cell on ranks: send it, follow it to the end, apply the release policy, hand back a RunResult.
 
-``execute`` sends the cell through ipyparallel (``DirectView.execute``, as ``%%px``
-does) and ``Watch.follow`` (watch.py) watches it from the calling thread:
+``execute`` sends the cell through ipyparallel (as ``DirectView.execute`` and ``%%px`` do, each rank's reply
+heard from its request's making on: compat.execute_heard) and ``Watch.follow`` (watch.py) watches it from the
+calling thread:
 
 * output is read from ipyparallel's per-engine metadata as it grows (the iopub
   callback only wakes the loop), so nothing is lost or printed twice, and handed to a
@@ -133,20 +134,18 @@ def execute(
     if kept is not None:
         then = _ending(kept, then)
     view = engines.view(cfg.ranks)
-    with compat.io_paused(engines.client):  # the watch hears the ranks from their first word, in order
-        ar = view.execute(code, silent=False, block=False)
-        watch = Watch(
-            engines,
-            cfg.ranks,
-            ar,
-            sink,
-            grace=grace,
-            watchdog=watchdog,
-            on_done=on_done,
-            cell=title(code),
-            death_grace=death_grace,
-            tick=tick,
-        )
+    watch = Watch(
+        engines,
+        cfg.ranks,
+        lambda hear: compat.execute_heard(view, code, hear),
+        sink,
+        grace=grace,
+        watchdog=watchdog,
+        on_done=on_done,
+        cell=title(code),
+        death_grace=death_grace,
+        tick=tick,
+    )
     if not cfg.block:
         return PendingRun(watch, then)
     result, recover = watch.follow(timeout=cfg.timeout, stream=True)

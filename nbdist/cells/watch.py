@@ -32,14 +32,17 @@ DEATH_CHECK_S = 0.1  # how often a running cell looks whether its ranks' process
 TICK_S = 1.0  # how often the cell's path is asked whether the world should change (a queued replacement came)
 
 
+Send = Callable[[Callable[[int, Any], None]], Any]  # sends the cell, calling hear(k, future) as each request is made
+
+
 class Watch:
-    """Follows one AsyncResult to the end: streams its output, applies the release policy."""
+    """Sends a cell and follows its AsyncResult to the end: streams its output, applies the release policy."""
 
     def __init__(
         self,
         engines: EngineSet,
         ranks: list[int],
-        ar: Any,
+        send: Send,
         sink: Sink,
         *,
         grace: float,
@@ -50,7 +53,7 @@ class Watch:
         death_grace: float | None = None,
         tick: Callable[[], None] | None = None,
     ) -> None:
-        self.engines, self.ranks, self.ar, self.sink = engines, ranks, ar, sink
+        self.engines, self.ranks, self.sink = engines, ranks, sink
         self.board = engines.board  # each rank's state: busy now, then what its reply says (world/board.py)
         self.board.set(ranks, RankState.BUSY, cell=cell)
         self.ask = ask or _typed  # a person's answer to a rank's debugger prompt (the notebook's input box)
@@ -58,7 +61,6 @@ class Watch:
         self.tick, self.ticked = tick, time.perf_counter()  # called about every TICK_S while the cell runs
         self.tic = time.perf_counter()
         self.wake: queue.SimpleQueue[int] = queue.SimpleQueue()
-        self.children = compat.async_result_children(ar)  # one per rank, in the order of ``ranks``
         self.states: dict[int, RankState] = {}  # what the sink was told
         self.reports: dict[int, dict[str, Any]] = {}  # where released ranks were
         self.looked: dict[int, dict[str, Any] | None] = {}  # after a release, the last look at those still running
@@ -76,14 +78,20 @@ class Watch:
         self.finished: set[int] = set()  # children whose output (iopub, up to its idle status) was handed on
         self.unsettled: set[int] = set()  # children that replied before their output was all in (_settle)
         self.deaths_at = self.tic  # the last look at the ranks' processes
-        self.out = Heard(self.children, ranks, sink, self.wake)  # what the ranks send, in order, to the sink
+        self.out = Heard(ranks, sink, self.wake)  # what the ranks send, in order, to the sink
         self.relay = Relay(functools.partial(send_line, engines), ask=self.ask, say=self._say)
-        compat.on_io_thread(engines.client, self.out.listen)
+        self.ar = send(self.out.hear)  # each rank heard from before its request goes
+        self.children = self.out.children = compat.async_result_children(self.ar)  # one per rank, as ``ranks``
         for i, child in enumerate(self.children):
             child.add_done_callback(functools.partial(self._replied, i))
 
     def _replied(self, i: int, child: Any) -> None:
-        """A rank's reply came (on the client's IO thread): its state goes on the board; the watch wakes."""
+        """A rank's reply came (on the client's IO thread): its state goes on the board. The watch wakes when one
+        failed or exited (the release policy acts on it), or when every rank has replied and its output is in
+        (``_all_in``); a rank that ended well while others run is seen at the loop's next look, within 50 ms. A wake
+        per reply was ten looks a cell at 16 ranks, each over every rank, holding the GIL this thread needs for the
+        messages still to come."""
+        state = RankState.FAILED  # a reply that cannot be read wakes the watch, as a failure would
         try:
             state = replies.state_of(child)
             self.failed = self.failed or state in (RankState.FAILED, RankState.DEAD)
@@ -95,7 +103,12 @@ class Watch:
                 self.board.set([self.ranks[i]], state)
         finally:  # whatever the reply said, this rank is not running any more
             self.waiting.discard(i)
-            self.wake.put(1)
+            if state != RankState.IDLE or self._all_in():
+                self.wake.put(1)
+
+    def _all_in(self) -> bool:
+        """Every rank replied, and the output of each that replied idle is in."""
+        return not self.waiting and not self.unsettled
 
     def _settle(self, i: int) -> None:
         """A rank whose reply said idle before its output was all in: what it is left in, read now that the output is
@@ -107,6 +120,8 @@ class Watch:
         state = replies.state_of(self.children[i])
         self.exited = self.exited or state == RankState.EXITED
         self.board.set([self.ranks[i]], state)
+        if state != RankState.IDLE or self._all_in():
+            self.wake.put(1)
 
     def follow(self, timeout: float | None, stream: bool) -> tuple[RunResult, list[int]]:
         """Watch until every rank is done, releasing or killing ranks as the policy says.

@@ -22,6 +22,7 @@ from .ipyparallel_private import (
     async_result_children,
     controller_engines,
     drop_unreadable_messages,
+    execute_heard,
     io_paused,
     launcher_popen,
     on_engine_registration,
@@ -144,8 +145,13 @@ PRIVATE_APIS = (
     PrivateAPI(
         "ipyparallel Client._io_loop, Client._io_thread",
         "ipyparallel",
-        "cells.watch: a cell's output callbacks are added on the client's IO thread, between two messages, so "
-        "output that came before them is taken from the store exactly once",
+        "world.registration: engines the client missed are added on the client's IO thread, between two messages",
+    ),
+    PrivateAPI(
+        "ipyparallel Client._build_targets, Client.send_execute_request(message_future_hook=), DirectView._socket, "
+        "AsyncResult(client, futures, fname, targets, owner)",
+        "ipyparallel",
+        "cells.run: a cell's requests sent as view.execute sends them, each future heard from before its request goes",
     ),
     PrivateAPI(
         "numba Dispatcher._cache._cache_file._load_index",
@@ -209,6 +215,7 @@ __all__ = [
     "ddp_time_every_step",
     "ddp_timers",
     "drop_unreadable_messages",
+    "execute_heard",
     "fsdp_collective_classes",
     "fsdp_waits",
     "group_sequence_number",

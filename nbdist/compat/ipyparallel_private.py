@@ -5,13 +5,35 @@ from __future__ import annotations
 
 import contextlib
 import logging
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
+from functools import partial
 from typing import Any
 
 
 def async_result_children(ar: Any) -> list[Any]:
     """The per-engine futures of a multi-engine AsyncResult, in the order of its targets."""
     return list(ar._children)
+
+
+def execute_heard(view: Any, code: str, heard: Callable[[int, Any], None]) -> Any:
+    """``view.execute(code, silent=False, block=False)``, with ``heard(k, future)`` called for the k-th engine's request
+    (in the order of the view's targets) as its future is made, before the request goes to the IO thread to be sent
+    (ipyparallel's ``message_future_hook``): callbacks put on the future then hear every message of its reply, in
+    order, and the IO thread sends each request as soon as it is made, as ``view.execute`` does, instead of being
+    held until every request is made and the cell's watch is set up. The view's own history (``view.history``,
+    grown by every execute) is not kept; the client's is."""
+    from ipyparallel.client.asyncresult import AsyncResult
+
+    client = view.client
+    idents, targets = client._build_targets(view.targets)
+    metadata = {"label": view.label}
+    futures = [
+        client.send_execute_request(
+            view._socket, code, silent=False, ident=ident, metadata=metadata, message_future_hook=partial(heard, k)
+        )
+        for k, ident in enumerate(idents)
+    ]
+    return AsyncResult(client, futures, fname="execute", targets=targets, owner=True)
 
 
 def launcher_popen(launcher: Any) -> Any:

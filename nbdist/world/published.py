@@ -6,7 +6,8 @@ file before a change or after it, never half of it.
 A writer thread of its own writes it, off the cell's path: a change wakes it, and the changes that come while it
 writes (a cell's start sets every rank busy, one change each) are one more write, not one each. Before, the
 kernel wrote the whole file once per rank per change, on the cell's path: 128 writes of 64 rows for a trivial
-cell at 64 ranks."""
+cell at 64 ranks. Writes are at least ``GAP`` seconds apart (the panel reads the file once a second): at 16 ranks
+the replies of a trivial cell, one change each as they came, made the writer a fifth of the kernel's CPU."""
 
 from __future__ import annotations
 
@@ -20,6 +21,7 @@ from typing import Any
 from .board import Board, RankNow
 
 FILE = "ranks.json"
+GAP = 0.25  # seconds at least between two writes; flush() and close() do not wait for it
 
 
 class Published:
@@ -34,6 +36,8 @@ class Published:
         self._dirty = threading.Condition()
         self._pending = 0  # changes not yet written
         self._closed = False
+        self._hurry = False  # flush() waits: write now, not after the gap
+        self._idle = False  # the writer waits for a change (not in its gap)
         self._writer: threading.Thread | None = None
 
     def __call__(self, now: RankNow) -> None:
@@ -45,24 +49,31 @@ class Published:
             if self._writer is None:
                 self._writer = threading.Thread(target=self._write_on, name="nbdist-published", daemon=True)
                 self._writer.start()
-            self._dirty.notify_all()
+            if self._idle:  # in its gap the writer is not woken: a woken thread takes the GIL from the changing one
+                self._dirty.notify_all()
 
     def _write_on(self) -> None:
         while True:
             with self._dirty:
+                self._idle = True
                 while not self._pending and not self._closed:
                     self._dirty.wait()
+                self._idle = False
                 if self._closed and not self._pending:
                     return
                 self._pending = 0
             self.write()
             with self._dirty:
                 self._dirty.notify_all()  # for flush()
+                self._dirty.wait_for(lambda: self._closed or self._hurry, timeout=GAP)
+                self._hurry = False
 
     def flush(self, timeout: float = 5.0) -> None:
         """Until every change so far is in the file."""
         deadline = time.monotonic() + timeout
         with self._dirty:
+            self._hurry = bool(self._pending)
+            self._dirty.notify_all()
             while self._pending and self._writer is not None and time.monotonic() < deadline:
                 self._dirty.wait(timeout=0.05)
         with self._lock:

@@ -91,6 +91,36 @@ def test_output_streams_while_the_cell_runs(cluster, tmp_path):
     assert cluster.pull("seen", ranks=0) == ["seen"], "the first line should arrive before the cell ends"
 
 
+_WRITTEN = (("stdout", "out", "\n"), ("stderr", "err", "\n"), ("display", "'shown", "'"))
+
+
+def test_what_a_rank_writes_at_once_reaches_the_sink_whole_and_in_the_order_written(cluster):
+    """The cell's first words come before the notebook could look for them (no wait in the cell): each rank's
+    stdout, stderr and displays reach the sink in the order written, each once, every time. The sink is given
+    each message as heard, not ipyparallel's store (which keeps the streams apart)."""
+    code = (
+        "import sys\nfrom IPython.display import display\n"
+        "for k in range(3):\n"
+        "    print(f'out {k}', flush=True); print(f'err {k}', file=sys.stderr, flush=True); display(f'shown {k}')"
+    )
+    want = [(name, f"{what} {k}" + end) for k in range(3) for name, what, end in _WRITTEN]
+
+    class Recorder(Sink):
+        def __init__(self):
+            self.got = {0: [], 1: []}
+
+        def stream(self, rank, name, text):
+            self.got[rank] += [(name, line + "\n") for line in text.splitlines()]
+
+        def display(self, rank, content):
+            self.got[rank].append(("display", content["data"]["text/plain"]))
+
+    for _ in range(5):
+        sink = Recorder()
+        cluster.run(code, sink=sink).raise_for_error()
+        assert sink.got == {0: want, 1: want}
+
+
 def test_rich_display_and_results_come_back_per_rank(cluster):
     r = cluster.run(
         "from IPython.display import HTML, display\ndisplay(HTML(f'<b>rank {dist.get_rank()}</b>'))\ndist.get_rank() * 2"

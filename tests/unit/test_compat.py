@@ -259,6 +259,19 @@ def test_probe_on_io_thread():
         thread.join(5)
 
 
+def test_probe_execute_heard():
+    from ipyparallel import Client, DirectView
+    from ipyparallel.client.asyncresult import AsyncResult
+
+    send = inspect.getsource(Client._send)
+    assert send.index("message_future_hook(") < send.index("add_callback(_really_send)"), (
+        "ipyparallel calls message_future_hook after the request is handed to the IO thread: see compat.execute_heard"
+    )
+    assert "message_future_hook" in inspect.signature(Client.send_execute_request).parameters
+    assert "_build_targets" in vars(Client) and "_socket" in inspect.getsource(DirectView.execute)
+    assert list(inspect.signature(AsyncResult).parameters)[:5] == ["client", "children", "fname", "targets", "owner"]
+
+
 def test_probe_control_channel_for_nbdist_messages():
     """breakpoint() on a rank: nbdist's own message type on the engine's control channel (compat.send_control,
     compat.add_control_handler); the live round trip is tests/integration/test_breakpoint.py."""

@@ -6,6 +6,7 @@ import json
 import os
 import stat
 import threading
+import time
 
 from nbdist.results import RankState
 from nbdist.world import published
@@ -82,3 +83,29 @@ def test_a_world_directory_gone_or_a_damaged_file(tmp_path):
     assert published.read(str(tmp_path / "gone")) is None
     (tmp_path / published.FILE).write_text("{not json")
     assert published.read(str(tmp_path)) is None
+
+
+def test_writes_are_a_gap_apart_and_a_flush_writes_the_last_change_at_once(tmp_path, monkeypatch):
+    """A cell's replies change the board one rank at a time: the writer writes at most once per GAP (it is not woken
+    in between: a woken thread takes the GIL from the one handling the replies), and flush() writes what is pending
+    without waiting out the gap."""
+    board = Board()
+    pub = published.Published(str(tmp_path), board, lambda: [RankInfo(r, r) for r in range(16)])
+    board.subscribe(pub)
+    at: list[float] = []
+    real = pub.write
+    monkeypatch.setattr(pub, "write", lambda: (at.append(time.monotonic()), real()))
+    board.reset(list(range(16)))
+    for k in range(40):  # 40 changes over about 0.4 s
+        board.set([k % 16], RankState.BUSY if k % 2 else RankState.IDLE, cell=f"cell {k}")
+        time.sleep(0.01)
+    gaps = [b - a for a, b in zip(at, at[1:], strict=False)]
+    assert all(g >= published.GAP * 0.99 for g in gaps), gaps
+    assert 2 <= len(at) <= 1 + 0.5 / published.GAP + 1, at
+    pub.flush()  # written now: the writer's gap begins
+    board.set([3], RankState.DEBUGGING, cell="last")
+    asked = time.monotonic()
+    pub.flush()
+    assert published.read(str(tmp_path))[3]["state"] == "debugging"
+    assert at[-1] - asked < 0.8 * published.GAP, "flush waited out the gap"
+    pub.close()
