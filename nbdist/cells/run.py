@@ -108,6 +108,7 @@ def execute(
     death_grace: float | None = None,
     tick: Callable[[], None] | None = None,
     listener: Any = None,
+    dead: list[int] | None = None,
 ) -> RunResult | PendingRun:
     """Run ``code`` on ``cfg.ranks``. Blocking: follow it and return the RunResult; else a PendingRun.
 
@@ -115,8 +116,9 @@ def execute(
     called with every finished result, before it is returned; ``then`` last, with the ranks
     ``on_done`` returned, and what it returns is the result. ``tick``: called about once a second while
     the cell runs (watch.py). ``listener``: what else hears the metric rows of the default sink (a tracked run).
+    ``dead``: the ranks the caller found dead just before (None: they are looked for here).
     """
-    dead = [r for r in engines.dead_ranks() if r in cfg.ranks]
+    dead = [r for r in (engines.dead_ranks() if dead is None else dead) if r in cfg.ranks]
     if dead:
         where = engines.ranks[dead[0]].where()
         spec = ",".join(map(str, dead))

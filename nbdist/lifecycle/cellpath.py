@@ -54,16 +54,23 @@ class CellPath:
         """Run ``code`` on ``cfg.ranks`` (``spec`` as the person gave them): ranks that died between cells are
         recovered first while the budget lasts (a preempted rank that left, say; ``spec`` is then read against the
         world as recovered), and a queued replacement that came joins first."""
-        dead = self.engines().dead_ranks()
+        dead: list[int] | None = self.engines().dead_ranks()
         if dead and self.recovery.left > 0:
             self.recovery.recover(dead, self.replay(), self.say)
             cfg = dataclasses.replace(cfg, ranks=parse_ranks(spec, len(self.engines().ranks)))
+            dead = None  # the world as recovered: looked at again
         if self.listener is not None:  # a person's cell (a recovery's or a grow's run of it goes on with its steps)
             self.listener.cell(code, len(self.engines().ranks))
-        return self._execute(code, cfg, sink, setup)
+        return self._execute(code, cfg, sink, setup, dead)
 
-    def _execute(self, code: str, cfg: RunConfig, sink: Sink | None, setup: bool) -> RunResult | PendingRun:
+    def _execute(
+        self, code: str, cfg: RunConfig, sink: Sink | None, setup: bool, dead: list[int] | None = None
+    ) -> RunResult | PendingRun:
+        """``dead``: the ranks found dead just before (None: look), the one look a cell's start takes at 64 ranks."""
+        before = len(self.engines().ranks)
         cfg = self._joined_between_cells(cfg)
+        if len(self.engines().ranks) != before:
+            dead = None  # the world grew: looked at again
 
         def then(result: RunResult, recover: list[int]) -> RunResult | PendingRun:
             return self.after(result, recover, code, cfg, sink, setup)
@@ -80,6 +87,7 @@ class CellPath:
             death_grace=0.0 if self.recovery.left > 0 else None,  # the cell runs again: nothing to wait for
             tick=self.tick,
             listener=self.listener,
+            dead=dead,
         )
 
     def tick(self) -> None:
