@@ -4,8 +4,8 @@
 heard from its request's making on: compat.execute_heard) and ``Watch.follow`` (watch.py) watches it from the
 calling thread:
 
-* output is read from ipyparallel's per-engine metadata as it grows (the iopub
-  callback only wakes the loop), so nothing is lost or printed twice, and handed to a
+* each rank's messages are heard in the order sent (heard.py: the iopub callback records
+  them and wakes the loop), so nothing is lost or printed twice, and handed to a
   ``Sink`` (see output.py);
 * ``ReleasePolicy`` (release.py) decides when ranks still running are released
   (a failure elsewhere, a timeout, the watchdog, Ctrl-C) and when those that do not
