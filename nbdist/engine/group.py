@@ -9,6 +9,9 @@ from __future__ import annotations
 import datetime
 import os
 import socket
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import Any
 
 from .. import compat
@@ -90,6 +93,8 @@ def join_world(
             timeout=datetime.timedelta(seconds=timeout),
         )
         STATE.store_at = (master_addr, port, False)
+    store = PrefixStore(prefix, STATE.store) if prefix else STATE.store
+    arrive(store, rank, world_size, timeout)
     before = control.tcp_connections()
     kwargs: dict[str, Any] = {}
     device = torch.device("cpu")
@@ -99,7 +104,7 @@ def join_world(
     collectives.set_debug(debug)
     hosted.init_world(
         backend,
-        store=PrefixStore(prefix, STATE.store) if prefix else STATE.store,
+        store=store,
         rank=rank,
         world_size=world_size,
         timeout=datetime.timedelta(seconds=pg_timeout),
@@ -110,6 +115,28 @@ def join_world(
     dist.all_reduce(probe)
     STATE.pg_fds = control.added(before, control.tcp_connections())
     return float(probe.item())
+
+
+def arrive(store: Any, rank: int, world_size: int, timeout: float) -> None:
+    """Wait, in Python, until every rank of this forming came to it (the last to come says so in the store), before
+    torch's own rendezvous waits in C++ for them: a rank that died before it came leaves the others here, where the
+    notebook's interrupt (world/answers.py, ``wait_releasing``) ends the wait within 0.25 s instead of at the
+    timeout. TimeoutError naming how many came."""
+    import torch.distributed as dist
+
+    if store.add("arrived", 1) == world_size:
+        store.set("all-arrived", "1")
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            store.wait(["all-arrived"], datetime.timedelta(seconds=0.25))
+            return
+        except dist.DistStoreError:  # its own timeout (the store cancels the wait): look again, or give up
+            if time.monotonic() > deadline:
+                came = store.add("arrived", 0)
+                raise TimeoutError(
+                    f"rank {rank}: {came} of {world_size} ranks came to form the process group within {timeout:.0f} s"
+                ) from None
 
 
 def leave_world() -> None:
@@ -124,6 +151,18 @@ def leave_world() -> None:
         pass
     STATE.update(pg_fds={}, backend=None, control={}, control_of=None)
     preempt.reset()
+
+
+@contextmanager
+def broken_on_error() -> Iterator[None]:
+    """Collectives called on a rank outside a cell (a recovery's give or restore, through apply): when they fail
+    here (a peer died meanwhile), break this rank's group too, so the ranks blocked on this one fail now rather
+    than at the group's timeout (no release reaches an apply call)."""
+    try:
+        yield
+    except BaseException:
+        abort_world()
+        raise
 
 
 def abort_world() -> str:

@@ -34,9 +34,11 @@ def hold_on_rank(now: bool = False) -> Holding:
 
 
 def give_on_rank(done: int, source: int, names: Names, parts_from: dict[int, int], joined: int = 0) -> int:
+    from ..engine import group
     from ..parallel import peer_give
 
-    return peer_give.give(done, source, names, parts_from, joined)
+    with group.broken_on_error():
+        return peer_give.give(done, source, names, parts_from, joined)
 
 
 def ask(engines: EngineSet, dead: list[int], timeout: float, now: bool = False) -> tuple[list[Holding] | None, str]:

@@ -86,23 +86,61 @@ class Recovery:
         """Restart ``dead`` (or, with --min-ranks, go on without them when they cannot be replaced), rebuild the
         world, replay the setup cells, restore from a living rank or the checkpoint; return what was done as one
         line (``say`` gets it too). ``ended``: those of ``dead`` that nbdist ended because they did not stop after
-        the release (cells/release.py), said apart; ``code``: the cell that runs again after. Raises ClusterError naming the step that failed."""
-        self.used += 1
-        self.renumbered = None
+        the release (cells/release.py), said apart; ``code``: the cell that runs again after. A rank that dies
+        during the recovery itself is taken into a new round, with those the round before was rebuilding, while
+        the budget lasts (a round counts as one restart). Raises ClusterError naming the step that failed, or the
+        ranks the world is short of."""
         tic = time.perf_counter()
-        listed = ", ".join(map(str, dead))
         died = ", ".join(str(r) for r in dead if r not in ended)
         why = f"rank(s) {died} died during the cell" if died else ""
         if ended:
             stuck = f"rank(s) {', '.join(map(str, ended))} did not stop after the release and were ended"
             why = f"{why} and {stuck}" if why else stuck
+        during: list[int] = []  # ranks that died during the recovery itself
+        while True:
+            try:
+                what = self._round(list(dead), replay, code)
+                now = replay.engines.dead_ranks()
+                if not now:
+                    break
+                dead = now  # died after the round: the others hold what it restored
+            except _DiedDuring as died_during:
+                dead = sorted(set(dead) | set(died_during.ranks))  # what the round was rebuilding has no state yet
+                now = died_during.ranks
+            during += [r for r in now if r not in during]
+            if self.left <= 0:
+                listed = ",".join(map(str, dead))
+                raise ClusterError(
+                    f"{why}; rank(s) {', '.join(map(str, during))} died during its recovery, and the automatic "
+                    f"restarts are spent ({self.budget} of {self.budget}): the world is short of rank(s) "
+                    f"{', '.join(map(str, replay.engines.dead_ranks()))}; %dist_restart --ranks {listed} brings them "
+                    "back."
+                )
+        if during:
+            why += f"; rank(s) {', '.join(map(str, during))} died during its recovery"
+        line = (
+            f"{why}; {', '.join(what)} in {time.perf_counter() - tic:.1f} s, "
+            f"and ran the cell again (automatic restarts left: {self.left} of {self.budget})."
+        )
+        say(line)
+        return line
+
+    def _round(self, dead: list[int], replay: Replay, code: str) -> list[str]:
+        """One try at the recovery (the class's recover); what was done, in a few words each. _DiedDuring as soon as
+        another rank is found dead, between its steps or as the reason one failed."""
+        self.used += 1
+        self.renumbered = None
+        tic = time.perf_counter()
+        listed = ", ".join(map(str, dead))
         said, not_peer = peer_recovery.ask(replay.engines, dead, replay.timeout) if self.peer else (None, "")
+        _look(replay, dead)
         self.phases = {"ask": time.perf_counter() - tic}
         before = len(replay.engines.ranks)
         try:
             replay.membership.restart(dead)
             what, renumbered = [f"restarted rank(s) {listed}", "rebuilt the process group"], None
         except Exception as exc:
+            _look(replay, dead)
             renumbered = self.renumbered = _shrink(dead, replay, exc)
             what = [f"could not replace them ({_first_line(exc)})", _continuing(renumbered, before)]
             what += replay.engines.given_back
@@ -112,7 +150,11 @@ class Recovery:
         chosen = None
         if said is not None:
             chosen, not_peer = peer_recovery.decide(said, [] if renumbered else dead, renumbered, code)
-        replay_setup(replay, "automatic recovery")
+        try:
+            replay_setup(replay, "automatic recovery")
+        except ClusterError:
+            _look(replay)
+            raise
         self.phases["replay"] = time.perf_counter() - tic - sum(self.phases.values())
         if replay.setup:
             what.append(f"replayed {len(replay.setup)} setup cell(s)")
@@ -126,8 +168,13 @@ class Recovery:
                 source = f"{chosen.source}'s" if was == chosen.source else f"{chosen.source}'s (was rank {was})"
                 what.append(f"rebuilt step {step} from rank {source} memory (nothing recomputed)")
             except ClusterError as exc:
+                _look(replay)
                 chosen, not_peer = None, str(exc)
-        restored = _load_latest(replay, self.checkpoint, renumbered) if chosen is None else None
+        try:
+            restored = _load_latest(replay, self.checkpoint, renumbered) if chosen is None else None
+        except ClusterError:
+            _look(replay)
+            raise
         if chosen is None and not_peer:
             what.append(f"not from a living rank: {not_peer}")
         if restored is not None:
@@ -136,12 +183,23 @@ class Recovery:
         self.phases["restore"] = time.perf_counter() - tic - sum(self.phases.values())
         if renumbered:
             replay.membership.resized(Resize(before, len(renumbered), step, list(dead), time.time()))
-        line = (
-            f"{why}; {', '.join(what)} in {time.perf_counter() - tic:.1f} s, "
-            f"and ran the cell again (automatic restarts left: {self.left} of {self.budget})."
-        )
-        say(line)
-        return line
+        return what
+
+
+class _DiedDuring(Exception):
+    """Ranks found dead during a recovery's round (another round takes them in)."""
+
+    def __init__(self, ranks: list[int]) -> None:
+        super().__init__(f"rank(s) {ranks} died during the recovery")
+        self.ranks = ranks
+
+
+def _look(replay: Replay, rebuilding: Sequence[int] = ()) -> None:
+    """Between a recovery's steps: _DiedDuring when a rank other than those being rebuilt is dead (a step that
+    failed looks too, since a death is the likeliest reason)."""
+    now = [r for r in replay.engines.dead_ranks() if r not in rebuilding]
+    if now:
+        raise _DiedDuring(now)
 
 
 def replay_setup(replay: Replay, who: str) -> None:
@@ -201,9 +259,11 @@ def _continuing(renumbered: dict[int, int], before: int) -> str:
 def load_latest_on_rank(path: str, names: dict[str, Any], saved_as: int | None = None) -> int | None:
     """Runs on a rank: load the latest checkpoint under ``path`` into the variables ``names`` (``saved_as``: the
     rank number this process saved its own part under, in a world that since went on with fewer ranks)."""
+    from ..engine import group
     from ..parallel.checkpoint import restore_latest
 
-    return restore_latest(path, names, saved_as)
+    with group.broken_on_error():
+        return restore_latest(path, names, saved_as)
 
 
 def _load_latest(replay: Replay, checkpoint: dict[str, Any] | None, renumbered: dict[int, int] | None) -> int | None:

@@ -3,7 +3,9 @@ and the ranks that did not answer in time, said in one line."""
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import time
+from collections.abc import Callable, Collection
+from concurrent.futures import wait
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -42,3 +44,27 @@ class Answers:
             last = (err["evalue"].strip().splitlines() or [""])[-1]
             parts.append(f"{who} {key} raised {err['ename']}: {last}"[:300])
         return f"{what}: {'; '.join(parts)}"
+
+
+def wait_releasing(
+    futures: dict[int, Any],
+    called: Collection[int],
+    deadline: float,
+    dead: Callable[[], list[int]],
+    interrupt: Callable[[list[int]], None],
+) -> None:
+    """Wait for these calls (by rank) until all are done or ``deadline``; while one of the ``called`` ranks is dead
+    (before its call was sent, or since), interrupt the others still running, every 0.5 s: a rank waiting for the
+    dead one at a rendezvous (engine/group.py, ``arrive``) is released at once rather than at its timeout. Again and
+    again, since an interrupt that reaches a rank before its call does is ignored (an idle engine ignores SIGINT).
+    A look for the dead every 0.2 s."""
+    last = 0.0
+    while time.monotonic() < deadline:
+        pending = [key for key, fut in futures.items() if not fut.done()]
+        if not pending:
+            return
+        gone = set(dead()) & set(called)
+        if gone and time.monotonic() - last >= 0.5:
+            interrupt([key for key in pending if key not in gone])
+            last = time.monotonic()
+        wait([futures[key] for key in pending], timeout=min(0.2, max(0.0, deadline - time.monotonic())))

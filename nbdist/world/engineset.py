@@ -20,7 +20,7 @@ from ..launch import procs
 from ..launch.launchers import Launcher
 from ..results import RankState
 from . import registration
-from .answers import Answers, Call
+from .answers import Answers, Call, wait_releasing
 from .board import Board, RankNow
 from .published import Published
 from .rankinfo import RankInfo
@@ -52,7 +52,6 @@ class EngineSet:
         self.board.subscribe(self.published)
 
     # ------------------------------------------------------------------ processes
-
     def start(self) -> list[RankInfo]:
         """Start the controller and n engines; return ranks 0..n-1 in the order engines registered."""
         from IPython.core.profiledir import ProfileDir
@@ -240,7 +239,6 @@ class EngineSet:
         return jobs
 
     # ------------------------------------------------------------------ state
-
     def dead_ranks(self) -> list[int]:
         """Ranks whose engine process has died or left the controller."""
         if self.client is None:
@@ -258,7 +256,6 @@ class EngineSet:
         return self.board.get()
 
     # ------------------------------------------------------------------ reaching the engines
-
     def engine_ids(self, ranks: list[int]) -> list[int]:
         return [self.ranks[r].engine_id for r in ranks]
 
@@ -275,10 +272,11 @@ class EngineSet:
         at most ``timeout`` seconds in all (``call_each`` when each rank gets its own arguments)."""
         return self.call_each({r: (fn, args, kwargs) for r in ranks}, timeout=timeout)
 
-    def call_each(self, calls: dict[int, Call], *, timeout: float, by_engine: bool = False) -> Answers:
+    def call_each(self, calls: dict[int, Call], *, timeout: float, by_engine: bool = False, release: bool = False) -> Answers:
         """Each rank's own call (``fn, args, kwargs``), all sent at once; every rank's value, its error, or that it
         did not answer within ``timeout`` seconds (a stopped controller, a rank stuck in C code): never a longer
-        wait. ``by_engine``: the keys are engine ids (before ranks are assigned)."""
+        wait. ``by_engine``: the keys are engine ids (before ranks are assigned); ``release``: a rank that dies
+        meanwhile has the others interrupted (answers.wait_releasing)."""
         deadline = time.monotonic() + timeout
         futures: dict[int, Any] = {}
         answers = Answers(timeout=timeout)
@@ -288,6 +286,8 @@ class EngineSet:
                 futures[key] = self.client[eid].apply_async(fn, *args, **kwargs)
             except Exception as exc:  # the engine is gone from the controller
                 answers.errors[key] = exc
+        if release:
+            wait_releasing(futures, calls, deadline, self.dead_ranks, self.signal)
         for key, fut in futures.items():
             try:
                 answers.values[key] = fut.get(timeout=max(0.0, deadline - time.monotonic()))

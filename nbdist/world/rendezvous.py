@@ -187,6 +187,7 @@ def build_world(
             for r in ranks
         },
         timeout=timeout + 5,
+        release=True,  # a rank that dies before it joins: the others stop waiting for it (group.arrive)
     )
     expected = len(ranks) * (len(ranks) + 1) / 2
     errors: list[str] = []
