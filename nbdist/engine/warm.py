@@ -122,8 +122,9 @@ def _idle_work() -> Iterator[None]:
     loop forks any job that comes between two steps, so a start never waits behind this.
 
     The cell helpers (``nbdist.parallel``: DDP, FSDP, DCP checkpoints; 0.7 s after torch) are
-    imported first: a rank restarted by recovery replays setup cells that import them, and
-    would pay it while training waits. Then numba: it sets up its typing registries on the
+    imported first, then ``torch._dynamo``, which DistributedDataParallel's constructor imports (0.44 s): a rank
+    restarted by recovery replays setup cells that import and build them, and would pay it while training waits
+    (the whole world waits in DDP's first broadcast for it). Then numba: it sets up its typing registries on the
     first call of any jitted function and loads each kernel from its cache on that kernel's
     first call (about 0.35 s in all, with every kernel cached), one kernel per step. Forks made
     after this inherit the loaded kernels. With the cache empty or stale (a fresh install, an
@@ -131,6 +132,9 @@ def _idle_work() -> Iterator[None]:
     cache instead, and this process loads the kernels once it is done. Nothing here starts a
     thread (forking stays safe)."""
     import nbdist.parallel  # noqa: F401
+
+    yield
+    import torch._dynamo  # noqa: F401 - DDP's constructor imports it: 0.44 s of a restarted rank's first apply_ddp
 
     yield
     from nbdist.compression import kernels

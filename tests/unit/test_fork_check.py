@@ -45,3 +45,18 @@ def test_a_process_that_loaded_a_driver_refuses_to_fork_and_says_which(tmp_path)
     assert before == "''", "a fresh Python with nbdist's engine imported is safe to fork"
     assert after.startswith("an accelerator's driver is loaded in it (libcuda.so.1: something asked the device"), after
     assert "torch.get_device_module().device_count()" in after
+
+
+def test_the_warm_process_imports_what_a_replayed_setup_cell_builds_and_stays_safe_to_fork():
+    """Its first idle steps import nbdist.parallel and torch._dynamo, which DDP's constructor imports (0.44 s a
+    restarted rank paid in its replayed apply_ddp while the world waited: benchmarks/recovery_scale.py), and start
+    no thread, so a fork after them is still safe."""
+    code = (
+        "import sys\n"
+        "from nbdist.engine import warm\n"
+        "steps = warm._idle_work()\n"
+        "next(steps); next(steps)\n"
+        "print(sorted(m for m in ('nbdist.parallel', 'torch._dynamo') if m in sys.modules), repr(warm.unsafe()))\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, check=True).stdout
+    assert out.split("\n")[-2] == "['nbdist.parallel', 'torch._dynamo'] ''", out
