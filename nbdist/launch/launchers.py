@@ -163,6 +163,15 @@ class LocalLauncher(Launcher):
         pool.close_lean(self._threads)  # a forkserver this world used (begun by it, or where the warm fork refused)
 
 
+def heart_misses(n: int) -> int:
+    """Heartbeats an engine may miss in a row before the controller calls it dead: ipyparallel's 10 (about 1 s at
+    nbdist's 100 ms) up to 20 ranks, then one more for every two ranks (3.3 s at 64). One controller answers every
+    rank's heartbeat ten times a second, and a bigger world stalls it and its ranks for longer: 64 ranks over the two
+    2-CPU test nodes once lost a living engine that way (CI, 2026-12-02: 'Engine 13 died', then its stale reply).
+    A local rank's death is seen from its process at once, whatever this says."""
+    return max(10, n // 2)
+
+
 def build_cluster(
     config: StartConfig,
     profile_dir: str,
@@ -189,7 +198,11 @@ def build_cluster(
         send_engines_connection_env=False,  # engines read the 0600 connection file, not an env var
         engine_timeout=int(config.world.timeout),
         controller_ip=ip,
-        controller_args=["--usethreads", f"--HeartMonitor.period={config.world.heartbeat_ms}"],
+        controller_args=[
+            "--usethreads",
+            f"--HeartMonitor.period={config.world.heartbeat_ms}",
+            f"--HeartMonitor.max_heartmonitor_misses={heart_misses(config.world.n)}",
+        ],
         controller="Local",
         engines=engines,
         log=IPP_LOG,

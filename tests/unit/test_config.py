@@ -201,3 +201,19 @@ def test_flat_keywords_round_trip_through_the_sections():
     assert StartConfig.of(**config.flat()) == config
     with pytest.raises(ConfigError, match=r"'nodse' is not an option of nbdist.start; did you mean 'nodes'\?"):
         StartConfig.of(n=2, launcher="slurm", nodse=2)
+
+
+@pytest.mark.parametrize(("n", "misses"), [(2, 10), (20, 10), (64, 32), (1024, 512)])
+def test_the_controller_lets_a_bigger_world_miss_more_heartbeats_before_it_calls_a_rank_dead(tmp_path, n, misses):
+    """ipyparallel's HeartMonitor reads max_heartmonitor_misses (not ..._heartbeat_misses, the engine's own)."""
+    from ipyparallel.cluster.launcher import LocalEngineSetLauncher
+    from ipyparallel.controller.heartmonitor import HeartMonitor
+
+    from nbdist.launch.launchers import build_cluster
+
+    cluster, _ = build_cluster(
+        StartConfig.of(n=n, oversubscribe=True), str(tmp_path), fresh=False, ip="127.0.0.1", engines=LocalEngineSetLauncher, engine_args=[]
+    )
+    assert "max_heartmonitor_misses" in HeartMonitor.class_trait_names()
+    assert f"--HeartMonitor.max_heartmonitor_misses={misses}" in cluster.controller_args, cluster.controller_args
+    assert "--HeartMonitor.period=100" in cluster.controller_args
