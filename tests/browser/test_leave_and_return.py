@@ -39,6 +39,13 @@ SLOW_CELLS = [CELLS[0], CELLS[1].replace("time.sleep(0.1)", "time.sleep(0.25)")]
 EXPECTED = [f"STEP {s}" for s in range(0, STEPS, 5)]
 
 
+def _gated(cells: list[str], gates, steps: tuple[int, ...]) -> list[str]:
+    """``cells`` with the training cell waiting, after each of ``steps``, until the test makes ``gates/<step>``."""
+    wait = f"    if step in {steps}:\n        while not os.path.exists(f'{gates}/{{step}}'):\n            time.sleep(0.05)\n"
+    body = cells[1].replace("import time, nbdist", "import os, time, nbdist") + "\n" + wait
+    return [cells[0], body.rstrip("\n")]
+
+
 def _record(what: str, seconds: float) -> None:
     """Kept beside the screenshots (test-artifacts/reopen-times.json) for the issue's 'within 3 s'."""
     path = ARTIFACTS / "reopen-times.json"
@@ -222,8 +229,11 @@ def test_close_the_page_mid_run_and_after_the_end_then_reopen(tmp_path, app):
 def test_two_pages_at_once_the_running_one_keeps_its_own_output(tmp_path):
     """Page A runs the cell; page B, another browser on the same notebook, opens mid-run: B is filled
     from the transcript and grows; A keeps its own live output (its live dashboard, never replaced);
-    at the end both show every line once."""
-    _write_notebook(tmp_path / "live.ipynb", CELLS)
+    at the end both show every line once. The cell waits at two gates the test opens, so B's first look, B's
+    growth and the look at A all fall while the cell runs, however slowly a second browser opens."""
+    gates = tmp_path / "gates"
+    gates.mkdir()
+    _write_notebook(tmp_path / "live.ipynb", _gated(CELLS, gates, (20, 120)))
     with _server(tmp_path, "jupyterlab") as (base, token), _browser() as browser:
         try:
             a = _open(browser, base, token, "jupyterlab", init_script=HOLD_RUNNING_TRANSCRIPTS)
@@ -237,11 +247,14 @@ def test_two_pages_at_once_the_running_one_keeps_its_own_output(tmp_path):
                 b = _open(other, base, token, "jupyterlab")
                 b.wait_for_function("() => document.body.innerText.includes('STEP 10')", timeout=30_000)
                 first = _steps_shown(b)
+                (gates / "20").touch()
                 b.wait_for_function(
                     f"() => (document.body.innerText.match(/STEP \\d+/g) || []).length > {len(first)}", timeout=30_000
                 )
                 assert _steps_shown(b) == EXPECTED[: len(_steps_shown(b))]
+                assert "*" in _prompt(a), _prompt(a)  # the cell still runs (held at step 120)
                 assert a.query_selector(".nbdist-stat") is not None  # A's live dashboard is still A's own
+                (gates / "120").touch()
                 a.wait_for_function(f"() => document.body.innerText.includes('STEP {STEPS - 5}')", timeout=120_000)
                 b.wait_for_function(f"() => document.body.innerText.includes('STEP {STEPS - 5}')", timeout=30_000)
                 a.wait_for_selector(".js-plotly-plot .gtitle", timeout=30_000)  # A's own final figure
