@@ -32,6 +32,10 @@ from .history import title
 from .output import Sink, TaggedPrinter
 from .watch import OnDone, Watch
 
+# From this many ranks a cell goes out as one request that the controller's broadcast schedulers hand to each engine,
+# instead of one request per engine from the notebook (benchmarks/stub_ranks.py measures both).
+BROADCAST_FROM = 10**9
+
 # (result, ranks to recover) -> the result (Cluster's recovery), or the run that goes on in the cell's place
 Then = Callable[[RunResult, list[int]], "RunResult | PendingRun"]
 
@@ -135,11 +139,13 @@ def execute(
         )
     if kept is not None:
         then = _ending(kept, then)
-    view = engines.view(cfg.ranks)
+    broadcast = len(cfg.ranks) >= BROADCAST_FROM
+    view = engines.view(cfg.ranks, broadcast=broadcast)
+    send = compat.execute_heard_broadcast if broadcast else compat.execute_heard
     watch = Watch(
         engines,
         cfg.ranks,
-        lambda hear: compat.execute_heard(view, code, hear),
+        lambda hear: send(view, code, hear),
         sink,
         grace=grace,
         watchdog=watchdog,

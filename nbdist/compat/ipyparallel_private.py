@@ -36,6 +36,44 @@ def execute_heard(view: Any, code: str, heard: Callable[[int, Any], None]) -> An
     return AsyncResult(client, futures, fname="execute", targets=targets, owner=True)
 
 
+def execute_heard_broadcast(view: Any, code: str, heard: Callable[[int, Any], None]) -> Any:
+    """``execute_heard`` through a BroadcastView (``client.broadcast_view(targets)``): one request, which the
+    controller's broadcast schedulers hand to each engine under the id ``<request>_<engine uuid>``; each engine's reply
+    and output come back on their own (not coalesced), heard by ``heard(k, future)`` on the future made for that id,
+    as ``BroadcastView.execute`` makes them (ipyparallel's ``_make_async_result``), before the request is sent. Unlike
+    ipyparallel's, each engine's future leaves the client's caches once its reply and output are in (a direct request's
+    do, in ``Client._send``), and the request's own, to which nothing replies, at once."""
+    from ipyparallel.client.asyncresult import AsyncResult
+    from ipyparallel.client.futures import multi_future
+
+    client = view.client
+    idents, targets = client._build_targets(view.targets)
+    uuids = [ident.decode("utf8") for ident in idents]
+    metadata = {"targets": list(zip(uuids, targets, strict=True)), "is_broadcast": True, "is_coalescing": False}
+    futures: list[Any] = []
+
+    def made(request: Any) -> None:
+        for k, uuid in enumerate(uuids):
+            sub = f"{request.msg_id}_{uuid}"
+            pair = client.create_message_futures(sub, request.header, async_result=True)
+            multi_future(pair).add_done_callback(partial(_forget, client, sub))
+            client.outstanding.add(sub)
+            client._outstanding_dict[uuid].add(sub)  # a dead engine's request fails with EngineError, as a direct one
+            heard(k, pair[0])
+            futures.append(pair[0])
+
+    request = client.send_execute_request(view._socket, code, silent=False, metadata=metadata, message_future_hook=made)
+    client.outstanding.discard(request.msg_id)
+    _forget(client, request.msg_id)
+    return AsyncResult(client, futures, fname="execute", targets=targets, owner=True)
+
+
+def _forget(client: Any, msg_id: str, done: Any = None) -> None:
+    """Out of the client's caches, as ``Client._send``'s cleanup does for a direct request."""
+    for cache in (client.results, client._futures, client._output_futures, client.metadata):
+        cache.pop(msg_id, None)
+
+
 def launcher_popen(launcher: Any) -> Any:
     """The Popen of a local launcher's process, or None (not a local launcher, or not started)."""
     return getattr(launcher, "_popen_process", None)

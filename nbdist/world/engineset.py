@@ -259,12 +259,13 @@ class EngineSet:
     def engine_ids(self, ranks: list[int]) -> list[int]:
         return [self.ranks[r].engine_id for r in ranks]
 
-    def view(self, ranks: list[int]) -> Any:
-        """A DirectView on these ranks' engines, reused while the engine ids stay the same."""
-        ids = tuple(self.engine_ids(ranks))
-        view = self._views.get(ids)
+    def view(self, ranks: list[int], broadcast: bool = False) -> Any:
+        """A DirectView (``broadcast``: a BroadcastView) on these ranks' engines, kept while their engine ids stay."""
+        key = (*self.engine_ids(ranks), broadcast)
+        view = self._views.get(key)
         if view is None or view.client is not self.client:
-            view = self._views[ids] = self.client[list(ids)]
+            ids = list(key[:-1])
+            view = self._views[key] = self.client.broadcast_view(targets=ids) if broadcast else self.client[ids]
         return view
 
     def call(self, ranks: list[int], fn: Callable[..., Any], /, *args: Any, timeout: float, **kwargs: Any) -> Answers:
