@@ -155,6 +155,12 @@ PRIVATE_APIS = (
         "cells.run: a cell's requests sent as view.execute sends them, each future heard from before its request goes",
     ),
     PrivateAPI(
+        "ipyparallel BroadcastView._socket, Client.create_message_futures, Client._outstanding_dict, Client._futures/"
+        "_output_futures/results/metadata, the broadcast schedulers' '<request>_<engine uuid>' ids",
+        "ipyparallel",
+        "cells.run: a cell sent as one broadcast request, each engine's reply heard as BroadcastView.execute makes it",
+    ),
+    PrivateAPI(
         "numba Dispatcher._cache._cache_file._load_index",
         "numba",
         "compression.kernels / engine.warm: whether the kernels' on-disk cache is fresh (else compile in the background)",

@@ -46,7 +46,9 @@ def test_probe_async_result_children():
     from ipyparallel.client.asyncresult import AsyncResult
 
     source = inspect.getsource(AsyncResult)
-    assert "self._children" in source, "ipyparallel's AsyncResult no longer keeps _children: see nbdist/compat/ipyparallel_private.py"
+    assert "self._children" in source, (
+        "ipyparallel's AsyncResult no longer keeps _children: see nbdist/compat/ipyparallel_private.py"
+    )
 
 
 def test_probe_launcher_popen():
@@ -145,7 +147,9 @@ def test_probe_lightning_ddp_launcher():
         module = importlib.import_module(name)
         source = inspect.getsource(module.DDPStrategy)
         assert hasattr(module, "_SubprocessScriptLauncher"), f"{name} no longer imports _SubprocessScriptLauncher"
-        assert "def _configure_launcher" in source, f"{name}.DDPStrategy has no _configure_launcher: see nbdist/compat/lightning_private.py"
+        assert "def _configure_launcher" in source, (
+            f"{name}.DDPStrategy has no _configure_launcher: see nbdist/compat/lightning_private.py"
+        )
         for attr in ("self._start_method", "self._process_group_backend", "self._launcher"):
             assert attr in source, f"{name}.DDPStrategy no longer sets {attr}: see engine/adapters.py"
 
@@ -272,6 +276,29 @@ def test_probe_execute_heard():
     assert list(inspect.signature(AsyncResult).parameters)[:5] == ["client", "children", "fname", "targets", "owner"]
 
 
+def test_probe_execute_heard_broadcast():
+    """A broadcast request's per-engine ids and futures, as BroadcastView makes them (compat.execute_heard_broadcast);
+    the live round trip is tests/integration/test_broadcast_cells.py."""
+    from ipyparallel import BroadcastView, Client
+    from ipyparallel.controller.broadcast_scheduler import BroadcastScheduler
+
+    made = inspect.getsource(BroadcastView._make_async_result)
+    assert "f'{original_msg_id}_{ident}'" in made and "create_message_futures" in made, (
+        "see compat.execute_heard_broadcast"
+    )
+    assert "_outstanding_dict[ident]" in made
+    assert "f'{original_msg_id}_{outgoing_id" in inspect.getsource(BroadcastScheduler.get_new_msg_id)
+    assert list(inspect.signature(Client.create_message_futures).parameters)[:4] == [
+        "self",
+        "msg_id",
+        "header",
+        "async_result",
+    ]
+    cleanup = inspect.getsource(Client._send)
+    assert all(f"self.{c}.pop(msg_id" in cleanup for c in ("results", "_futures", "_output_futures", "metadata"))
+    assert "is_broadcast=True" in inspect.getsource(BroadcastView._init_metadata)
+
+
 def test_probe_control_channel_for_nbdist_messages():
     """breakpoint() on a rank: nbdist's own message type on the engine's control channel (compat.send_control,
     compat.add_control_handler); the live round trip is tests/integration/test_breakpoint.py."""
@@ -306,8 +333,12 @@ def test_probe_controller_engines():
 def test_probe_engine_registration_steps():
     from ipyparallel.engine.app import IPEngine
 
-    assert inspect.iscoroutinefunction(IPEngine.register) and inspect.iscoroutinefunction(IPEngine.complete_registration)
-    assert "self.start_heartbeat(" in inspect.getsource(IPEngine.complete_registration), "see compat.on_engine_registration"
+    assert inspect.iscoroutinefunction(IPEngine.register) and inspect.iscoroutinefunction(
+        IPEngine.complete_registration
+    )
+    assert "self.start_heartbeat(" in inspect.getsource(IPEngine.complete_registration), (
+        "see compat.on_engine_registration"
+    )
 
 
 def test_probe_world_of_one(tmp_path):
