@@ -87,12 +87,14 @@ SHARED_NODES = {
     "tests/hub/test_jupyterhub.py": "the two Slurm nodes",
     "tests/notebooks/test_notebooks.py::test_multinode_notebook_on_a_two_node_slurm": "the two Slurm nodes",
     "tests/multinode/test_ray.py": "the two Ray nodes",
+    "tests/multinode/test_ray_node_leaves.py": "the two Ray nodes",
 }
 EACH_ALONE = ("tests/notebooks/", "tests/browser/")  # no module fixture: each test may go to either worker
 # The longest first, so that neither worker is left with a long one at the end (seconds in CI, serial: the
 # two Ray nodes 420, the Slurm nodes 300, a notebook 15-42, a browser test 20-133, a packaging test 184 in all).
 FIRST = (
     "tests/multinode/test_ray.py",
+    "tests/multinode/test_ray_node_leaves.py",
     "tests/multinode/test_multinode.py",
     "tests/hub/test_jupyterhub.py",
     "tests/notebooks/test_notebooks.py::test_multinode_notebook_on_a_two_node_slurm",

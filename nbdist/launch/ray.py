@@ -253,7 +253,11 @@ def main(argv: list[str]) -> int:
     _watch_kernel(kernel_gone)
     try:
         # the kernel's wait says what the placement waits for, and Ctrl-C there ends it (and so this process)
-        first = world.start(args.n, args.command, say=_say, waiting=_waiting, placed=placed.set)
+        try:
+            first = world.start(args.n, args.command, say=_say, waiting=_waiting, placed=placed.set)
+        except rayworld.NodeLeft as exc:
+            say_preflight(str(exc))
+            return 2
         if cluster_dir and rayworld.warm_enabled():
             server = rayserve.Server(cluster_dir, world)  # the world's later engine sets start here, warm
         worst = 0

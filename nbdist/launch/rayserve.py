@@ -26,6 +26,8 @@ import threading
 from collections.abc import Callable
 from typing import Any
 
+from . import rayworld
+
 SOCKET = "ray-driver.sock"  # in the cluster's private directory
 
 
@@ -141,6 +143,10 @@ class Server:
                 gone=left.is_set,
                 env=env,
             )
+        except rayworld.NodeLeft as exc:
+            _send(conn, {"preflight": str(exc)})
+            conn.close()
+            return
         except Exception as exc:
             _send(conn, {"say": f"nbdist: the world's Ray driver could not start the rank(s): {exc}"})
             conn.close()

@@ -33,6 +33,10 @@ ENGINE = ["-m", "nbdist.engine"]  # the engine's command is [python, *ENGINE, ar
 FORK_S = 120.0  # the first fork waits while the node's warm process imports torch
 
 
+class NodeLeft(RuntimeError):
+    """A Ray node left while ranks were placed or started on it: the whole line to say (no rank of the group runs)."""
+
+
 def warm_enabled() -> bool:
     """``NBDIST_WARM=0`` turns warm starts off: every rank starts cold, in a driver of its own."""
     return os.environ.get("NBDIST_WARM", "1").strip().lower() not in ("0", "false", "no", "off")
@@ -231,7 +235,17 @@ class World:
             a.start.remote(command, {**env, RANK_VAR: str(r)}, warm[slot.node])
             for r, (slot, a) in enumerate(zip(slots, actors, strict=True))
         ]
-        for rank, (host, pid, forked) in enumerate(ray.get(calls)):
+        used, waiting_on = {slot.node for slot in slots}, list(calls)
+        while waiting_on:  # an actor whose bundle's node left would wait for it forever
+            waiting_on = ray.wait(waiting_on, num_returns=len(waiting_on), timeout=0.5)[1]
+            if waiting_on:
+                self._check_nodes(n, used, "started")
+        try:
+            started = ray.get(calls)
+        except Exception:  # an actor that died with its node
+            self._check_nodes(n, used, "started")
+            raise
+        for rank, (host, pid, forked) in enumerate(started):
             say(f"nbdist: launch rank {rank} on {host}, pid {pid}" + (" (forked warm)" if forked else ""))
 
     def _place(self, n: int, waiting: Callable[[str], None], gone: Callable[[], bool]) -> list[Slot]:
@@ -244,9 +258,11 @@ class World:
         bundle = {"CPU": self.cpus, **({"GPU": self.gpus} if self.gpus else {})}
         group = placement_group([bundle] * n, strategy="PACK")
         self.pending.append(group)
+        nodes = {node["NodeID"] for node in ray.nodes() if node.get("Alive")}
         while not ray.wait([group.ready()], timeout=0.5)[0]:
             if gone() or self.closed:
                 raise RuntimeError("the placement was abandoned")
+            self._check_nodes(n, nodes, "placed")
             if self._prune_free():
                 remove_placement_group(group)
                 self.pending.remove(group)
@@ -256,6 +272,20 @@ class World:
         waiting("")
         nodes = placement_group_table(group)["bundles_to_node_id"]
         return [Slot(group, i, nodes[i]) for i in range(n)]
+
+    def _check_nodes(self, n: int, used: set[str], doing: str) -> None:
+        """Raise NodeLeft when a node of ``used`` has left while ``n`` ranks were being ``doing`` ("placed": only
+        once the cluster can no longer hold them; until then Ray places the group again on the nodes left)."""
+        nodes = self.ray.nodes()
+        left = sorted(node["NodeID"] for node in nodes if not node.get("Alive") and node["NodeID"] in used)
+        short = self.cannot_hold(n) if left else ""
+        if not left or (doing == "placed" and not short):
+            return
+        what = short.replace("the Ray cluster", "The Ray cluster now", 1) if short else (
+            "The nodes left could hold them: start them again once Ray has the CPUs free (`ray status` shows them)."
+        )
+        gone = ", ".join(f"{x['NodeManagerHostname']} ({x['NodeManagerAddress']})" for x in nodes if x["NodeID"] in left)
+        raise NodeLeft(f"Ray node {gone} left the cluster while {n} rank(s) were being {doing}; none started. {what}")
 
     def _take_free(self, n: int) -> list[Slot]:
         """Up to ``n`` of the world's free bundles."""
