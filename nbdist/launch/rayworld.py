@@ -6,7 +6,8 @@ A group is placed all at once or not at all (a placement group, ``PACK``: ranks 
 by node, and started as one actor per rank in its own bundle of the placement group. The world holds its placement
 groups until it ends: no other job takes the CPUs between the placement and the actors, and a rank whose engine
 ended leaves its bundle to the world (``free``), where a later group (``%dist_restart``, recovery, ``%dist_grow``)
-is placed first, on the same node, before any new placement group is asked for.
+is placed first, on the same node, before any new placement group is asked for. A node that leaves while a group
+is placed or started on it (NodeLeft) fails that start in one line, once Ray calls the node dead.
 
 Warm starts: on each node that holds CPU ranks, a node actor (no CPU of its own) runs nbdist's warm process
 (``python -m nbdist.engine.warm``, as the local launcher's pool does), which imports torch once and forks each
@@ -274,8 +275,7 @@ class World:
         return [Slot(group, i, nodes[i]) for i in range(n)]
 
     def _check_nodes(self, n: int, used: set[str], doing: str) -> None:
-        """Raise NodeLeft when a node of ``used`` has left while ``n`` ranks were being ``doing`` ("placed": only
-        once the cluster can no longer hold them; until then Ray places the group again on the nodes left)."""
+        """NodeLeft when a node of ``used`` left while ``n`` ranks were being ``doing`` (placed: once the rest can't)."""
         nodes = self.ray.nodes()
         left = sorted(node["NodeID"] for node in nodes if not node.get("Alive") and node["NodeID"] in used)
         short = self.cannot_hold(n) if left else ""
