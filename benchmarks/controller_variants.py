@@ -5,7 +5,8 @@ heartbeat every 100 ms (``WorldConfig.heartbeat_ms``; ipyparallel's default is 3
 found ``DirectView.execute`` 1.7x-1.8x slower behind nbdist's controller than behind ipyparallel's own at 128 and
 256 ranks. This starts the same stub world (stub_ranks.py: plain ipyparallel engines, nbdist's controller) once per
 variant, each difference undone alone and all three together, with nbdist's own controller first and again last (the
-spread between those two is the noise floor), and times ``DirectView.execute`` and nbdist's cell (medians).
+spread between those two is the noise floor), and times ``DirectView.execute`` and nbdist's cell (medians), and
+reads the share of a core the controller's processes take while the world is idle (the heartbeat's own cost).
 
     python controller_variants.py --ranks 128 --reps 7     # prints, and saves results/controller_variants.json
 """
@@ -19,12 +20,15 @@ import tempfile
 import time
 from typing import Any
 
+import psutil
 from _common import save
+from many_ranks import controller_of
 from stub_ranks import TRIVIAL, StubLauncher, nbdist_cell
 
 from nbdist.config import StartConfig
 from nbdist.world.engineset import EngineSet
 
+IDLE_S = 5.0  # how long the controller's idle CPU is read
 # (name, heartbeat ms, schedulers as threads, CurveZMQ)
 VARIANTS = [
     ("nbdist's controller", 100, True, True),
@@ -66,6 +70,7 @@ def measure(n: int, reps: int, heartbeat_ms: int, threads: bool, curve: bool) ->
             for _ in range(2):  # warm: the view's sockets, the first transcript
                 direct.execute(TRIVIAL, block=True)
                 nbdist_cell(engines, TRIVIAL)
+            idle = idle_cpu(controller_of(engines), IDLE_S)
             view, cell = [], []
             for _ in range(reps):
                 tic = time.perf_counter()
@@ -76,7 +81,31 @@ def measure(n: int, reps: int, heartbeat_ms: int, threads: bool, curve: bool) ->
                 cell.append((time.perf_counter() - tic) * 1e3)
         finally:
             engines.stop()
-    return {"view_execute_ms": statistics.median(view), "nbdist_cell_ms": statistics.median(cell)}
+    return {"view_execute_ms": statistics.median(view), "nbdist_cell_ms": statistics.median(cell), **idle}
+
+
+def idle_cpu(controller: psutil.Process, seconds: float) -> dict[str, float]:
+    """The share of a core the controller's processes take while no cell runs: the hub (and its threaded schedulers),
+    and its children (ipyparallel's heart monitor always runs in a process of its own; the schedulers do without
+    ``--usethreads``)."""
+    procs = [controller, *controller.children(recursive=True)]
+
+    def used() -> list[float]:
+        out = []
+        for proc in procs:
+            try:
+                out.append(sum(proc.cpu_times()[:2]))
+            except psutil.Error:
+                out.append(0.0)
+        return out
+
+    before = used()
+    time.sleep(seconds)
+    after = used()
+    return {
+        "idle_hub_cpu": (after[0] - before[0]) / seconds,
+        "idle_children_cpu": (sum(after[1:]) - sum(before[1:])) / seconds,
+    }
 
 
 def main() -> None:
@@ -90,7 +119,8 @@ def main() -> None:
         out[name] = row
         print(
             f"{args.ranks} stub ranks, {name:>27}: DirectView.execute {row['view_execute_ms']:6.1f} ms, "
-            f"nbdist's cell {row['nbdist_cell_ms']:6.1f} ms",
+            f"nbdist's cell {row['nbdist_cell_ms']:6.1f} ms; idle, a core's share: the hub {row['idle_hub_cpu']:.2f}, "
+            f"its child processes {row['idle_children_cpu']:.2f}",
             flush=True,
         )
     first, last = out[VARIANTS[0][0]]["view_execute_ms"], out[VARIANTS[-1][0]]["view_execute_ms"]
