@@ -159,7 +159,7 @@ def raw_ray_once(address: str, n: int, port: int) -> float:
 def ray_restart_once(address: str, warm: bool) -> tuple[float, float]:
     """nbdist --launcher ray, 4 ranks: (start until a collective ran, ``%dist_restart 3`` until one ran again),
     warm (the default: the world's driver starts the replacement, forked from its node's warm process) or cold
-    (NBDIST_WARM=0: each rank a fresh interpreter, each engine set a driver of its own, as before warm starts)."""
+    (NBDIST_WARM=0: each rank a fresh interpreter, still started by the world's driver in the bundle it holds)."""
     import signal
 
     import nbdist

@@ -189,12 +189,10 @@ def main(argv: list[str]) -> int:
     args = parser.parse_args(argv)
     cluster_dir = os.environ.get("NBDIST_CLUSTER_DIR", "")
     env = {k: v for k, v in os.environ.items() if k.startswith(PASSED) and k != "NBDIST_PARENT_PID"}
-    served = (
-        None
-        if not rayworld.warm_enabled()
-        else rayserve.ask(cluster_dir, args.n, args.command, env, say=_say, waiting=_waiting, preflight=say_preflight)
-    )
-    if served is not None:  # the world's driver started them, warm, and they have ended
+    # a later engine set of a world (%dist_restart, recovery, grow) is started by the world's driver, in the bundles
+    # it holds (warm unless NBDIST_WARM=0): a driver of its own would wait for the CPUs the world keeps for it
+    served = rayserve.ask(cluster_dir, args.n, args.command, env, say=_say, waiting=_waiting, preflight=say_preflight)
+    if served is not None:  # the world's driver started them, and they have ended
         return served
     low, high = RAY_RANGE
     try:
@@ -258,8 +256,8 @@ def main(argv: list[str]) -> int:
         except rayworld.NodeLeft as exc:
             say_preflight(str(exc))
             return 2
-        if cluster_dir and rayworld.warm_enabled():
-            server = rayserve.Server(cluster_dir, world)  # the world's later engine sets start here, warm
+        if cluster_dir:
+            server = rayserve.Server(cluster_dir, world)  # the world's later engine sets start here
         worst = 0
         while True:  # an engine that ended gives its bundle back to the world at once: its replacement may need it
             for gid, code in world.poll(_say):

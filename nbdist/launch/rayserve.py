@@ -1,4 +1,5 @@
-"""A world's Ray driver serves the world's later engine sets, so a replaced or added rank starts warm.
+"""A world's Ray driver serves the world's later engine sets, so a replaced or added rank starts warm, in a bundle
+the world holds (with ``NBDIST_WARM=0`` too, cold: a driver of its own would wait for the CPUs the world keeps).
 
 Each engine set of a Ray world is a driver process (ray.py's ``main``). The first one connects to Ray (through
 Ray Client: seconds), and holds the nodes' warm processes (rayworld.py). A later engine set of the same world

@@ -39,7 +39,7 @@ class NodeLeft(RuntimeError):
 
 
 def warm_enabled() -> bool:
-    """``NBDIST_WARM=0`` turns warm starts off: every rank starts cold, in a driver of its own."""
+    """``NBDIST_WARM=0`` turns warm starts off: every rank starts cold (a fresh interpreter in its actor)."""
     return os.environ.get("NBDIST_WARM", "1").strip().lower() not in ("0", "false", "no", "off")
 
 

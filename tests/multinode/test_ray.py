@@ -338,3 +338,28 @@ def test_a_rank_killed_mid_training_is_recovered_on_its_node_from_a_living_peer(
     finally:
         cluster.stop()
     assert _left(ray_nodes) == (0, 0)
+
+
+def test_a_cold_world_restarts_a_killed_rank_in_the_bundle_it_holds(ray_nodes, monkeypatch):
+    """NBDIST_WARM=0 (every rank a fresh interpreter): %dist_restart --ranks 3 is still started by the world's driver,
+    in the bundle the world holds for the dead rank. Before, the replacement was a driver of its own that asked Ray
+    for a CPU the world kept, and waited for good (benchmarks/multinode.py hung there)."""
+    monkeypatch.setenv("NBDIST_WARM", "0")
+    cluster = nbdist.start(4, launcher="ray", address=ray_nodes.address, timeout=300)
+    try:
+        assert [r.host for r in cluster.ranks] == ["rnode1", "rnode1", "rnode2", "rnode2"]
+        os.kill(cluster.ranks[3].pid, signal.SIGKILL)
+        with pytest.raises(RankError, match="rank 3"):
+            cluster.run("t = torch.ones(1)\ndist.all_reduce(t)", timeout=HANG_S).raise_for_error()
+        done: list[float] = []
+        restarting = threading.Thread(target=lambda: done.append(cluster.restart([3])), daemon=True)
+        restarting.start()
+        restarting.join(timeout=HANG_S)
+        assert done, "the restart still waits: for a CPU the world itself holds?"
+        assert [r.host for r in cluster.ranks] == ["rnode1", "rnode1", "rnode2", "rnode2"]
+        assert "nbdist.engine.warm" not in " ".join(psutil.Process(cluster.ranks[3].pid).parent().cmdline())
+        cluster.run("t = torch.ones(1)\ndist.all_reduce(t)\nsummed = t.item()").raise_for_error()
+        assert cluster.pull("summed") == [4.0] * 4
+    finally:
+        cluster.stop()
+    assert _left(ray_nodes) == (0, 0)
