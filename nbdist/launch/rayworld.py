@@ -259,11 +259,11 @@ class World:
         bundle = {"CPU": self.cpus, **({"GPU": self.gpus} if self.gpus else {})}
         group = placement_group([bundle] * n, strategy="PACK")
         self.pending.append(group)
-        nodes = {node["NodeID"] for node in ray.nodes() if node.get("Alive")}
+        alive = {node["NodeID"] for node in ray.nodes() if node.get("Alive")}  # the nodes it may be placed on
         while not ray.wait([group.ready()], timeout=0.5)[0]:
             if gone() or self.closed:
                 raise RuntimeError("the placement was abandoned")
-            self._check_nodes(n, nodes, "placed")
+            self._check_nodes(n, alive, "placed")
             if self._prune_free():
                 remove_placement_group(group)
                 self.pending.remove(group)
