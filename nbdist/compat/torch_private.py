@@ -148,3 +148,24 @@ def cuda_bad_fork(torch: Any) -> None:
     CUDA with multiprocessing, you must use the 'spawn' start method' (torch.cuda._lazy_init asks
     torch.cuda._is_in_bad_fork first)."""
     torch.cuda._is_in_bad_fork = lambda: True
+
+
+@contextlib.contextmanager
+def outside_trackers(module: Any, tensors: dict[str, Any]) -> Iterator[None]:
+    """``module`` run as plain torch runs it: no dispatch mode (fake tensors, MemTracker, a timer), no global module
+    hook (MemTracker's module tracker), and ``tensors`` (qualified name -> real tensor) in place of its parameters and
+    buffers."""
+    import torch.nn.modules.module as mm
+    from torch.nn.utils.stateless import _reparametrize_module
+    from torch.utils._python_dispatch import _disable_current_modes
+
+    names = [k for k in dir(mm) if k.startswith("_global_") and k.endswith("_hooks")]
+    saved = {k: getattr(mm, k) for k in names}
+    try:
+        for k, hooks in saved.items():
+            setattr(mm, k, type(hooks)())
+        with _disable_current_modes(), _reparametrize_module(module, tensors):
+            yield
+    finally:
+        for k, hooks in saved.items():
+            setattr(mm, k, hooks)

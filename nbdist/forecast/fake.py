@@ -28,7 +28,12 @@ class Layers:
     forecast, and the person needs to know which."""
 
     def __init__(self, model: Any) -> None:
-        self.names = {id(m): f"layer {name}" if name else "the model" for name, m in model.named_modules()}
+        # the classes as the cell made them (FSDP2 gives each unit a class of its own: FSDPBlock)
+        self.names = {
+            id(m): f"layer {name} ({type(m).__name__})" if name else f"the model ({type(m).__name__})"
+            for name, m in model.named_modules()
+        }
+        self.qualified = {id(m): name for name, m in model.named_modules()}
         self.stack: list[Any] = []
         self._handles: list[Any] = []
 
@@ -54,24 +59,56 @@ class Layers:
         """'layer 3.mlp.0 (Linear)', 'the model (Net)', or '' when no layer of the model was running."""
         if not self.stack:
             return ""
-        m = self.stack[-1]
-        return f"{self.names[id(m)]} ({type(m).__name__})"
+        return self.names[id(self.stack[-1])]
+
+    def failing_name(self) -> str | None:
+        """The innermost running layer's qualified name ('3.mlp'); '' for the model itself, None for none."""
+        return self.qualified[id(self.stack[-1])] if self.stack else None
+
+
+MAX_BOXES = 8  # layers run as boxes in one forecast before it gives up
 
 
 def one(
     source: str, strategy: str, world: int, rank: int, microbatches: int, setup: list[str] | None = None
 ) -> dict[str, Any]:
-    """Forecast one rank: run the cell, wrap its model, step it twice under fake tensors; MemTracker's counts."""
+    """Forecast one rank. A layer that fails under fake tensors is run as a box (nbdist.forecast.opaque) and the
+    forecast is tried again, partial; when its real run fails too, that is the model's own error and is said."""
+    boxed: dict[str, str] = {}  # layer -> why it runs as a box ('layer 1 (Peek): it reads a tensor's values ...')
+    while True:
+        out, failed = _attempt(source, strategy, world, rank, microbatches, setup, list(boxed))
+        if not failed or failed in boxed or len(boxed) >= MAX_BOXES:
+            if failed in boxed and "too_large" in out:  # why it was boxed, and why it cannot run alone
+                out["error"] = f"{boxed[failed]}; nor can it run alone: {out.pop('too_large')}"
+            if boxed and "error" not in out:
+                out["partial"] = list(boxed.values())
+            return out
+        boxed[failed] = out["error"]
+
+
+def _attempt(
+    source: str,
+    strategy: str,
+    world: int,
+    rank: int,
+    microbatches: int,
+    setup: list[str] | None,
+    boxed: list[str],
+) -> tuple[dict[str, Any], str | None]:
+    """Run the cell, wrap its model, step it twice under fake tensors: MemTracker's counts. Also the layer that
+    failed, if one of the model's layers (not the model itself) did."""
     import torch
     import torch.distributed as dist
     from torch._subclasses.fake_tensor import FakeTensorMode
     from torch.testing._internal.distributed.fake_pg import FakeStore
 
     from . import step as st
+    from .opaque import Box, TooLarge
     from .timing import OpTimer
 
     out: dict[str, Any] = {"strategy": strategy, "world": world, "rank": rank}
     layers: Layers | None = None
+    failed: str | None = None
     dist.init_process_group("fake", rank=rank, world_size=world, store=FakeStore())
     try:
         mesh = st.mesh_of(strategy)
@@ -84,24 +121,33 @@ def one(
             spec = st.Spec(ns, microbatches=microbatches)
             out["params"] = sum(p.numel() * p.element_size() for p in spec.model.parameters())
             out["microbatches"] = spec.microbatches  # the cell may name its own
+            boxes = [Box(spec.model, name) for name in boxed]
+            layers = Layers(spec.model)
             model = st.wrap(strategy, spec, mesh, fake=True)
-            with Layers(spec.model) as layers:
+            with layers:
                 step = st.stepper(strategy, spec, model)
                 out.update(st.measure(model, step))
                 timer = OpTimer()
+                for box in boxes:
+                    box.seconds = 0.0
                 tic = time.perf_counter()
                 with timer:
                     step()
+            # a box's forward ran outside the timer, so its wall time is in the overhead; its backward did not run:
+            # priced as twice its forward, the usual ratio
             out["overhead_s"] = timer.overhead(time.perf_counter() - tic)
-            out["compute_s"], out["ops"] = timer.compute_s + out["overhead_s"], timer.ops
+            out["compute_s"] = timer.compute_s + out["overhead_s"] + 2 * sum(b.seconds for b in boxes)
+            out["ops"] = timer.ops
             out["collectives"] = timer.collectives + st.unseen_collectives(strategy, spec, step)
     except Exception as exc:  # noqa: BLE001 - each configuration reports its own failure and the rest go on
         from ..errors import ConfigError
 
         line = _cell_line(exc)
         out["config_error"] = isinstance(exc, ConfigError)
-        out["error"] = str(exc) if isinstance(exc, ConfigError) else f"{type(exc).__name__}: {exc}".strip()
+        out["error"] = str(exc) if isinstance(exc, (ConfigError, TooLarge)) else f"{type(exc).__name__}: {exc}".strip()
         out["error"] = out["error"].splitlines()[0] if out["error"] else type(exc).__name__
+        if isinstance(exc, TooLarge):
+            out["too_large"] = str(exc)
         if type(exc).__name__ in DATA_DEPENDENT:
             out["error"] = (
                 "it reads a tensor's values (.item(), .tolist(), a branch on data), which fake tensors do not hold"
@@ -111,9 +157,12 @@ def one(
         where = layers.failing() if layers is not None else ""
         if where and not out["config_error"]:
             out["error"] = f"{where}: {out['error']}"
+            failed = layers.failing_name() if layers is not None else None
+            if failed == "" and type(exc).__name__ in DATA_DEPENDENT:  # a layer can run alone; the model cannot
+                out["error"] += "; move the code that reads them into a layer (a submodule): that layer runs alone"
     finally:
         dist.destroy_process_group()
-    return out
+    return out, failed
 
 
 def main() -> None:

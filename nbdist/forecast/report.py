@@ -74,6 +74,11 @@ class Option:
         """The most any one rank holds at its step's peak."""
         return self.ranks[self.peak_rank]["peak"] if self.ranks else 0
 
+    @property
+    def partial(self) -> list[str]:
+        """The layers that ran as boxes, outside the tracker, each with why ('layer 1 (Peek): it reads ...')."""
+        return sorted({why for r in self.ranks.values() for why in r.get("partial", ())})
+
     def differ(self) -> str:
         """Where ranks differ, which rank peaks: 'rank 1 peaks; rank 0 holds 25.0 MiB'."""
         if len(self.ranks) < 2:
@@ -137,7 +142,11 @@ class Forecast:
         best = self.best
         if best is not None:
             where = f"on rank {best.peak_rank}" if best.strategy == "pp" else "per rank"
-            return f"fits {size(self.memory)} per rank: {best.world} ranks with {best.strategy} (peak {size(best.peak)} {where})"
+            inside = f"; partial: {_layers(best.partial)} not counted inside" if best.partial else ""
+            return (
+                f"fits {size(self.memory)} per rank: {best.world} ranks with {best.strategy} (peak {size(best.peak)} "
+                f"{where}{inside})"
+            )
         least = min(done, key=lambda o: o.peak)
         return (
             f"fits nowhere in {size(self.memory)} per rank: the least is {size(least.peak)} ({least.strategy} at "
@@ -158,7 +167,8 @@ class Forecast:
             if t:
                 mark = "" if t["comm_measured"] else " *"
                 step = f"{seconds(o.step_s)} ({seconds(t['compute_s'])} + {seconds(t['comm_s'])}{mark})"
-            out.append([o.strategy, str(o.world), peak, *[size(top["parts"][p]) for p in SHOWN], step, o.differ()])
+            note = "; ".join(n for n in (o.differ(), f"partial: {_layers(o.partial)} ran alone" if o.partial else "") if n)
+            out.append([o.strategy, str(o.world), peak, *[size(top["parts"][p]) for p in SHOWN], step, note])
         return out
 
     def __str__(self) -> str:
@@ -171,6 +181,11 @@ class Forecast:
             f"nothing allocated); the step's time: its operators timed one at a time, its collectives as measured on "
             f"{self.measured} (*: carried to another world size, an estimate)"
         )
+        for why in sorted({w for o in self.options for w in o.partial}):
+            lines.append(
+                f"partial: {why}; so it ran alone, for real and outside the tracker: its output, the gradients it "
+                "passes back and its parameters' are counted, what it holds inside is not"
+            )
         if self.verdict():
             lines.append(self.verdict())
         if self.watched:
@@ -193,3 +208,8 @@ class Forecast:
             f"<p><b>{html.escape(ln)}</b></p>" if ln == self.verdict() else f"<p>{html.escape(ln)}</p>" for ln in below
         )
         return f"<table><tr>{head}</tr>{body}</table>{foot}"
+
+
+def _layers(partial: list[str]) -> str:
+    """'layer 1 (Peek)' from 'layer 1 (Peek): it reads ...', joined."""
+    return ", ".join(sorted({why.split(": ", 1)[0] for why in partial}))

@@ -37,7 +37,7 @@ _SKIP = {"wait_tensor", "_local_scalar_dense", "barrier", "monitored_barrier_"}
 BUDGET = 64 << 20  # an operator whose tensors hold more is priced by this machine's rates, not made and run
 
 
-def _real(t: Any) -> Any:
+def real_like(t: Any) -> Any:
     if not isinstance(t, torch.Tensor):
         return t
     if t.is_floating_point() or t.is_complex():  # within [0.5, 1.5): no NaN from sqrt or log, no inf from a division
@@ -96,7 +96,7 @@ class OpTimer(TorchDispatchMode):
 
             with real_tensors():
                 try:
-                    r_args, r_kwargs = tree_map(_real, (args, kwargs))
+                    r_args, r_kwargs = tree_map(real_like, (args, kwargs))
                     func(*r_args, **r_kwargs)  # warm
                     best = float("inf")
                     for _ in range(3):

@@ -116,15 +116,84 @@ def test_a_batch_of_the_wrong_shape_gives_the_model_s_error_on_its_forecast_s_li
     cell = "import torch\nmodel = torch.nn.Linear(64, 8)\nbatch = torch.randn(4, 64)\nraise ValueError('no data')\n"
     fc = nbdist.fit(cell, strategies="ddp", world_sizes=(2,))
     assert fc.options[0].error == "ValueError: no data (cell line 4)"
-    # a layer that reads its input's values cannot be followed under fake tensors: it is named, with the reason
+    # a model that is itself the layer reading its input's values cannot run as a box: named, with the way out
     peek = (
-        "import torch\nclass Peek(torch.nn.Module):\n    def forward(self, x):\n        return x * 2 if x.sum().item() > 0 "
-        "else x\nmodel = torch.nn.Sequential(torch.nn.Linear(8, 8), Peek())\nbatch = torch.randn(4, 8)\n"
+        "import torch\nclass Peek(torch.nn.Module):\n    def __init__(self):\n        super().__init__()\n"
+        "        self.w = torch.nn.Linear(8, 8)\n    def forward(self, x):\n        return self.w(x) if x.sum().item() > 0 "
+        "else x\nmodel = Peek()\nbatch = torch.randn(4, 8)\n"
     )
-    fc = nbdist.fit(peek, strategies="fsdp", world_sizes=(2,))
+    fc = nbdist.fit(peek, strategies="ddp", world_sizes=(2,))
     assert fc.options[0].error == (
-        "layer 1 (Peek): it reads a tensor's values (.item(), .tolist(), a branch on data), which fake tensors do not "
-        "hold (cell line 4)"
+        "the model (Peek): it reads a tensor's values (.item(), .tolist(), a branch on data), which fake tensors do not "
+        "hold (cell line 7); move the code that reads them into a layer (a submodule): that layer runs alone"
+    ), fc.options[0].error
+    # a layer whose own code is wrong fails when it runs alone too: the model's own error, as torch says it
+    wrong = "import torch\nmodel = torch.nn.Sequential(torch.nn.Linear(64, 8), torch.nn.Linear(9, 4))\nbatch = torch.randn(4, 64)\n"
+    fc = nbdist.fit(wrong, strategies="ddp", world_sizes=(2,))
+    assert fc.options[0].error == "layer 1 (Linear): RuntimeError: mat1 and mat2 shapes cannot be multiplied (4x8 and 9x4)"
+
+
+PEEK = """
+import torch
+class Peek(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.scale = torch.nn.Linear(256, 256)
+    def forward(self, x):
+        return self.scale(x) * 2 if x.abs().sum().item() > 0 else x
+model = torch.nn.Sequential(torch.nn.Linear(256, 256), torch.nn.GELU(), torch.nn.Linear(256, 256), Peek())
+batch = (torch.randn(64, 256), torch.randn(64, 256))
+"""
+
+
+@pytest.fixture(scope="module")
+def partial():
+    return nbdist.fit(PEEK, world_sizes=(2,), memory="8MiB")
+
+
+@pytest.mark.parametrize("strategy", ["ddp", "fsdp", "tp", "pp"])
+def test_a_layer_fake_tensors_cannot_follow_runs_alone_and_the_forecast_says_it_is_partial(cluster, partial, strategy):
+    """Peek reads its input's values (.item()): under fake tensors it cannot run. It runs alone, for real, outside the
+    tracker; the step around it is counted. Its inside (one 64 x 256 temporary before the * 2) is what is missed, so
+    the forecast still comes within the issue's 10% of the same step run for real on the 2-rank world."""
+    why = (
+        "layer 3 (Peek): it reads a tensor's values (.item(), .tolist(), a branch on data), which fake tensors do not "
+        "hold (cell line 8)"
+    )
+    opt = partial.option(strategy, 2)
+    assert opt.error is None and opt.partial == [why], (opt.error, opt.partial)
+    cluster.push({"_fit_src": PEEK, "_fit_strategy": strategy})
+    result = cluster.run(
+        "from nbdist.forecast.real import measure_here\n_fit_real = measure_here(_fit_src, _fit_strategy, repeats=1)"
+    )
+    result.raise_for_error()
+    real = cluster.pull("_fit_real")
+    for rank in (0, 1):
+        want, got = real[rank]["peak"], partial.peak(strategy, 2, rank)
+        assert abs(got / want - 1) <= TOLERANCE, (strategy, rank, got, want, opt.ranks)
+    # its parameters are the model's: they get gradients and optimizer state like any other layer's
+    if strategy == "ddp":
+        whole = 3 * 257 * 256 * 4
+        assert opt.ranks[0]["parts"]["parameters"] == whole and opt.ranks[0]["parts"]["gradients"] == whole
+        assert opt.ranks[0]["parts"]["optimizer"] >= 2 * whole
+    text = str(partial)
+    assert f"partial: {why}; so it ran alone, for real and outside the tracker" in text, text
+    assert "partial: layer 3 (Peek) ran alone" in partial.rows()[1][-1]
+    assert "; partial: layer 3 (Peek) not counted inside)" in partial.verdict(), partial.verdict()
+
+
+def test_a_layer_too_large_to_run_alone_is_named_with_both_reasons(cluster):
+    big = (
+        "import torch\nclass Big(torch.nn.Module):\n    def __init__(self):\n        super().__init__()\n"
+        "        self.w = torch.nn.Linear(8192, 8192)\n    def forward(self, x):\n        return self.w(x) if "
+        "x.sum().item() else x\nmodel = torch.nn.Sequential(torch.nn.Linear(8192, 8192), Big())\n"
+        "batch = torch.randn(4, 8192)\n"
+    )
+    fc = nbdist.fit(big, strategies="ddp", world_sizes=(2,))
+    assert fc.options[0].error == (
+        "layer 1 (Big): it reads a tensor's values (.item(), .tolist(), a branch on data), which fake tensors do not "
+        "hold (cell line 7); nor can it run alone: its parameters and inputs hold 256.2 MiB, more than the 256 MiB a "
+        "layer may make for real here"
     ), fc.options[0].error
 
 
