@@ -169,3 +169,40 @@ def outside_trackers(module: Any, tensors: dict[str, Any]) -> Iterator[None]:
     finally:
         for k, hooks in saved.items():
             setattr(mm, k, hooks)
+
+
+@contextlib.contextmanager
+def meshes_made_for_real() -> Iterator[None]:
+    """FSDP2 over tensor-parallel parameters joins the two meshes (``DeviceMesh._concatenate``, once per parameter);
+    the new mesh finds this rank's coordinates with ``nonzero`` on its rank map, which fake tensors cannot answer
+    (its output's shape depends on the values). Here that map is real, and so is the search: a few integers."""
+    from torch.distributed.device_mesh import DeviceMesh
+
+    concatenate = DeviceMesh._concatenate
+
+    def real(meshes: Any) -> Any:
+        with real_tensors():
+            return concatenate(meshes)
+
+    DeviceMesh._concatenate = staticmethod(real)  # type: ignore[method-assign,assignment]
+    try:
+        yield
+    finally:
+        DeviceMesh._concatenate = staticmethod(concatenate)  # type: ignore[method-assign,assignment]
+
+
+def group_size_of(arg: Any) -> int | None:
+    """The ranks of the group an operator's argument names: a ProcessGroup as the dispatcher passes it (c10d's
+    operators) or a group's name (the functional collectives DTensor calls); None for any other argument."""
+    import torch
+    import torch.distributed as dist
+    from torch.distributed.distributed_c10d import _resolve_process_group
+
+    try:
+        if isinstance(arg, torch.ScriptObject):
+            return int(dist.ProcessGroup.unbox(arg).size())
+        if isinstance(arg, str):
+            return int(_resolve_process_group(arg).size())  # type: ignore[arg-type]  # a group's name, as given
+    except (ValueError, RuntimeError, KeyError):
+        pass
+    return None

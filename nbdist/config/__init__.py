@@ -1,7 +1,7 @@
 """Configs that check themselves, in sections (start.py), the launchers and the options each declares
 (launchers.py), and the values every part reads the same way (values.py)."""
 
-from .fit import STRATEGIES, FitConfig, parse_bytes
+from .fit import STRATEGIES, TP_DEGREE, FitConfig, parse_bytes
 from .launchers import LauncherOptions, LauncherSpec, Option, option
 from .start import BACKENDS, RECOVER_FROM, RECOVERY, WORLD, RecoveryConfig, RunConfig, StartConfig, WorldConfig
 from .values import (
@@ -19,6 +19,7 @@ __all__ = [
     "RECOVERY",
     "RECOVER_FROM",
     "STRATEGIES",
+    "TP_DEGREE",
     "WORLD",
     "FitConfig",
     "LauncherOptions",

@@ -9,7 +9,8 @@ from dataclasses import dataclass
 from ..errors import ConfigError
 from .values import did_you_mean
 
-STRATEGIES = ("ddp", "fsdp", "tp", "pp")
+STRATEGIES = ("ddp", "fsdp", "tp", "pp", "fsdp+tp")  # fsdp+tp: a 2-D mesh, TP over pairs of ranks, FSDP across them
+TP_DEGREE = 2  # the ranks a 2-D mix's tensor parallelism spans (the GPUs of a node that share a fast link)
 _UNITS = {
     "": 1,
     "b": 1,
@@ -47,7 +48,7 @@ def parse_bytes(value: str | int | float, flag: str = "--memory") -> int:
 class FitConfig:
     """A forecast's question: each strategy at each world size, and (optionally) the memory one rank has."""
 
-    strategies: tuple[str, ...] = STRATEGIES
+    strategies: tuple[str, ...] = STRATEGIES[:4]  # the 2-D mix when asked
     world_sizes: tuple[int, ...] = (2, 4, 8)
     memory: int | None = None  # bytes one rank may hold; None: forecast only
     microbatches: int = 4  # a pipeline's micro-batches per step
@@ -57,8 +58,9 @@ class FitConfig:
         if isinstance(self.strategies, str):
             self.strategies = tuple(s for s in self.strategies.split(",") if s)
         for name in self.strategies:
-            if name not in STRATEGIES:
+            if "+".join(sorted(name.split("+"))) not in STRATEGIES:
                 raise ConfigError(f"strategy {name!r} is not known; {did_you_mean(name, STRATEGIES)}")
+        self.strategies = tuple("+".join(sorted(s.split("+"))) for s in self.strategies)  # tp+fsdp: the same mix
         if not self.strategies:
             raise ConfigError(f"name at least one strategy: {', '.join(STRATEGIES)}.")
         if isinstance(self.world_sizes, str):

@@ -15,7 +15,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from ..config import STRATEGIES
+from ..config import STRATEGIES, TP_DEGREE
 from ..errors import ConfigError
 from ..parallel.pipeline import split_sequential
 
@@ -102,12 +102,22 @@ def blocks_of(model: torch.nn.Module) -> list[torch.nn.Module]:
 
 
 def mesh_of(strategy: str) -> Any:
-    """The mesh FSDP and TP need, made before any fake tensor exists (a DeviceMesh reads real rank lists)."""
-    if strategy not in ("fsdp", "tp"):
+    """The mesh FSDP and TP need, made before any fake tensor exists (a DeviceMesh reads real rank lists); for the
+    2-D mix, ("dp", "tp"): each TP group TP_DEGREE neighbouring ranks, FSDP across the groups."""
+    if strategy not in ("fsdp", "tp", "fsdp+tp"):
         return None
     from torch.distributed.device_mesh import init_device_mesh
 
-    return init_device_mesh("cpu", (dist.get_world_size(),))
+    n = dist.get_world_size()
+    if strategy != "fsdp+tp":
+        return init_device_mesh("cpu", (n,))
+    if n < 2 * TP_DEGREE or n % TP_DEGREE:
+        raise ConfigError(
+            f"fsdp+tp splits the ranks into groups of {TP_DEGREE} for tensor parallelism and shards across the groups: "
+            f"it needs a world that is a multiple of {TP_DEGREE}, at least {2 * TP_DEGREE}, not {n}; forecast it at "
+            f"-n {2 * TP_DEGREE},{4 * TP_DEGREE}."
+        )
+    return init_device_mesh("cpu", (n // TP_DEGREE, TP_DEGREE), mesh_dim_names=("dp", "tp"))
 
 
 def wrap(strategy: str, spec: Spec, mesh: Any, *, fake: bool) -> torch.nn.Module:
@@ -121,12 +131,19 @@ def wrap(strategy: str, spec: Spec, mesh: Any, *, fake: bool) -> torch.nn.Module
 
             return ddp_on_a_fake_group(model, bucket_cap_mb=25.0)
         return DistributedDataParallel(model, bucket_cap_mb=25.0)
-    if strategy == "fsdp":
+    if strategy in ("fsdp", "fsdp+tp"):  # the 2-D mix as torchtitan builds it: TP within a group, then FSDP across
         from torch.distributed.fsdp import fully_shard
+        from torch.distributed.tensor.parallel import parallelize_module
 
-        for block in spec.fsdp_blocks or blocks_of(model):
-            fully_shard(block, mesh=mesh)
-        fully_shard(model, mesh=mesh)
+        from ..compat.torch_private import meshes_made_for_real
+
+        if strategy == "fsdp+tp":
+            parallelize_module(model, mesh["tp"], spec.tp_plan or tp_plan_of(model))
+            mesh = mesh["dp"]
+        with meshes_made_for_real():
+            for block in spec.fsdp_blocks or blocks_of(model):
+                fully_shard(block, mesh=mesh)
+            fully_shard(model, mesh=mesh)
         return model
     if strategy == "tp":
         from torch.distributed.tensor.parallel import parallelize_module

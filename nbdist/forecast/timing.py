@@ -60,7 +60,7 @@ class OpTimer(TorchDispatchMode):
         self.handled_s = 0.0  # time in this mode's handler: fake shape propagation and the timing (not in a real step)
         self.calls = 0  # the handler's calls: each costs a way into Python and back that a real step does not take
         self.ops = 0
-        self.collectives: list[tuple[str, int]] = []
+        self.collectives: list[tuple[str, int, int]] = []  # (kind, bytes, the ranks of its group)
         self._seen: dict[tuple[Any, ...], float] = {}
 
     def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
@@ -70,7 +70,7 @@ class OpTimer(TorchDispatchMode):
         name = func.overloadpacket.__name__
         try:
             if name in _COLLECTIVES:
-                self.collectives.append((_COLLECTIVES[name], _bytes((args, kwargs))))
+                self.collectives.append((_COLLECTIVES[name], _bytes((args, kwargs)), _group_size((args, kwargs))))
             elif not all(_plain(t) for t in tree_flatten((args, kwargs))[0]):
                 return NotImplemented  # the wrapper's own dispatch runs, and what it runs comes back here
             out = func(*args, **kwargs)
@@ -108,6 +108,16 @@ class OpTimer(TorchDispatchMode):
             self._seen[key] = best
         self.ops += 1
         return self._seen[key]
+
+
+def _group_size(args: Any) -> int:
+    """The ranks of a collective's group, from its arguments; the world when none names a group."""
+    import torch.distributed as dist
+
+    from ..compat.torch_private import group_size_of
+
+    sizes = (group_size_of(a) for a in tree_flatten(args)[0])
+    return next((n for n in sizes if n is not None), None) or dist.get_world_size()
 
 
 def _bytes_all(tree: Any) -> int:

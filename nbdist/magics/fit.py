@@ -16,7 +16,12 @@ from .common import call, parse, usage
 class FitMagics(Magics):
     @magic_arguments()
     @argument("-n", "--world-sizes", default="2,4,8", metavar="N,N", help="world sizes to forecast (default 2,4,8)")
-    @argument("--strategies", default="ddp,fsdp,tp,pp", metavar="S,S", help="ddp, fsdp, tp, pp (default: all four)")
+    @argument(
+        "--strategies",
+        default="ddp,fsdp,tp,pp",
+        metavar="S,S",
+        help="ddp, fsdp, tp, pp, fsdp+tp (2-D: TP in pairs of ranks, FSDP across them); default: the first four",
+    )
     @argument("--memory", default=None, metavar="SIZE", help="what one rank may hold (16GiB): name what fits")
     @argument("--microbatches", type=int, default=4, metavar="M", help="a pipeline's micro-batches per step")
     @argument("--timeout", type=float, default=120.0, metavar="S", help="seconds the forecast may take")

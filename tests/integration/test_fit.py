@@ -208,3 +208,29 @@ def test_bad_input_is_one_line_naming_the_value_and_the_fix(ip, cluster):
         run_cell(ip, "%dist_fit -n 2")
     with pytest.raises(ConfigError, match=r"world size 0 is not a number of ranks"):
         nbdist.fit("x = 1", world_sizes=(0,))
+
+
+def test_the_2d_mix_is_forecast_per_rank_against_the_real_step_on_four_ranks():
+    """fsdp+tp as torchtitan builds it: tensor parallelism within each pair of ranks, FSDP2 across the pairs, on a
+    2 x 2 mesh. The forecast (fake tensors and a fake group of 4) against the same step on a real 4-rank gloo world,
+    within the issue's 10%; its collectives are priced on the groups they run in, not the world."""
+    fc = nbdist.fit(MLP, strategies="fsdp+tp", world_sizes=(2, 4))
+    assert fc.option("fsdp+tp", 2).error == (
+        "fsdp+tp splits the ranks into groups of 2 for tensor parallelism and shards across the groups: it needs a "
+        "world that is a multiple of 2, at least 4, not 2; forecast it at -n 4,8."
+    )
+    row = fc.option("fsdp+tp", 4).ranks[0]
+    groups = {(kind, group) for kind, _, group in row["collectives"]}
+    assert groups == {("all_gather", 2), ("reduce_scatter", 2), ("all_reduce", 2)}, groups
+    with nbdist.start(n=4, oversubscribe=True, timeout=120) as world:
+        world.push({"_fit_src": MLP})
+        world.run(
+            "from nbdist.forecast.real import measure_here\n_fit_real = measure_here(_fit_src, 'fsdp+tp', repeats=1)"
+        ).raise_for_error()
+        real = world.pull("_fit_real")
+    for rank in range(4):
+        want, got = real[rank]["peak"], fc.peak("fsdp+tp", 4, rank)
+        assert abs(got / want - 1) <= TOLERANCE, (rank, got, want, row["parts"], real[rank]["parts"])
+    # each rank holds a quarter of every parameter (half by TP, half of that by FSDP) and one block gathered
+    whole = sum(p.numel() * 4 for p in _model().parameters())
+    assert row["parts"]["parameters"] == pytest.approx(whole / 4 + whole / 4 / 2, rel=0.02), row["parts"]

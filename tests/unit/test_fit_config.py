@@ -21,6 +21,12 @@ def test_sizes_read_as_people_write_them():
 
 def test_a_config_names_the_bad_value_and_the_fix():
     assert FitConfig(strategies="ddp,pp", world_sizes="2,4").strategies == ("ddp", "pp")
+    # the 2-D mix is forecast when asked; the default is the four 1-D strategies
+    assert FitConfig(strategies="fsdp+tp").strategies == ("fsdp+tp",)
+    assert FitConfig().strategies == ("ddp", "fsdp", "tp", "pp")
+    assert FitConfig(strategies="tp+fsdp").strategies == ("fsdp+tp",)
+    with pytest.raises(ConfigError, match=r"strategy 'fsdp\+tpp' is not known; did you mean 'fsdp\+tp'"):
+        FitConfig(strategies="fsdp+tpp")
     with pytest.raises(ConfigError, match=r"strategy 'fsdb' is not known; did you mean 'fsdp'"):
         FitConfig(strategies="fsdb")
     with pytest.raises(ConfigError, match=r"-n 'two' is not a list of world sizes; write -n 2,4,8"):
