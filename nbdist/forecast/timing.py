@@ -1,7 +1,8 @@
 """What one rank's step computes and sends, from a step under fake tensors: each operator run once for real on
 inputs of its shapes (one operator's tensors at a time, never the model's), and each collective's bytes.
 
-The compute time is the sum of the operators' times on one thread (OMP_NUM_THREADS=1, as every rank runs), plus what
+The compute time is the sum of the operators' times on one thread (OMP_NUM_THREADS=1, as every rank runs; each the
+median of three runs, the core's cache written over before each: the step meets its operators' inputs cold), plus what
 the step spends around its operators in Python (modules, autograd, DTensor's sharding rules, FSDP's hooks): the fake
 step's wall time less the time spent in this timer (fake shapes and the timing itself). The collectives are timed later, against
 what the live world measures (nbdist.forecast.comm).
@@ -34,6 +35,7 @@ _COLLECTIVES = {
     "all_to_all_single": "all_to_all",
 }
 _SKIP = {"wait_tensor", "_local_scalar_dense", "barrier", "monitored_barrier_"}
+FLUSH = 4 << 20  # bytes written before each timed run: a real step meets an operator's inputs out of the core's cache
 BUDGET = 64 << 20  # an operator whose tensors hold more is priced by this machine's rates, not made and run
 
 
@@ -98,11 +100,14 @@ class OpTimer(TorchDispatchMode):
                 try:
                     r_args, r_kwargs = tree_map(real_like, (args, kwargs))
                     func(*r_args, **r_kwargs)  # warm
-                    best = float("inf")
+                    flush = torch.empty(FLUSH >> 2)
+                    walls = []
                     for _ in range(3):
+                        flush.fill_(1.0)
                         tic = time.perf_counter()
                         func(*r_args, **r_kwargs)
-                        best = min(best, time.perf_counter() - tic)
+                        walls.append(time.perf_counter() - tic)
+                    best = sorted(walls)[1]
                 except Exception:  # noqa: BLE001 - an operator random inputs do not suit (an index out of range)
                     best = 0.0
             self._seen[key] = best
