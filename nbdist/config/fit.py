@@ -27,6 +27,7 @@ _UNITS = {
     "gib": 2**30,
     "tib": 2**40,
 }
+_DEVICE = re.compile(r"cpu|cuda(:\d+)?")
 _SIZE = re.compile(r"\s*(\d+(?:\.\d+)?)\s*([a-z]*)\s*")
 
 
@@ -53,6 +54,7 @@ class FitConfig:
     memory: int | None = None  # bytes one rank may hold; None: forecast only
     microbatches: int = 4  # a pipeline's micro-batches per step
     timeout: float = 120.0  # seconds the forecast's process may take
+    device: str = "cpu"  # where each rank's tensors live: cpu, cuda or cuda:N (then --memory defaults to the GPU's)
 
     def __post_init__(self) -> None:
         if isinstance(self.strategies, str):
@@ -75,6 +77,11 @@ class FitConfig:
             raise ConfigError("name at least one world size: -n 2,4,8.")
         if self.memory is not None:
             self.memory = parse_bytes(self.memory)
+        self.device = str(self.device).strip().lower()
+        if not _DEVICE.fullmatch(self.device):
+            raise ConfigError(
+                f"--device {self.device!r} is not a device a forecast knows; write cpu, cuda or cuda:N (cuda:1)."
+            )
         if isinstance(self.microbatches, bool) or not isinstance(self.microbatches, int) or self.microbatches < 1:
             raise ConfigError(
                 f"microbatches {self.microbatches!r} is not a whole number from 1; write --microbatches 4."

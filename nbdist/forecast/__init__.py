@@ -39,13 +39,17 @@ def fit(
     ``tp_plan`` (for parallelize_module), ``fsdp_blocks`` (a class or a list of modules: FSDP's units; default
     each child, or each element of a ModuleList or Sequential child) and ``microbatches``.
 
-    ``config``: FitConfig's fields: ``strategies`` (ddp, fsdp, tp, pp), ``world_sizes``, ``memory`` ("16GiB": then
-    ``best`` names the smallest world that fits), ``microbatches``, ``timeout``. ``comm``: collectives measured on a live world of ``measured_at`` ranks
+    ``config``: FitConfig's fields: ``strategies`` (ddp, fsdp, tp, pp, fsdp+tp), ``world_sizes``, ``memory``
+    ("16GiB": then ``best`` names the smallest world that fits), ``microbatches``, ``timeout``, ``device`` (cpu,
+    cuda, cuda:N: each rank's tensors there, and ``memory`` that GPU's unless given). ``comm``: collectives measured on a live world of ``measured_at`` ranks
     (``comm.measure_here``'s answer); without it two gloo processes measure them. ``cores``: the cores the ranks of
     one world share (default: this machine's); ranks beyond them share time. ``setup``: cells run before
     ``source`` (a world's ``--setup`` cells: the classes the model needs).
     """
     cfg = FitConfig(**config)
+    if cfg.device != "cpu":
+        memory = device_memory(cfg.device)  # the device must be here: its tensors are made there (fake)
+        cfg.memory = cfg.memory if cfg.memory is not None else memory
     configs: list[tuple[str, int]] = [(s, n) for s in cfg.strategies for n in cfg.world_sizes]
     request = json.dumps(
         {
@@ -55,13 +59,14 @@ def fit(
             "comm": comm,
             "setup": setup or [],
             "measured_at": measured_at,
+            "device": cfg.device,
         }
     )
     paths = [p for p in sys.path if p and os.path.isdir(p)]
     env = {
         **os.environ,
         "OMP_NUM_THREADS": "1",
-        "CUDA_VISIBLE_DEVICES": "",
+        **({"CUDA_VISIBLE_DEVICES": ""} if cfg.device == "cpu" else {}),
         "PYTHONPATH": os.pathsep.join([os.getcwd(), *paths]),
     }
     tic = time.monotonic()
@@ -106,4 +111,25 @@ def fit(
         if not opt.ranks and not opt.error:
             opt.error = "the forecast's process ended before it (see its stderr)"
     where = f"the live world's {measured_at} ranks" if comm is not None else "two gloo processes of this host"
-    return Forecast(list(options.values()), memory=cfg.memory, seconds=time.monotonic() - tic, measured=where)
+    return Forecast(
+        list(options.values()), memory=cfg.memory, seconds=time.monotonic() - tic, measured=where, device=cfg.device
+    )
+
+
+def device_memory(device: str) -> int:
+    """The bytes the CUDA device ``device`` has; ConfigError, naming what this machine has, when it is not here."""
+    import torch
+
+    count = torch.cuda.device_count() if torch.cuda.is_available() else 0
+    index = int(device.partition(":")[2] or 0)
+    if index < count:
+        return int(torch.cuda.get_device_properties(index).total_memory)
+    if count == 0:
+        build = "a CPU build" if torch.version.cuda is None else f"built for CUDA {torch.version.cuda}"
+        raise ConfigError(
+            f"--device {device!r} does not exist here: torch {torch.__version__} ({build}) sees no CUDA device. "
+            "Forecast where the GPU is, or here with --device cpu --memory 80GiB (the same tensors, without the CUDA "
+            "allocator's rounding and the optimizers' GPU code)."
+        )
+    have = ", ".join(f"cuda:{i}" for i in range(count))
+    raise ConfigError(f"--device {device!r} does not exist here: this machine has {count} CUDA device(s) ({have}).")

@@ -70,13 +70,19 @@ MAX_BOXES = 8  # layers run as boxes in one forecast before it gives up
 
 
 def one(
-    source: str, strategy: str, world: int, rank: int, microbatches: int, setup: list[str] | None = None
+    source: str,
+    strategy: str,
+    world: int,
+    rank: int,
+    microbatches: int,
+    setup: list[str] | None = None,
+    device: str = "cpu",
 ) -> dict[str, Any]:
     """Forecast one rank. A layer that fails under fake tensors is run as a box (nbdist.forecast.opaque) and the
     forecast is tried again, partial; when its real run fails too, that is the model's own error and is said."""
     boxed: dict[str, str] = {}  # layer -> why it runs as a box ('layer 1 (Peek): it reads a tensor's values ...')
     while True:
-        out, failed = _attempt(source, strategy, world, rank, microbatches, setup, list(boxed))
+        out, failed = _attempt(source, strategy, world, rank, microbatches, setup, list(boxed), device)
         if not failed or failed in boxed or len(boxed) >= MAX_BOXES:
             if failed in boxed and "too_large" in out:  # why it was boxed, and why it cannot run alone
                 out["error"] = f"{boxed[failed]}; nor can it run alone: {out.pop('too_large')}"
@@ -94,6 +100,7 @@ def _attempt(
     microbatches: int,
     setup: list[str] | None,
     boxed: list[str],
+    device: str,
 ) -> tuple[dict[str, Any], str | None]:
     """Run the cell, wrap its model, step it twice under fake tensors: MemTracker's counts. Also the layer that
     failed, if one of the model's layers (not the model itself) did."""
@@ -111,7 +118,7 @@ def _attempt(
     failed: str | None = None
     dist.init_process_group("fake", rank=rank, world_size=world, store=FakeStore())
     try:
-        mesh = st.mesh_of(strategy)
+        mesh = st.mesh_of(strategy, device)
         with FakeTensorMode(allow_non_fake_inputs=True):
             torch.manual_seed(0)
             ns: dict[str, Any] = {"__name__": "__fit__"}
@@ -119,6 +126,7 @@ def _attempt(
                 exec(compile(code, f"<setup cell {i + 1}>", "exec"), ns)  # noqa: S102 - the world's own setup cells
             exec(compile(source, CELL, "exec"), ns)  # noqa: S102 - the person's own cell, in a process of its own
             spec = st.Spec(ns, microbatches=microbatches)
+            spec.to(device)
             out["params"] = sum(p.numel() * p.element_size() for p in spec.model.parameters())
             out["microbatches"] = spec.microbatches  # the cell may name its own
             boxes = [Box(spec.model, name) for name in boxed]
@@ -175,5 +183,13 @@ def main() -> None:
     for strategy, world in request["configs"]:
         ranks = range(world) if strategy == "pp" else (0,)  # DDP, FSDP and TP ranks hold alike; stages differ
         for rank in ranks:
-            got = one(request["source"], strategy, world, rank, request["microbatches"], request.get("setup"))
+            got = one(
+                request["source"],
+                strategy,
+                world,
+                rank,
+                request["microbatches"],
+                request.get("setup"),
+                request.get("device", "cpu"),
+            )
             print(json.dumps(got), flush=True)

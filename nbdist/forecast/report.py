@@ -99,6 +99,7 @@ class Forecast:
     memory: int | None = None
     seconds: float = 0.0
     measured: str = "two gloo processes"
+    device: str = "cpu"  # where each rank's tensors were made (fake)
     watched: str | None = None  # the strategy the live world's dashboards compare the run with
     advice: str = ""  # one more line for the person (why nothing is watched)
 
@@ -178,7 +179,7 @@ class Forecast:
         lines = ["  ".join(c.ljust(w) for c, w in zip(r, widths, strict=False)).rstrip() + "  " + r[-1] for r in rows]
         lines = [line.rstrip() for line in lines]
         lines.append(
-            f"one rank's step at its peak, as torch's MemTracker counts under fake tensors ({self.seconds:.1f} s; "
+            f"one rank's step at its peak on {self.device}, as torch's MemTracker counts under fake tensors ({self.seconds:.1f} s; "
             f"nothing allocated); the step's time: its operators timed one at a time, its collectives as measured on "
             f"{self.measured} (*: carried to another world size, an estimate)"
         )

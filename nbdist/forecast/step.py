@@ -56,6 +56,15 @@ class Spec:
         self.fsdp_blocks: list[torch.nn.Module] | None = blocks
         self.microbatches = int(ns.get("microbatches", microbatches))
 
+    def to(self, device: str) -> None:
+        """The model and the batch on ``device`` (the cell builds them where it likes, usually the CPU)."""
+        if device == "cpu":
+            return
+        from torch.utils._pytree import tree_map
+
+        self.model.to(device)
+        self.batch = tree_map(lambda t: t.to(device) if isinstance(t, torch.Tensor) else t, self.batch)
+
     def split(self) -> tuple[Any, Any]:
         """(input, target): a batch that is a tuple or list of two is (input, target); else the input alone."""
         if isinstance(self.batch, (tuple, list)) and len(self.batch) == 2:
@@ -101,23 +110,23 @@ def blocks_of(model: torch.nn.Module) -> list[torch.nn.Module]:
     return out
 
 
-def mesh_of(strategy: str) -> Any:
+def mesh_of(strategy: str, device: str = "cpu") -> Any:
     """The mesh FSDP and TP need, made before any fake tensor exists (a DeviceMesh reads real rank lists); for the
     2-D mix, ("dp", "tp"): each TP group TP_DEGREE neighbouring ranks, FSDP across the groups."""
     if strategy not in ("fsdp", "tp", "fsdp+tp"):
         return None
     from torch.distributed.device_mesh import init_device_mesh
 
-    n = dist.get_world_size()
+    n, kind = dist.get_world_size(), device.partition(":")[0]
     if strategy != "fsdp+tp":
-        return init_device_mesh("cpu", (n,))
+        return init_device_mesh(kind, (n,))
     if n < 2 * TP_DEGREE or n % TP_DEGREE:
         raise ConfigError(
             f"fsdp+tp splits the ranks into groups of {TP_DEGREE} for tensor parallelism and shards across the groups: "
             f"it needs a world that is a multiple of {TP_DEGREE}, at least {2 * TP_DEGREE}, not {n}; forecast it at "
             f"-n {2 * TP_DEGREE},{4 * TP_DEGREE}."
         )
-    return init_device_mesh("cpu", (n // TP_DEGREE, TP_DEGREE), mesh_dim_names=("dp", "tp"))
+    return init_device_mesh(kind, (n // TP_DEGREE, TP_DEGREE), mesh_dim_names=("dp", "tp"))
 
 
 def wrap(strategy: str, spec: Spec, mesh: Any, *, fake: bool) -> torch.nn.Module:

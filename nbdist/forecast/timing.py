@@ -40,11 +40,13 @@ BUDGET = 64 << 20  # an operator whose tensors hold more is priced by this machi
 
 
 def real_like(t: Any) -> Any:
+    """A real tensor of ``t``'s shape, dtype and device: floats within [0.5, 1.5) (no NaN from sqrt or log, no inf
+    from a division), integers zero."""
     if not isinstance(t, torch.Tensor):
         return t
-    if t.is_floating_point() or t.is_complex():  # within [0.5, 1.5): no NaN from sqrt or log, no inf from a division
-        return torch.rand(t.shape, dtype=t.dtype) + 0.5
-    return torch.zeros(t.shape, dtype=t.dtype)
+    if t.is_floating_point() or t.is_complex():
+        return torch.rand(t.shape, dtype=t.dtype, device=t.device) + 0.5
+    return torch.zeros(t.shape, dtype=t.dtype, device=t.device)
 
 
 def _bytes(args: Any) -> int:
@@ -100,12 +102,15 @@ class OpTimer(TorchDispatchMode):
                 try:
                     r_args, r_kwargs = tree_map(real_like, (args, kwargs))
                     func(*r_args, **r_kwargs)  # warm
+                    gpu = next((t.device for t in tree_flatten(r_args)[0] if _on_gpu(t)), None)
                     flush = torch.empty(FLUSH >> 2)
                     walls = []
                     for _ in range(3):
                         flush.fill_(1.0)
+                        _sync(gpu)
                         tic = time.perf_counter()
                         func(*r_args, **r_kwargs)
+                        _sync(gpu)  # a GPU's operator has only been queued when it returns
                         walls.append(time.perf_counter() - tic)
                     best = sorted(walls)[1]
                 except Exception:  # noqa: BLE001 - an operator random inputs do not suit (an index out of range)
@@ -125,34 +130,49 @@ def _group_size(args: Any) -> int:
     return next((n for n in sizes if n is not None), None) or dist.get_world_size()
 
 
+def _on_gpu(t: Any) -> bool:
+    return isinstance(t, torch.Tensor) and t.device.type == "cuda"
+
+
+def _sync(device: Any) -> None:
+    if device is not None:
+        torch.cuda.synchronize(device)
+
+
 def _bytes_all(tree: Any) -> int:
     return sum(t.numel() * t.element_size() for t in tree_flatten(tree)[0] if isinstance(t, torch.Tensor))
 
 
-_RATES: dict[str, float] = {}
+_RATES: dict[str, dict[str, float]] = {}
 
 
-def rates() -> dict[str, float]:
-    """This process's float32 matrix-multiply rate (flop/s) and copy bandwidth (bytes/s), measured once."""
-    if not _RATES:
+def rates(device: Any = None) -> dict[str, float]:
+    """The float32 matrix-multiply rate (flop/s) and copy bandwidth (bytes/s) of this process on ``device`` (default:
+    its CPU), measured once."""
+    key = str(device or "cpu")
+    if key not in _RATES:
         from ..compat.torch_private import real_tensors
 
+        gpu = torch.device(key) if key != "cpu" else None
         with real_tensors():
-            a, src = torch.rand(1024, 1024), torch.rand(8 << 20)
+            a, src = torch.rand(1024, 1024, device=key), torch.rand(8 << 20, device=key)
             dst = torch.empty_like(src)
+            _RATES[key] = {}
             for name, run, work in (
                 ("flops", lambda: a @ a, 2 * 1024**3),
                 ("bytes", lambda: dst.copy_(src), 2 * src.numel() * 4),
             ):
                 run()
-                best = min(_timed(run) for _ in range(3))
-                _RATES[name] = work / max(best, 1e-9)
-    return _RATES
+                best = min(_timed(run, gpu) for _ in range(3))
+                _RATES[key][name] = work / max(best, 1e-9)
+    return _RATES[key]
 
 
-def _timed(run: Any) -> float:
+def _timed(run: Any, gpu: Any = None) -> float:
+    _sync(gpu)
     tic = time.perf_counter()
     run()
+    _sync(gpu)
     return time.perf_counter() - tic
 
 
@@ -165,7 +185,7 @@ def _roofline(func: Any, args: Any, kwargs: Any, out: Any) -> float:
     formula = flop_registry.get(func.overloadpacket)
     if formula is not None:
         flops = formula(*args, **kwargs, out_val=out)
-    r = rates()
+    r = rates(next((t.device for t in tree_flatten((args, out))[0] if _on_gpu(t)), None))
     return max(flops / r["flops"], _bytes_all((args, kwargs, out)) / r["bytes"])
 
 

@@ -23,6 +23,7 @@ class FitMagics(Magics):
         help="ddp, fsdp, tp, pp, fsdp+tp (2-D: TP in pairs of ranks, FSDP across them); default: the first four",
     )
     @argument("--memory", default=None, metavar="SIZE", help="what one rank may hold (16GiB): name what fits")
+    @argument("--device", default="cpu", metavar="D", help="cpu, cuda or cuda:N: where the ranks' tensors live")
     @argument("--microbatches", type=int, default=4, metavar="M", help="a pipeline's micro-batches per step")
     @argument("--timeout", type=float, default=120.0, metavar="S", help="seconds the forecast may take")
     @argument("--no-setup", action="store_true", help="do not run the world's --setup cells first")
@@ -50,5 +51,6 @@ class FitMagics(Magics):
                 memory=args.memory,
                 microbatches=args.microbatches,
                 timeout=args.timeout,
+                device=args.device,
             )
         )

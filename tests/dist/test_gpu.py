@@ -321,3 +321,44 @@ def test_the_device_asked_by_get_device_module_is_seen_before_a_fork_and_each_st
         assert "libcuda.so" in said and "They start from a fork server of their own instead" in said, said
     else:
         assert "cannot fork ranks safely" not in said, said
+
+
+_REAL_RANK = """
+import json, sys, torch, torch.distributed as dist
+from torch.testing._internal.distributed.fake_pg import FakeStore
+from nbdist.forecast.real import measure_here
+dist.init_process_group("fake", rank=0, world_size=2, store=FakeStore())
+got = measure_here(sys.argv[1], sys.argv[2], repeats=1, device="cuda:0", fake_group=True)
+print(json.dumps({"peak": got["peak"], "reserved_peak": got["reserved_peak"]}))
+"""
+
+
+@needs_gpus(1)
+@pytest.mark.parametrize("strategy", ["ddp", "fsdp"])
+def test_a_forecast_on_the_gpu_comes_within_10_percent_of_a_real_rank_s_reserved_peak(strategy):
+    """The issue's GPU check: %%dist_fit --device cuda (fake tensors on the GPU, nothing allocated) against one rank of
+    a 2-rank world run for real on the GPU under the fake process group (torchtitan's real mode), in a process of its
+    own: the caching allocator's reserved peak (torch.cuda.max_memory_reserved), and MemTracker's count, each within
+    10%. About 1.3 GiB a rank for DDP, so the allocator's fixed costs (cuBLAS's workspace) stay small beside it."""
+    import json
+    import subprocess
+    import sys
+
+    import nbdist
+
+    src = (
+        "import torch\nmodel = torch.nn.Sequential(*[torch.nn.Linear(4096, 4096) for _ in range(4)])\n"
+        "batch = torch.randn(256, 4096)\n"
+    )
+    fc = nbdist.fit(src, strategies=strategy, world_sizes=(2,), device="cuda")
+    assert fc.memory == torch.cuda.get_device_properties(0).total_memory  # the GPU's memory, when none is given
+    done = subprocess.run(
+        [sys.executable, "-c", _REAL_RANK, src, strategy], capture_output=True, text=True, timeout=300, check=False
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    real = json.loads(done.stdout.strip().splitlines()[-1])
+    got = fc.peak(strategy, 2)
+    print(f"{strategy}: forecast {got / 2**20:.1f} MiB, reserved {real['reserved_peak'] / 2**20:.1f} MiB, "
+          f"MemTracker {real['peak'] / 2**20:.1f} MiB")
+    assert abs(got / real["peak"] - 1) <= 0.10, (got, real)
+    assert abs(got / real["reserved_peak"] - 1) <= 0.10, (got, real)

@@ -208,6 +208,13 @@ def test_bad_input_is_one_line_naming_the_value_and_the_fix(ip, cluster):
         run_cell(ip, "%dist_fit -n 2")
     with pytest.raises(ConfigError, match=r"world size 0 is not a number of ranks"):
         nbdist.fit("x = 1", world_sizes=(0,))
+    # a device that is not here: one line naming it and what the machine has, before anything runs
+    with pytest.raises(UsageError, match=r"--device 'cuda:7' does not exist here: (torch \S+ \(a CPU build\) sees no "
+                       r"CUDA device\. Forecast where the GPU is, or here with --device cpu --memory 80GiB|this machine "
+                       r"has \d CUDA device)"):
+        run_cell(ip, "%%dist_fit -n 2 --device cuda:7\nmodel = torch.nn.Linear(4, 4)\nbatch = torch.randn(2, 4)\n")
+    assert cluster.run("_t = torch.ones(1); dist.all_reduce(_t)").raise_for_error()
+    assert [float(t) for t in cluster.pull("_t")] == [2.0, 2.0]
 
 
 def test_the_2d_mix_is_forecast_per_rank_against_the_real_step_on_four_ranks():

@@ -27,6 +27,9 @@ def test_a_config_names_the_bad_value_and_the_fix():
     assert FitConfig(strategies="tp+fsdp").strategies == ("fsdp+tp",)
     with pytest.raises(ConfigError, match=r"strategy 'fsdp\+tpp' is not known; did you mean 'fsdp\+tp'"):
         FitConfig(strategies="fsdp+tpp")
+    assert FitConfig(device="CUDA:1").device == "cuda:1" and FitConfig().device == "cpu"
+    with pytest.raises(ConfigError, match=r"--device 'gpu' is not a device a forecast knows; write cpu, cuda or cuda:N"):
+        FitConfig(device="gpu")
     with pytest.raises(ConfigError, match=r"strategy 'fsdb' is not known; did you mean 'fsdp'"):
         FitConfig(strategies="fsdb")
     with pytest.raises(ConfigError, match=r"-n 'two' is not a list of world sizes; write -n 2,4,8"):
