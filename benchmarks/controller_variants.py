@@ -4,7 +4,7 @@ nbdist starts ipyparallel's controller with its schedulers as threads (``--useth
 heartbeat every 100 ms (``WorldConfig.heartbeat_ms``; ipyparallel's default is 3 s). Session 19's stub_ranks.py run
 found ``DirectView.execute`` 1.7x-1.8x slower behind nbdist's controller than behind ipyparallel's own at 128 and
 256 ranks. This starts the same stub world (stub_ranks.py: plain ipyparallel engines, nbdist's controller) once per
-variant, each difference undone alone and all three together, with nbdist's own controller first and again last (the
+variant, each difference undone alone, in pairs and all three together, with nbdist's own controller first and again last (the
 spread between those two is the noise floor), and times ``DirectView.execute`` and nbdist's cell (medians), and
 reads the share of a core the controller's processes take while the world is idle (the heartbeat's own cost).
 
@@ -35,6 +35,9 @@ VARIANTS = [
     ("heartbeat every 3 s", 3000, True, True),
     ("schedulers as processes", 100, False, True),
     ("no CurveZMQ", 100, True, False),
+    ("3 s beat, schedulers as processes", 3000, False, True),
+    ("3 s beat, no CurveZMQ", 3000, True, False),
+    ("processes, no CurveZMQ", 100, False, False),
     ("all three as ipyparallel's", 3000, False, False),
     ("nbdist's controller, again", 100, True, True),
 ]
@@ -112,20 +115,21 @@ def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--ranks", type=int, default=128)
     parser.add_argument("--reps", type=int, default=7)
+    parser.add_argument("--name", default="controller_variants", help="the results file's name (one per run)")
     args = parser.parse_args()
     out = {}
     for name, heartbeat_ms, threads, curve in VARIANTS:
         row = measure(args.ranks, args.reps, heartbeat_ms, threads, curve)
         out[name] = row
         print(
-            f"{args.ranks} stub ranks, {name:>27}: DirectView.execute {row['view_execute_ms']:6.1f} ms, "
+            f"{args.ranks} stub ranks, {name:>34}: DirectView.execute {row['view_execute_ms']:6.1f} ms, "
             f"nbdist's cell {row['nbdist_cell_ms']:6.1f} ms; idle, a core's share: the hub {row['idle_hub_cpu']:.2f}, "
             f"its child processes {row['idle_children_cpu']:.2f}",
             flush=True,
         )
     first, last = out[VARIANTS[0][0]]["view_execute_ms"], out[VARIANTS[-1][0]]["view_execute_ms"]
     print(f"  noise floor (the same controller, first and last): {abs(first - last):.1f} ms", flush=True)
-    save("controller_variants", {"ranks": args.ranks, "reps": args.reps, "variants": out})
+    save(args.name, {"ranks": args.ranks, "reps": args.reps, "variants": out})
 
 
 if __name__ == "__main__":
