@@ -79,8 +79,9 @@ class _Run(torch.autograd.Function):
         metas, same = box.real(flat, spec, where)
         ctx.save_for_backward(*tensors)  # as the layer's own backward would keep them (parameters exist anyway)
         inputs = tensors[: len(where)]
+        device = tensors[0].device if tensors else None  # where the step's tensors live (--device)
         return tuple(
-            inputs[s].view_as(inputs[s]) if s is not None else torch.empty(shape, dtype=dtype)
+            inputs[s].view_as(inputs[s]) if s is not None else torch.empty(shape, dtype=dtype, device=device)
             for (shape, dtype), s in zip(metas, same, strict=True)
         )
 
