@@ -46,7 +46,7 @@ class Times:
         if row["strategy"] == "pp":  # the pipe fills and drains; stages that wait free their cores for the rest
             compute = row["compute_s"] * max((m + world - 1) / m, self.share(world))
         scale = self.share(world) / self.share(self.measured_at)
-        groups = [(c[0], c[1], c[2] if len(c) > 2 else world) for c in row["collectives"]]  # a 2-D mix's are smaller
+        groups = row["collectives"]  # (kind, bytes, the ranks of its group: a 2-D mix's are fewer than the world)
         comm = sum(time_of(k, b, g, self.fit, self.measured_at) for k, b, g in groups) * scale
         row["time"] = {"compute_s": compute, "comm_s": comm, "step_s": compute + comm}
         row["time"]["comm_measured"] = all(g == self.measured_at for _, _, g in groups)

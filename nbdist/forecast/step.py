@@ -209,20 +209,20 @@ def stepper(strategy: str, spec: Spec, model: torch.nn.Module) -> Callable[[], N
     return pp_step
 
 
-def unseen_collectives(strategy: str, spec: Spec, step: Callable[[], None]) -> list[tuple[str, int]]:
+def unseen_collectives(strategy: str, spec: Spec, step: Callable[[], None]) -> list[tuple[str, int, int]]:
     """What a step sends that no operator shows under a fake group: DDP's bucket all-reduces (its reducer calls the
     group from C++; 25 MB buckets) and a pipeline stage's sends (the forecast runs its stage alone)."""
     if strategy == "pp":
-        return list(getattr(step, "p2p", []))
+        return [(kind, n, dist.get_world_size()) for kind, n in getattr(step, "p2p", [])]
     if strategy != "ddp":
         return []
     cap, out, bucket = 25 * 10**6, [], 0
     for p in reversed([p for p in spec.model.parameters() if p.requires_grad]):
         bucket += p.numel() * p.element_size()
         if bucket >= cap:
-            out.append(("all_reduce", bucket))
+            out.append(("all_reduce", bucket, dist.get_world_size()))
             bucket = 0
-    return out + ([("all_reduce", bucket)] if bucket else [])
+    return out + ([("all_reduce", bucket, dist.get_world_size())] if bucket else [])
 
 
 def measure(model: torch.nn.Module, step: Callable[[], None]) -> dict[str, Any]:
