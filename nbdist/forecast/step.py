@@ -171,6 +171,13 @@ def wrap(strategy: str, spec: Spec, mesh: Any, *, fake: bool) -> torch.nn.Module
 def stepper(strategy: str, spec: Spec, model: torch.nn.Module) -> Callable[[], None]:
     """One optimizer step of this rank. A pipeline stage runs GPipe: every micro-batch's forward, then every backward;
     its input is what the stages before it make of the batch (computed without keeping anything)."""
+    if strategy == "pp" and not any(True for _ in model.parameters()):
+        rank, world = dist.get_rank(), dist.get_world_size()
+        held = ", ".join(type(m).__name__ for m in model.children())
+        raise ConfigError(
+            f"pipeline stage {rank} of {world} holds no weights ({held}): the model's layers split {world} ways leave "
+            f"it nothing to train; forecast pp at fewer ranks (-n {max(1, world // 2)}) or give the model more layers."
+        )
     opt = spec.optimizer(model.parameters())
     x, target = spec.split()
     if strategy != "pp":

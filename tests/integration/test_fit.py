@@ -131,6 +131,12 @@ def test_a_batch_of_the_wrong_shape_gives_the_model_s_error_on_its_forecast_s_li
     wrong = "import torch\nmodel = torch.nn.Sequential(torch.nn.Linear(64, 8), torch.nn.Linear(9, 4))\nbatch = torch.randn(4, 64)\n"
     fc = nbdist.fit(wrong, strategies="ddp", world_sizes=(2,))
     assert fc.options[0].error == "layer 1 (Linear): RuntimeError: mat1 and mat2 shapes cannot be multiplied (4x8 and 9x4)"
+    # a pipeline stage left with no weights is named, not the optimizer's "empty parameter list"
+    fc = nbdist.fit(PEEK, strategies="ddp,pp", world_sizes=(4,))
+    assert fc.option("pp", 4).error == (
+        "pipeline stage 1 of 4 holds no weights (GELU): the model's layers split 4 ways leave it nothing to train; "
+        "forecast pp at fewer ranks (-n 2) or give the model more layers."
+    ), fc.option("pp", 4).error
 
 
 PEEK = """
