@@ -11,6 +11,10 @@ see the comment in one_size), and the ranks the recovery line names as lost (1 i
 Also timed: a step of the loop without a kill (the reference run's time over its steps), since kill -> progress
 includes finishing at least one step. Targets: <= 0.5 s at 8 ranks, <= 1.0 s at 64. JSON under
 results/recovery_scale.json.
+
+``--spare both`` runs each size twice, with the spare engine a recovering world keeps (world/spare.py: the
+replacement registered ahead of need) and without it (``NBDIST_SPARE=0``, as before issue 52's session 22), in
+that order, so the alternative is measured in the same run. ``--repeat N`` runs each size (and each way) N times.
 """
 
 from __future__ import annotations
@@ -124,14 +128,19 @@ def main() -> int:
     ap.add_argument("--sizes", default="2,8,16,32,64")
     ap.add_argument("--steps", type=int, default=24)
     ap.add_argument("--kill-at", type=int, default=8)
+    ap.add_argument("--spare", choices=("on", "off", "both"), default="on")
+    ap.add_argument("--repeat", type=int, default=1)
     args = ap.parse_args()
     rows = []
+    ways = {"on": ["on"], "off": ["off"], "both": ["on", "off"]}[args.spare]
     with tempfile.TemporaryDirectory(prefix="recovery-scale-") as workdir:
-        for n in (int(x) for x in args.sizes.split(",")):
+        for n, _, spare in ((int(x), i, w) for x in args.sizes.split(",") for i in range(args.repeat) for w in ways):
+            os.environ["NBDIST_SPARE"] = "1" if spare == "on" else "0"
             row = one_size(n, args.steps, args.kill_at, workdir)
+            row["spare"] = spare
             rows.append(row)
             print(
-                f"{n:3d} ranks: kill -> progress {row['kill_to_progress_s']} s (a step: {row['step_s']} s), recovery parts "
+                f"{n:3d} ranks, spare {spare:3s}: kill -> progress {row['kill_to_progress_s']} s (a step: {row['step_s']} s), recovery parts "
                 f"{row['recovery_phases_s']}, bit for bit {row['bit_for_bit']} (largest difference {row['largest_difference']}), start {row['start_s']} s",
                 flush=True,
             )

@@ -8,6 +8,7 @@ exits at once, as an engine on a lost node never comes. Everything else is nbdis
 from __future__ import annotations
 
 import contextlib
+import os
 import pathlib
 import sys
 import textwrap
@@ -25,7 +26,9 @@ os.execv(sys.executable, [sys.executable, "-m", "nbdist.engine", *sys.argv[1:]])
 
 @contextlib.contextmanager
 def gone_node(tmp_path: pathlib.Path) -> Iterator[pathlib.Path]:
-    """Register the "gone-node" launcher while the block runs; yield the flag file that marks the node gone."""
+    """Register the "gone-node" launcher while the block runs; yield the flag file that marks the node gone. No
+    spare engine (nbdist/world/spare.py) meanwhile: it would be a replacement that came, where these drills are about
+    a world that must go on without one (on a real cluster of several hosts a world keeps none)."""
     from ipyparallel.cluster.launcher import LocalEngineSetLauncher
 
     from nbdist.launch.launchers import Launcher, build_cluster
@@ -52,7 +55,13 @@ def gone_node(tmp_path: pathlib.Path) -> Iterator[pathlib.Path]:
             return cluster
 
     launchers.register(GoneNodeLauncher)
+    spare = os.environ.get("NBDIST_SPARE")
+    os.environ["NBDIST_SPARE"] = "0"
     try:
         yield flag
     finally:
         launchers.forget("gone-node")
+        if spare is None:
+            os.environ.pop("NBDIST_SPARE", None)
+        else:
+            os.environ["NBDIST_SPARE"] = spare

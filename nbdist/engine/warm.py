@@ -117,6 +117,14 @@ def _job_waiting(timeout: float = 0.0) -> bool:
     return bool(select.select([sys.stdin.buffer], [], [], timeout)[0])
 
 
+def cell_helpers() -> None:
+    """Import what a replayed setup cell builds with: the cell helpers and ``torch._dynamo`` (``_idle_work`` says
+    why). Also run on a spare engine (world/spare.py), which may have been forked before this process was idle."""
+    import torch._dynamo  # noqa: F401 - DDP's constructor imports it: 0.44 s of a restarted rank's first apply_ddp
+
+    import nbdist.parallel  # noqa: F401
+
+
 def _idle_work() -> Iterator[None]:
     """What this process does while no engine waits, one short step per ``next()``; the server
     loop forks any job that comes between two steps, so a start never waits behind this.

@@ -59,6 +59,7 @@ class CellPath:
             self.recovery.recover(dead, self.replay(), self.say)
             cfg = dataclasses.replace(cfg, ranks=parse_ranks(spec, len(self.engines().ranks)))
             dead = None  # the world as recovered: looked at again
+        self.engines().spare_up()  # one taken by a recovery is started again here, between cells (world/spare.py)
         if self.listener is not None:  # a person's cell (a recovery's or a grow's run of it goes on with its steps)
             self.listener.cell(code, len(self.engines().ranks))
         return self._execute(code, cfg, sink, setup, dead)

@@ -79,6 +79,7 @@ class Membership:
             self.startup["engines"] = time.perf_counter() - tic
             self._form(ranks)
             self.startup["world"] = self.world.seconds if self.world else 0.0
+            self.engines.spare_up()  # a dead rank's replacement, registered ahead of need (world/spare.py)
         except KeyboardInterrupt:
             self.stop()
             if self.cancelled:

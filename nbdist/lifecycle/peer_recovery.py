@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from ..engine.recovering import give_on_rank, hold_on_rank
 from ..errors import ClusterError
 from ..wire import HOLDING_VERSION, Holding, Names
 from ..world.engineset import EngineSet
@@ -25,20 +26,6 @@ class Plan:
     source: int
     names: Names
     parts_from: dict[int, int]
-
-
-def hold_on_rank(now: bool = False) -> Holding:
-    from ..parallel import peer_give
-
-    return peer_give.hold(now)
-
-
-def give_on_rank(done: int, source: int, names: Names, parts_from: dict[int, int], joined: int = 0) -> int:
-    from ..engine import group
-    from ..parallel import peer_give
-
-    with group.broken_on_error():
-        return peer_give.give(done, source, names, parts_from, joined)
 
 
 def ask(engines: EngineSet, dead: list[int], timeout: float, now: bool = False) -> tuple[list[Holding] | None, str]:

@@ -30,6 +30,7 @@ from ..cells.history import Cell
 from ..cells.output import Sink
 from ..cells.run import execute
 from ..config import RecoveryConfig, RunConfig
+from ..engine.recovering import load_latest_on_rank
 from ..errors import ClusterError
 from ..results import RankStatus, RunResult
 from ..world.engineset import EngineSet
@@ -254,16 +255,6 @@ def _continuing(renumbered: dict[int, int], before: int) -> str:
     if moved:
         said += f" (rank(s) {', '.join(map(str, moved))} now {', '.join(map(str, moved.values()))})"
     return said + ", rebuilt the process group"
-
-
-def load_latest_on_rank(path: str, names: dict[str, Any], saved_as: int | None = None) -> int | None:
-    """Runs on a rank: load the latest checkpoint under ``path`` into the variables ``names`` (``saved_as``: the
-    rank number this process saved its own part under, in a world that since went on with fewer ranks)."""
-    from ..engine import group
-    from ..parallel.checkpoint import restore_latest
-
-    with group.broken_on_error():
-        return restore_latest(path, names, saved_as)
 
 
 def _load_latest(replay: Replay, checkpoint: dict[str, Any] | None, renumbered: dict[int, int] | None) -> int | None:

@@ -24,6 +24,7 @@ from .answers import Answers, Call, wait_releasing
 from .board import Board, RankNow
 from .published import Published
 from .rankinfo import RankInfo
+from .spare import Spare, wanted
 from .standby import Standby, arrived
 
 log = logging.getLogger("nbdist")
@@ -47,6 +48,7 @@ class EngineSet:
         self.kept_jobs: list[str] = []  # and the batch jobs it runs in
         self.given_back: list[str] = []  # what the last drop gave back to the batch system, in words
         self.standby: Standby | None = None  # a replacement still queued when the world went on without it
+        self.spare = Spare(wanted(launcher.multi_host, config.recovery.max_restarts))  # an engine ahead of need
         self.board = Board()  # each rank's state (board.py): written where a change is seen, read by the views
         self.published = Published(workdir, self.board, lambda: list(self.ranks))  # and as a file, for the panel
         self.board.subscribe(self.published)
@@ -88,9 +90,20 @@ class EngineSet:
         self.board.set(ranks, RankState.RESTARTING)
         return self.ranks[-count:]
 
+    def spare_up(self) -> None:
+        """Start the spare engine when this world keeps one and has none (spare.py)."""
+        if self._ipp is not None and self.client is not None:
+            self.spare.up(self._ipp, self.client, self.launcher, self.ranks)
+
     def _more(self, ranks: list[int]) -> list[int]:
-        """Start one engine for each of these ranks; their engine ids, in launch order. Nothing of engines that did
-        not come is left running or queued."""
+        """An engine for each of these ranks, the spare first when it has registered (spare.py), the others
+        started now; their engine ids, in launch order. Nothing of engines that did not come is left running or
+        queued."""
+        eid, stale = self.spare.take(self._ipp, self.client, self.ranks)
+        if stale is not None:
+            self.give_up({stale})
+        if eid is not None:
+            return [eid] + (self._more(ranks[1:]) if len(ranks) > 1 else [])
         known = set(self.client.ids) | {r.engine_id for r in self.ranks}
         old_launchers = {id(el) for el in self.launchers()}
         before = set(self._ipp.engines)
