@@ -239,7 +239,8 @@ class EngineSet:
             # Engines this process started here end at once: nothing in them needs a graceful stop (their
             # results were sent, their files go with the cluster's directory), and ipyparallel's SIGTERM
             # would also run preemption hooks (engine/preempt.py) on the way out. ~0.3 s per engine saved.
-            procs.kill([r.pid for r in self.ranks if r.local and r.pid in pids])
+            ours = [r.pid for r in self.ranks if r.local] + self.spare.pids(self._ipp)
+            procs.kill([pid for pid in ours if pid in pids])
         if self._ipp is not None:
             try:
                 self._ipp.stop_cluster_sync()
