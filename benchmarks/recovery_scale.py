@@ -110,9 +110,12 @@ def one_size(n: int, steps: int, kill_at: int, workdir: str) -> dict:
             reference = c.pull("final", ranks=[0])[0]
         same = final is not None and all(a.equal(b) for a, b in zip(final, reference, strict=True))
         diff = max(float((a - b).abs().max()) for a, b in zip(final, reference, strict=True)) if final else None
+        stopping = time.perf_counter()  # the world's stop (a spare, started again before the reference cells, too)
+    stop_s = time.perf_counter() - stopping
     return {
         "ranks": n,
         "start_s": round(started, 2),
+        "stop_s": round(stop_s, 2),
         "ok": result.ok,
         "kill_to_progress_s": round(times["progress"] - times["kill"], 3) if "progress" in times else None,
         "step_s": round(step_s, 3),
@@ -141,7 +144,7 @@ def main() -> int:
             rows.append(row)
             print(
                 f"{n:3d} ranks, spare {spare:3s}: kill -> progress {row['kill_to_progress_s']} s (a step: {row['step_s']} s), recovery parts "
-                f"{row['recovery_phases_s']}, bit for bit {row['bit_for_bit']} (largest difference {row['largest_difference']}), start {row['start_s']} s",
+                f"{row['recovery_phases_s']}, bit for bit {row['bit_for_bit']} (largest difference {row['largest_difference']}), start {row['start_s']} s, stop {row['stop_s']} s",
                 flush=True,
             )
             print("      " + " | ".join(row["recovered"]), flush=True)
