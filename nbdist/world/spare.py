@@ -43,7 +43,7 @@ class Spare:
         if not self.wanted:
             return
         if self.key is not None:
-            new = sorted(set(client.ids) - self.known - {r.engine_id for r in ranks})
+            new = self._arrived(client, ranks)
             if not self.warmed and len(new) == 1:
                 client[new[0]].apply_async(cell_helpers)
                 self.warmed = True
@@ -57,9 +57,9 @@ class Spare:
     def pids(self, cluster: Any) -> list[int]:
         """The processes of the spare's engine set, which a stop ends at once as it ends the ranks' (a SIGTERM would
         run an engine's way out, about 0.3 s)."""
-        engine_set = cluster.engines.get(self.key) if self.key is not None and cluster is not None else None
-        children = getattr(engine_set, "launchers", None) or {}
-        return [el.pid for el in children.values() if getattr(el, "pid", None)]
+        if self.key is None or cluster is None:
+            return []
+        return [el.pid for el in _launchers(cluster, self.key) if getattr(el, "pid", None)]
 
     def take(self, cluster: Any, client: Any, ranks: list[Any]) -> tuple[int | None, str | None]:
         """(the spare's engine id, None) when it has registered and its process runs: it is the caller's now; (None,
@@ -67,11 +67,18 @@ class Spare:
         key, self.key = self.key, None
         if key is None:
             return None, None
-        new = sorted(set(client.ids) - self.known - {r.engine_id for r in ranks})
-        engine_set = cluster.engines.get(key)
-        children = getattr(engine_set, "launchers", None)
-        runs = engine_set is not None and not any(procs.exited(el) for el in (children or {}).values())
+        new = self._arrived(client, ranks)
+        runs = key in cluster.engines and not any(procs.exited(el) for el in _launchers(cluster, key))
         if len(new) == 1 and runs:
             self.taken.append(new[0])
             return new[0], None
         return None, key
+
+    def _arrived(self, client: Any, ranks: list[Any]) -> list[int]:
+        """Engine ids the controller knows that it did not before the spare started and that are no rank's."""
+        return sorted(set(client.ids) - self.known - {r.engine_id for r in ranks})
+
+
+def _launchers(cluster: Any, key: str) -> list[Any]:
+    """The launcher objects of one of the cluster's engine sets (a local set holds one per engine)."""
+    return list((getattr(cluster.engines.get(key), "launchers", None) or {}).values())
