@@ -16,7 +16,7 @@ from typing import Any
 
 from .. import compat
 from ..errors import Interrupted
-from ..launch import procs
+from ..launch import exits, procs
 from ..results import RankState, RunResult
 from ..world import reports
 from ..world.engineset import EngineSet
@@ -78,6 +78,7 @@ class Watch:
         self.finished: set[int] = set()  # children whose output (iopub, up to its idle status) was handed on
         self.unsettled: set[int] = set()  # children that replied before their output was all in (_settle)
         self.deaths_at = self.tic  # the last look at the ranks' processes
+        self.exit_seen = False  # a rank's process ended (launch/exits.py): look now, not at the next DEATH_CHECK_S
         self.out = Heard(ranks, sink, self.wake)  # what the ranks send, in order, to the sink
         self.relay = Relay(functools.partial(send_line, engines), ask=self.ask, say=self._say)
         self.ar = send(self.out.hear)  # each rank heard from before its request goes
@@ -135,11 +136,13 @@ class Watch:
             grace=self.grace, watchdog=self.watchdog, timeout=timeout, started=self.tic, death_grace=self.death_grace
         )
         ctrl_c = CtrlC(self.wake)
+        unfollow = exits.EXITS.follow(self.pids.values(), self._exited)
         self.relay.ask = ctrl_c.around(self.ask)
         try:
             killed, interrupted = self._loop(policy, ctrl_c, stream)
         finally:
             ctrl_c.restore()
+            unfollow()
         self._finish_output(stream)
         for i in list(self.unsettled):
             self._settle(i)
@@ -265,13 +268,21 @@ class Watch:
     def _running(self) -> list[int]:
         return [self.ranks[i] for i in sorted(self.waiting - self.gone - self.ended)]
 
+    def _exited(self, pid: int) -> None:
+        """A process on this host ended (on launch/exits.py's thread): if it is one of this cell's ranks, wake the
+        loop to look now."""
+        if pid in self.pids.values():
+            self.exit_seen = True
+            self.wake.put(1)
+
     def _notice_deaths(self) -> None:
-        """Ranks whose process ended, read from /proc: at most every DEATH_CHECK_S (16 reads a look; a
-        cell that ends sooner never pays them), still long before a missed heartbeat says so."""
+        """Ranks whose process ended, read from /proc: at once when the kernel said one ended (``_exited``), and
+        at most every DEATH_CHECK_S otherwise (16 reads a look; a cell that ends sooner never pays them), still long
+        before a missed heartbeat says so."""
         now = time.perf_counter()
-        if now - self.deaths_at < DEATH_CHECK_S:
+        if now - self.deaths_at < DEATH_CHECK_S and not self.exit_seen:
             return
-        self.deaths_at = now
+        self.deaths_at, self.exit_seen = now, False
         for i in sorted(self.waiting - self.gone - self.ended):
             pid = self.pids.get(i)
             if pid and not procs.alive(pid):

@@ -10,7 +10,7 @@ import datetime
 import os
 import socket
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import Any
 
@@ -151,6 +151,13 @@ def leave_world() -> None:
         pass
     STATE.update(pg_fds={}, backend=None, control={}, control_of=None)
     preempt.reset()
+
+
+def leave_then(fn: Callable[..., Any] | None = None, *args: Any) -> Any:
+    """``leave_world``, then ``fn(*args)`` (the forming's next step on this rank: its host asked, its store opened)
+    in the same call, one round trip to the ranks instead of two (world/rendezvous.py, ``rejoin``)."""
+    leave_world()
+    return None if fn is None else fn(*args)
 
 
 @contextmanager

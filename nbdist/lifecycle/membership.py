@@ -26,7 +26,7 @@ from ..launch.launchers import launcher_for
 from ..results import RankState
 from ..world import kept
 from ..world.engineset import EngineSet, RankInfo
-from ..world.rendezvous import World, form_world, leave_world, reform_world
+from ..world.rendezvous import World, form_world, reform_world, rejoin
 
 
 @dataclass(frozen=True, slots=True)
@@ -132,8 +132,7 @@ class Membership:
             with self._lock:
                 replaced = engines.replace(targets)
                 self.restarts += 1
-                leave_world(engines)
-                self._form(replaced)
+                self._form(replaced, rejoin)
         finally:  # in the world again, or (when the restart failed) dead or waiting for the next restart
             dead = set(engines.dead_ranks())
             engines.board.set([r for r in targets if r not in dead], RankState.IDLE)
@@ -163,8 +162,7 @@ class Membership:
                 engines.add(add)
                 self.history.widen(before, len(engines.ranks))  # and those that ran on every rank, on the new too
             self.restarts += 1
-            leave_world(engines)
-            self._form(engines.ranks)
+            self._form(engines.ranks, rejoin)
             engines.board.reset([r.rank for r in engines.ranks])
         self.running = True
         self.keep()
@@ -196,8 +194,9 @@ class Membership:
             said.append(f"then {s.ranks}{step} ({why} at {when})")
         return ", ".join(said)
 
-    def _form(self, configure: list[RankInfo]) -> None:
-        """Configure these ranks' engines, choose the backend and build the world on every rank."""
+    def _form(self, configure: list[RankInfo], how: Callable[..., World] = form_world) -> None:
+        """Configure these ranks' engines, choose the backend and build the world on every rank (``how``: form_world
+        for a first world, rejoin to leave the one before first)."""
         engines = self.live()
-        self.world = form_world(engines, configure, self.config, self.restarts)
+        self.world = how(engines, configure, self.config, self.restarts)
         engines.published.write()  # hosts and pids are known now: the panel shows them from here

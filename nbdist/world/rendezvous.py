@@ -13,10 +13,12 @@ import secrets
 import socket
 import time
 from dataclasses import dataclass
+from typing import Any
 
 from ..config import StartConfig
 from ..engine import group, runtime
 from ..errors import ClusterError, ConfigError
+from .answers import Call
 from .engineset import EngineSet, RankInfo
 
 
@@ -91,15 +93,19 @@ def choose_backend(requested: str | None, gpus: list[int | None]) -> str:
     return requested
 
 
-def configure_ranks(engines: EngineSet, ranks: list[RankInfo], *, pin: bool, timeout: float) -> str:
+def configure_ranks(
+    engines: EngineSet, ranks: list[RankInfo], *, pin: bool, timeout: float, infos: list[dict[str, Any]] | None = None
+) -> str:
     """Give these ranks' engines their rank env, threads, cores and watcher; return MASTER_ADDR.
 
-    Fills in each RankInfo's pid, host, address, GPUs, local and node rank, and cores.
+    Fills in each RankInfo's pid, host, address, GPUs, local and node rank, and cores, from each engine's
+    ``runtime.local_info`` (asked here, or ``infos`` when the caller asked already).
     LOCAL_RANK is a rank's position among the ranks on its host (SLURM_LOCALID for a Slurm launch).
     """
     config = engines.config
-    asked = engines.call([r.rank for r in ranks], runtime.local_info, timeout=timeout)
-    infos = asked.ordered("the ranks' hosts and processes", [r.rank for r in ranks])
+    if infos is None:
+        asked = engines.call([r.rank for r in ranks], runtime.local_info, timeout=timeout)
+        infos = asked.ordered("the ranks' hosts and processes", [r.rank for r in ranks])
     allowed = {}
     here = socket.gethostname()
     for r, info in zip(ranks, infos, strict=True):
@@ -150,22 +156,21 @@ def build_world(
     pg_timeout: float,
     debug: bool = False,
     restarts: int = 0,
+    port: int | None = None,
 ) -> World:
     """Create the process group on every rank (``restarts``: the world's restart count, which every
-    rank shows as TORCHELASTIC_RESTART_COUNT).
+    rank shows as TORCHELASTIC_RESTART_COUNT; ``port``: the store's, when rank 0 opened it already).
 
     Rank 0 opens the store first, so a port that is taken cannot leave the other
     ranks waiting (docs/faults.md, row 6); if any rank fails to join, the error names it.
     """
     tic = time.perf_counter()
     ranks = engines.ranks
-    opened = engines.call([0], group.open_store, master_addr, timeout, timeout=timeout + 5)
-    if 0 not in opened.values:
-        raise ClusterError(
-            "rank 0 could not open the rendezvous store: "
-            + opened.problem("opening the store")
-        )
-    port = int(opened.values[0])
+    if port is None:
+        opened = engines.call([0], group.open_store, master_addr, timeout, timeout=timeout + 5)
+        if 0 not in opened.values:
+            raise ClusterError("rank 0 could not open the rendezvous store: " + opened.problem("opening the store"))
+        port = int(opened.values[0])
     prefix = f"nbdist-{secrets.token_hex(6)}/"  # this forming's keys in the store, which outlives a forming
     joined = engines.call_each(
         {
@@ -222,7 +227,33 @@ def reform_world(engines: EngineSet, world: World, config: StartConfig, restarts
     return _build(engines, world.backend, world.master_addr, config, restarts)
 
 
-def _build(engines: EngineSet, backend: str, master_addr: str, config: StartConfig, restarts: int) -> World:
+def rejoin(engines: EngineSet, ranks: list[RankInfo], config: StartConfig, restarts: int) -> World:
+    """Leave the process group on every rank, then form it again with these ranks configured anew: ``leave_world``
+    then ``form_world``. Where rank 0 is not among them (ranks replaced: the store stays where it is), the leaving,
+    the new ranks' ``local_info`` and rank 0's store go in one call to the ranks (engine/group.py, ``leave_then``):
+    3 round trips instead of 5, about 0.04 s of a recovery at 8 ranks on 2 cores (issue 52)."""
+    if not ranks or any(r.rank == 0 for r in ranks):
+        leave_world(engines)
+        return form_world(engines, ranks, config, restarts)
+    timeout = min(config.world.timeout, 30.0)
+    master_addr = engines.launcher.master_address(engines.ranks[0].addr)
+    calls: dict[int, Call] = {r.rank: (group.leave_then, (), {}) for r in engines.ranks}
+    calls.update({r.rank: (group.leave_then, (runtime.local_info,), {}) for r in ranks})
+    calls[0] = (group.leave_then, (group.open_store, master_addr, timeout), {})
+    left = engines.call_each(calls, timeout=timeout + 5)
+    if left.late:
+        raise ClusterError(left.problem("leaving the process group") + "; run %dist_restart once they answer again.")
+    if 0 in left.errors:
+        raise ClusterError("rank 0 could not open the rendezvous store: " + left.problem("opening the store"))
+    infos = left.ordered("the new ranks' hosts and processes", [r.rank for r in ranks])
+    configure_ranks(engines, ranks, pin=config.world.pin, timeout=config.world.timeout, infos=infos)
+    backend = choose_backend(config.world.backend, [r.gpu for r in engines.ranks])
+    return _build(engines, backend, master_addr, config, restarts, port=int(left.values[0]))
+
+
+def _build(
+    engines: EngineSet, backend: str, master_addr: str, config: StartConfig, restarts: int, port: int | None = None
+) -> World:
     return build_world(
         engines,
         backend=backend,
@@ -231,6 +262,7 @@ def _build(engines: EngineSet, backend: str, master_addr: str, config: StartConf
         pg_timeout=config.world.pg_timeout,
         debug=config.world.debug_collectives,
         restarts=restarts,
+        port=port,
     )
 
 
