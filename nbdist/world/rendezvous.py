@@ -18,7 +18,7 @@ from typing import Any
 from ..config import StartConfig
 from ..engine import group, runtime
 from ..errors import ClusterError, ConfigError
-from .answers import Call
+from .answers import Answers, Call
 from .engineset import EngineSet, RankInfo
 
 
@@ -169,7 +169,7 @@ def build_world(
     if port is None:
         opened = engines.call([0], group.open_store, master_addr, timeout, timeout=timeout + 5)
         if 0 not in opened.values:
-            raise ClusterError("rank 0 could not open the rendezvous store: " + opened.problem("opening the store"))
+            raise _no_store(opened)
         port = int(opened.values[0])
     prefix = f"nbdist-{secrets.token_hex(6)}/"  # this forming's keys in the store, which outlives a forming
     joined = engines.call_each(
@@ -213,12 +213,20 @@ def build_world(
     return World(backend=backend, master_addr=master_addr, master_port=port, seconds=time.perf_counter() - tic)
 
 
-def form_world(engines: EngineSet, ranks: list[RankInfo], config: StartConfig, restarts: int) -> World:
+def form_world(
+    engines: EngineSet,
+    ranks: list[RankInfo],
+    config: StartConfig,
+    restarts: int,
+    infos: list[dict[str, Any]] | None = None,
+    port: int | None = None,
+) -> World:
     """Configure these ranks' engines (new ones: all, or those restarted), choose the backend, and build the
-    world on every rank; the ``World``."""
-    master_addr = configure_ranks(engines, ranks, pin=config.world.pin, timeout=config.world.timeout)
+    world on every rank; the ``World``. ``infos`` and ``port``: the ranks' ``local_info`` and the store's port, when
+    the caller asked for them already (``rejoin``)."""
+    master_addr = configure_ranks(engines, ranks, pin=config.world.pin, timeout=config.world.timeout, infos=infos)
     backend = choose_backend(config.world.backend, [r.gpu for r in engines.ranks])
-    return _build(engines, backend, master_addr, config, restarts)
+    return _build(engines, backend, master_addr, config, restarts, port=port)
 
 
 def reform_world(engines: EngineSet, world: World, config: StartConfig, restarts: int) -> World:
@@ -244,11 +252,13 @@ def rejoin(engines: EngineSet, ranks: list[RankInfo], config: StartConfig, resta
     if left.late:
         raise ClusterError(left.problem("leaving the process group") + "; run %dist_restart once they answer again.")
     if 0 in left.errors:
-        raise ClusterError("rank 0 could not open the rendezvous store: " + left.problem("opening the store"))
+        raise _no_store(left)
     infos = left.ordered("the new ranks' hosts and processes", [r.rank for r in ranks])
-    configure_ranks(engines, ranks, pin=config.world.pin, timeout=config.world.timeout, infos=infos)
-    backend = choose_backend(config.world.backend, [r.gpu for r in engines.ranks])
-    return _build(engines, backend, master_addr, config, restarts, port=int(left.values[0]))
+    return form_world(engines, ranks, config, restarts, infos=infos, port=int(left.values[0]))
+
+
+def _no_store(answers: Answers) -> ClusterError:
+    return ClusterError("rank 0 could not open the rendezvous store: " + answers.problem("opening the store"))
 
 
 def _build(
