@@ -83,6 +83,9 @@ class Launcher:
     def stopped(self) -> None:
         """The cluster stopped: end what this launcher started for it beyond its engines."""
 
+    def formed(self) -> None:
+        """The world's first engines formed it: start ahead what engines started later will use (nothing here)."""
+
     def later(self, cluster: Any) -> None:
         """Engines started after the world's first (replacements, a grow) go where there is room: set ``cluster``'s
         engine launcher for them (the first start's spread over nodes need not hold)."""

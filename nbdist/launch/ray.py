@@ -9,8 +9,9 @@ Two sides (this file; the driver's world and its serving are rayworld.py and ray
 - that process is a Ray driver (``ray.init(address)``: ``ray://head:10001`` from outside the cluster through Ray
   Client, as a Zero to JupyterHub pod reaches KubeRay; the local node, or ``RAY_ADDRESS``, from inside). It
   checks that the cluster has the CPUs and GPUs for every rank at all (else it says what is missing, at once),
-  and places and starts the ranks (rayworld.py: all or none, a node's ranks together, one actor per rank, each
-  engine a fork of its node's warm process). ``NBDIST_LAUNCH_RANK`` orders the ranks.
+  and places and starts the ranks (rayworld.py: all or none, a node's ranks together, one actor per rank; the
+  first engines start cold, later ones are forks of their node's warm process, made once the world formed).
+  ``NBDIST_LAUNCH_RANK`` orders the ranks; the engines' output is relayed to this process's own.
 - a later engine set of the same world (``%dist_restart``, recovery, ``%dist_grow``) is this program too, but it
   asks the world's first driver to start its ranks (rayserve.py) instead of connecting to Ray itself.
 
@@ -111,6 +112,9 @@ class RayLauncher(ManyHostsLauncher):
                 return fh.read().strip(), []
         except OSError:
             return "", []
+
+    def formed(self) -> None:
+        rayserve.ahead(self.workdir)  # the nodes' warm processes, for ranks replaced or added later
 
     def unreachable_hint(self) -> str:
         if os.path.exists(os.path.join(self.workdir, PREFLIGHT)):
@@ -324,7 +328,8 @@ def _connect(ray: Any, address: str, tries: int = 3) -> None:
             raise ConnectionError(f"{reason} ({why})")
     for attempt in range(tries):
         try:
-            ray.init(address=address, log_to_driver=True, logging_level=logging.WARNING)
+            # the engines' output comes through files, not Ray (rayworld.Logs): its relay cost seconds here
+            ray.init(address=address, log_to_driver=False, logging_level=logging.WARNING)
             return
         except ConnectionError as exc:
             if attempt == tries - 1 or "Initialization failure" not in str(exc):

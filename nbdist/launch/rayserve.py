@@ -10,6 +10,9 @@ lives as long as those ranks live, and exits with their worst exit code, as a dr
 ends first (``%dist_stop``, a Ctrl-C of the wait, its kernel's death), the world's driver ends its ranks. Where
 no driver answers (it ended, or runs on another host), the engine set is a driver of its own, as before.
 
+The kernel asks one more thing, once its world has formed: ``{"ahead": true}``, to make the nodes' warm processes
+(rayworld.py's ``warm_up``: the first start does not wait for them); nothing is said back.
+
 One JSON line each way at a time. Asked: ``{"n", "command", "env"}`` (the environment the engine set's own
 driver would have passed its engines). Said back: ``{"say": line}`` to print,
 ``{"waiting": line}`` while Ray has not placed them, ``{"preflight": line}`` when the cluster cannot hold them, ``{"started": true}`` once the engines run, and
@@ -74,6 +77,18 @@ def ask(
     return 1 if started else None  # the world's driver ended (and its ranks with it), or never took them
 
 
+def ahead(cluster_dir: str) -> None:
+    """Have the world's driver make what its later ranks start from (the nodes' warm processes); nothing where no
+    driver serves this cluster (it ended, or runs on another host). Does not wait for them."""
+    where = path(cluster_dir)
+    if not cluster_dir or not os.path.exists(where):
+        return
+    with contextlib.suppress(OSError), socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as conn:
+        conn.settimeout(2.0)
+        conn.connect(where)
+        conn.sendall(json.dumps({"ahead": True}).encode() + b"\n")
+
+
 class Server:
     """Serves ``ask`` for one World (rayworld.py) from threads; ``finished`` hands a group's end to its asker."""
 
@@ -125,6 +140,10 @@ class Server:
         left = threading.Event()
         try:
             asked = json.loads(conn.makefile("rb").readline() or b"{}")
+            if asked.get("ahead"):
+                conn.close()
+                self.world.warm_up()
+                return
             n, command, env = int(asked["n"]), list(asked["command"]), dict(asked.get("env") or {})
         except (OSError, ValueError, KeyError, TypeError):
             conn.close()

@@ -11,27 +11,28 @@ is placed or started on it (NodeLeft) fails that start in one line, once Ray cal
 
 Warm starts: on each node that holds CPU ranks, a node actor (no CPU of its own) runs nbdist's warm process
 (``python -m nbdist.engine.warm``, as the local launcher's pool does), which imports torch once and forks each
-rank's engine in milliseconds. A rank's actor asks it for a fork; the engine watches that actor (it ends with it,
+rank's engine in milliseconds (the actors' code: rayactors.py). A rank's actor asks it for a fork; the engine watches that actor (it ends with it,
 as a child started cold ends with its actor through PDEATHSIG). The node's warm process lives as long as the
-world's driver, so a rank replaced later on the same node (a restart, a recovery, a grown world) is a fork too:
-no interpreter, no torch import. GPU ranks start cold: a process forked from one that looked at CUDA may not use
-it, and the warm process is not theirs to vouch for. ``NBDIST_WARM=0`` starts every rank cold.
+world's driver, so a rank replaced later on the same node (a restart, a recovery, a grown world) is a fork: no
+interpreter, no torch import. The first group's ranks start cold, each importing torch in its own process, and the
+node actors are made once the kernel says the world formed (``warm_up``): made before, each was one more Ray worker
+to boot (``import ray``: 3 s of a core) and one more torch import between the placement and the first fork, on the
+start's path; on the two 2-CPU test nodes a first start took 37-46 s that way, against 23-34 s cold and raw Ray's
+26-28 s in the same hour. GPU ranks start cold: a process forked from one that looked at CUDA may not use it, and
+the warm process is not theirs to vouch for. ``NBDIST_WARM=0`` starts every rank cold.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import os
-import signal
 import threading
 from collections.abc import Callable
 from typing import Any
 
-from . import procs
+from .rayactors import Engine, NodeWarm
 
 RANK_VAR = "NBDIST_LAUNCH_RANK"
-ENGINE = ["-m", "nbdist.engine"]  # the engine's command is [python, *ENGINE, args...]
-FORK_S = 120.0  # the first fork waits while the node's warm process imports torch
 
 
 class NodeLeft(RuntimeError):
@@ -53,88 +54,6 @@ def missing(need: dict[str, float], total: dict[str, float]) -> str:
     return ", ".join(short)
 
 
-class _Engine:
-    """A Ray actor holding one rank's CPUs and GPUs and its engine: a child started cold, or a fork of the node's
-    warm process."""
-
-    def start(self, cmd: list[str], env: dict[str, str], warm: Any = None) -> tuple[str, int, bool]:
-        import socket
-        import subprocess
-
-        self.proc: Any = None
-        self.pid = 0
-        if warm is not None and cmd[1:3] == ENGINE:
-            import ray
-
-            job = {
-                "args": cmd[3:],
-                "env": {**os.environ, **env, "NBDIST_PARENT_PID": str(os.getpid())},  # the engine ends with us
-                "cwd": os.getcwd(),
-                "output": f"/proc/{os.getpid()}/fd/1",  # this actor's own log, which Ray forwards to the driver
-            }
-            pid = ray.get(warm.fork.remote(job), timeout=FORK_S)
-            if pid:
-                self.pid = pid
-                return socket.gethostname(), pid, True
-        self.proc = subprocess.Popen(cmd, env={**os.environ, **env}, preexec_fn=_die_with_parent)
-        self.pid = self.proc.pid
-        return socket.gethostname(), self.pid, False
-
-    def poll(self) -> int | None:
-        if self.proc is not None:
-            return self.proc.poll()
-        return None if procs.alive(self.pid) else 0  # the warm process's child: its status is not ours to read
-
-    def stop(self) -> None:
-        if self.proc is not None:
-            if self.proc.poll() is None:
-                self.proc.kill()
-                self.proc.wait()
-        elif procs.alive(self.pid):
-            os.kill(self.pid, signal.SIGKILL)
-
-
-class _NodeWarm:
-    """A Ray actor (no CPU of its own) on one node: its child is nbdist's warm process, which forks engines."""
-
-    def __init__(self, python: str, env: dict[str, str]) -> None:
-        import subprocess
-
-        self.lock = threading.Lock()
-        self.proc = subprocess.Popen(
-            [python, "-m", "nbdist.engine.warm"],
-            stdin=subprocess.PIPE,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.DEVNULL,
-            env={**os.environ, **env},
-            preexec_fn=_die_with_parent,
-        )
-
-    def fork(self, job: dict[str, Any]) -> int:
-        """The forked engine's pid; 0 when the warm process cannot (the rank then starts cold)."""
-        with self.lock:
-            if self.proc.poll() is not None:
-                return 0
-            try:
-                return max(procs.ask_fork(self.proc, job, FORK_S), 0)
-            except (OSError, TimeoutError, EOFError, procs.ForkRefused):  # refused: it stays unsafe
-                self.proc.kill()
-                return 0
-
-
-def _die_with_parent() -> None:
-    """In the child, before it runs: end with the actor that started it (prctl PR_SET_PDEATHSIG), and take
-    signals as a process of its own would: a Ray worker ignores SIGINT, and an ignored signal stays ignored
-    across exec, so the engine would never see an interrupt (Python installs its SIGINT handler only where the
-    signal is at its default)."""
-    import ctypes
-
-    for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGUSR1, signal.SIGUSR2):
-        signal.signal(sig, signal.SIG_DFL)
-    signal.pthread_sigmask(signal.SIG_SETMASK, [])
-    ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGKILL)
-
-
 class World:
     """The driver's actors: groups of ranks, and the nodes' warm processes (see the module's docstring)."""
 
@@ -144,6 +63,8 @@ class World:
         self.groups: dict[int, dict[int, Any]] = {}  # group -> rank -> its actor, while it lives
         self.worst: dict[int, int] = {}  # group -> the worst exit code of its engines so far
         self.warm: dict[str, Any] = {}  # node id -> its warm actor
+        self.python = ""  # the engines' Python (the first group's command), for warm_up
+        self.logs = Logs()  # the engines' output, relayed to this process's own
         self.actors: list[Any] = []  # every rank's actor made, for clean_up
         self.pending: list[Any] = []  # the placement groups this world holds, removed at clean_up
         self.bundle: dict[int, Slot] = {}  # id(actor) -> the bundle it was placed in
@@ -221,8 +142,10 @@ class World:
             for node in ray.nodes()
         }
         slots.sort(key=lambda slot: ip.get(slot.node, ()))  # a node's ranks together, nodes by address
-        warm = {slot.node: self._warm_on(slot.node, command[0]) for slot in slots}
-        engine = ray.remote(_Engine)
+        self.python = self.python or command[0]
+        # the first group starts cold: its nodes' warm processes come after the world formed (warm_up)
+        warm = {slot.node: self._warm_on(slot.node, command[0]) if gid else None for slot in slots}
+        engine = ray.remote(Engine)
         actors = []
         for slot in slots:
             where = PlacementGroupSchedulingStrategy(placement_group=slot.group, placement_group_bundle_index=slot.index)
@@ -232,8 +155,9 @@ class World:
         self.actors += actors
         with self.lock:
             self.groups[gid] = dict(enumerate(actors))
+        logs = [self.logs.add(env, f"ray-engine-{gid}-{r}.log") for r in range(n)]
         calls = [
-            a.start.remote(command, {**env, RANK_VAR: str(r)}, warm[slot.node])
+            a.start.remote(command, {**env, RANK_VAR: str(r)}, warm[slot.node], logs[r])
             for r, (slot, a) in enumerate(zip(slots, actors, strict=True))
         ]
         used, waiting_on = {slot.node for slot in slots}, list(calls)
@@ -302,18 +226,28 @@ class World:
             self.free = [slot for slot in self.free if slot.node in alive]
             return len(self.free)
 
+    def warm_up(self) -> None:
+        """Make the warm actor of each node that holds a rank of the world (the kernel asks once the world formed),
+        so that a rank started there later is a fork; nothing where ranks start cold. Safe to call again."""
+        with self.lock:
+            nodes = sorted({slot.node for slot in self.bundle.values()})
+        for node in nodes:
+            if not self.closed and self.python:
+                self._warm_on(node, self.python)
+
     def _warm_on(self, node: str, python: str) -> Any:
         """The node's warm actor (made on first use), or None where ranks start cold."""
         if self.gpus or not warm_enabled():
             return None
-        if node not in self.warm:
-            from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+        with self.lock:
+            if node not in self.warm:
+                from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
-            actor = self.ray.remote(_NodeWarm).options(
-                num_cpus=0, scheduling_strategy=NodeAffinitySchedulingStrategy(node, soft=False)
-            )
-            self.warm[node] = actor.remote(python, self.env)
-        return self.warm[node]
+                actor = self.ray.remote(NodeWarm).options(
+                    num_cpus=0, scheduling_strategy=NodeAffinitySchedulingStrategy(node, soft=False)
+                )
+                self.warm[node] = actor.remote(python, self.env)
+            return self.warm[node]
 
     def poll(self, say: Callable[[str], None]) -> list[tuple[int, int]]:
         """Let go of the actors whose engine ended (its CPUs and GPUs are free at once for a replacement);
@@ -334,6 +268,7 @@ class World:
                 with self.lock:
                     self.groups[gid].pop(rank, None)
                     self.worst[gid] = max(self.worst[gid], abs(code))
+        self.logs.relay(say)  # after the polls: what an engine wrote before it ended is said before its end is
         with self.lock:
             ended = [(g, self.worst[g]) for g, ranks in self.groups.items() if not ranks and g not in self.starting]
             for g, _ in ended:
@@ -374,6 +309,42 @@ class World:
                 remove_placement_group(group)
             except Exception:
                 pass
+
+
+class Logs:
+    """The engines' output files, in the cluster's private directory (the nodes see it, as they see its connection
+    file), relayed line by line to the driver's own output, where the kernel reads an engine's last lines when it
+    did not start. Ray's own relay of its workers' output (``ray.init(log_to_driver=True)``) is not used: through
+    Ray Client it cost 2-3 s of every connection (8.1-8.9 s against 5.3-6.1 s, alternated, on the test nodes)."""
+
+    def __init__(self) -> None:
+        self.read: dict[str, int] = {}  # a file -> how much of it was relayed
+        self.lock = threading.Lock()
+
+    def add(self, env: dict[str, str], name: str) -> str:
+        """The file for one engine's output ('' without a cluster directory: the engine writes to its actor's)."""
+        where = env.get("NBDIST_CLUSTER_DIR", "")
+        if not where:
+            return ""
+        path = os.path.join(where, name)
+        with self.lock:
+            self.read.setdefault(path, 0)
+        return path
+
+    def relay(self, say: Callable[[str], None]) -> None:
+        """Say each whole line written since the last call."""
+        with self.lock:
+            for path, done in self.read.items():
+                try:
+                    with open(path, "rb") as fh:
+                        fh.seek(done)
+                        new = fh.read()
+                except OSError:
+                    continue
+                whole = new[: new.rfind(b"\n") + 1]
+                self.read[path] = done + len(whole)
+                for line in whole.decode(errors="replace").splitlines():
+                    say(line)
 
 
 @dataclasses.dataclass(frozen=True)

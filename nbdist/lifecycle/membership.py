@@ -80,6 +80,7 @@ class Membership:
             self._form(ranks)
             self.startup["world"] = self.world.seconds if self.world else 0.0
             self.engines.spare_up()  # a dead rank's replacement, registered ahead of need (world/spare.py)
+            launcher.formed()  # and what the launcher starts later engines from (Ray: its nodes' warm processes)
         except KeyboardInterrupt:
             self.stop()
             if self.cancelled:

@@ -59,6 +59,25 @@ def _warm_parent(pid: int) -> int:
     return parent.pid
 
 
+def _started_cold(pid: int) -> bool:
+    """Whether this engine is its actor's own child (a fresh interpreter), not a fork of a warm process: its parent
+    is a Ray worker, whose title is its actor's ('ray::Engine')."""
+    parent = psutil.Process(pid).parent()
+    return parent is not None and " ".join(parent.cmdline()).startswith("ray::Engine")
+
+
+def _node(pid: int) -> str:
+    """The network namespace a process runs in: which test Ray node it is on."""
+    return os.readlink(f"/proc/{pid}/ns/net")
+
+
+def _driver_output(cluster) -> str:
+    """What the world's Ray driver has written (ipyparallel keeps an engine set's output in its profile's log)."""
+    import glob
+
+    return "".join(open(f).read() for f in glob.glob(f"{cluster.membership.workdir}/profile/log/ipengine-*.log"))
+
+
 def _held(ray_nodes) -> tuple[int, int]:
     """Actors alive and placement groups not removed, now."""
     actors, groups = (int(x) for x in ray_nodes.query(LEFT).split())
@@ -87,11 +106,14 @@ def test_four_ranks_over_both_ray_nodes_train_as_one_process_and_stop_leaves_not
     try:
         assert [r.host for r in cluster.ranks] == ["rnode1", "rnode1", "rnode2", "rnode2"]
         check_ddp_against_one_process(cluster)
-        # one actor per rank and one per node (its warm process), and the world's placement group, while it lives
-        assert _held(ray_nodes) == (6, 1)
-        # every engine is a fork of its node's warm process (torch imported once per node)
-        warm = [_warm_parent(r.pid) for r in cluster.ranks]
-        assert warm[0] == warm[1] != warm[2] == warm[3], warm
+        # the first engines start cold, each in its actor (no warm process on the start's path)
+        assert all(_started_cold(r.pid) for r in cluster.ranks), "a first rank waited for a warm process"
+        # once the world formed: one actor per rank and one per node (its warm process, for ranks started there
+        # later), and the world's placement group, while it lives
+        poll(lambda: _held(ray_nodes) == (6, 1), within=HANG_S)
+        # each engine's own output reaches the driver's (where the kernel reads an engine's last lines when it did
+        # not start), through files in the cluster's directory rather than Ray's relay
+        poll(lambda: _driver_output(cluster).count("Completed registration with id") == 4, within=HANG_S)
     finally:
         run_cell(ip, "%dist_stop")
     assert _left(ray_nodes) == (0, 0), "actors or placement groups outlived %dist_stop"
@@ -129,7 +151,7 @@ def test_ctrl_c_in_a_collective_releases_every_rank_and_a_killed_rank_restarts_o
 
         victim = cluster.ranks[3]
         assert victim.host == "rnode2"
-        warm, since = _warm_parent(victim.pid), int(time.time() * 1000)
+        node, since = _node(victim.pid), int(time.time() * 1000)
         os.kill(victim.pid, signal.SIGKILL)  # the namespaces share one pid space
         result = cluster.run("import time\nt = torch.ones(1)\ntime.sleep(1)\ndist.all_reduce(t)", timeout=HANG_S)
         with pytest.raises(RankError) as err:
@@ -146,8 +168,8 @@ def test_ctrl_c_in_a_collective_releases_every_rank_and_a_killed_rank_restarts_o
         cluster.restart([3])
         assert [r.host for r in cluster.ranks] == ["rnode1", "rnode1", "rnode2", "rnode2"]
         # the replacement was started by the world's own driver (no second connection to Ray), and forked from
-        # rnode2's warm process like the rank it replaces
-        assert _drivers_since(ray_nodes, since) == 0 and _warm_parent(cluster.ranks[3].pid) == warm
+        # rnode2's warm process (the rank it replaces started cold, with the world)
+        assert _drivers_since(ray_nodes, since) == 0 and _node(_warm_parent(cluster.ranks[3].pid)) == node
         other.join(timeout=HANG_S)
         assert competitor == ["waited\n"], competitor
         check_ddp_against_one_process(cluster)
@@ -199,7 +221,8 @@ def test_a_killed_kernel_leaves_no_actor_placement_group_or_engine(ray_nodes):
         lines = kernel.stdout  # type: ignore[union-attr]
         pids = [int(p) for p in next(line for line in lines if line[:1].isdigit()).split()]
         assert len(pids) == 2, "the world did not start"
-        assert _held(ray_nodes)[0] == 3  # two ranks on rnode1 (the placement packs them) and its warm process
+        # two ranks on rnode1 (the placement packs them) and, once the world formed, its warm process
+        poll(lambda: _held(ray_nodes)[0] == 3, within=HANG_S)
     finally:
         kernel.kill()
         kernel.wait()
@@ -283,6 +306,9 @@ def test_a_kept_ray_world_is_attached_from_another_process_and_ends_by_itself_wh
             waiting.kill()
             waiting.wait()
         poll(lambda: _held(ray_nodes) == (6, 1), within=HANG_S)
+        # each engine's own output reaches the driver's (where the kernel reads an engine's last lines when it did
+        # not start), through files in the cluster's directory rather than Ray's relay
+        poll(lambda: _driver_output(cluster).count("Completed registration with id") == 4, within=HANG_S)
         cluster = nbdist.attach()
         try:
             assert [r.host for r in cluster.ranks] == ["rnode1", "rnode1", "rnode2", "rnode2"]
@@ -315,7 +341,7 @@ def test_a_rank_killed_mid_training_is_recovered_on_its_node_from_a_living_peer(
     try:
         cluster.run(f"PROGRESS = {progress!r}\n{SETUP}", setup=True).raise_for_error()
         victim = cluster.ranks[3]
-        warm = _warm_parent(victim.pid)
+        node = _node(victim.pid)
 
         def kill() -> None:
             poll(lambda: _progress(progress, 3) >= 10, within=HANG_S, every=0.005)
@@ -328,7 +354,8 @@ def test_a_rank_killed_mid_training_is_recovered_on_its_node_from_a_living_peer(
         [line] = result.recovered
         assert line.startswith("rank(s) 3 died during the cell") and "(nothing recomputed)" in line, line
         assert [r.host for r in cluster.ranks] == ["rnode1", "rnode1", "rnode2", "rnode2"]
-        assert cluster.ranks[3].pid != victim.pid and _warm_parent(cluster.ranks[3].pid) == warm  # forked, warm
+        # forked from rnode2's warm process
+        assert cluster.ranks[3].pid != victim.pid and _node(_warm_parent(cluster.ranks[3].pid)) == node
         assert all(_progress(progress, r) == STEPS - 1 for r in range(4))  # every rank to the last step
         cluster.run("n_params = len(list(model.parameters()))").raise_for_error()
         final, params = cluster.pull("final"), cluster.pull("n_params")[0]

@@ -42,7 +42,7 @@ class _Groups:
     a group 'starts' at once, and says so as the real one does."""
 
     def __init__(self, short: str = "") -> None:
-        self.short, self.stopped, self.started = short, [], []
+        self.short, self.stopped, self.started, self.warmed = short, [], [], 0
 
     def cannot_hold(self, n: int) -> str:
         return self.short
@@ -56,6 +56,9 @@ class _Groups:
 
     def stop_group(self, gid: int) -> None:
         self.stopped.append(gid)
+
+    def warm_up(self) -> None:
+        self.warmed += 1
 
 
 def test_a_later_engine_set_is_served_by_the_worlds_driver_and_its_ranks_end_with_it(tmp_path):
@@ -108,6 +111,11 @@ def test_a_later_engine_set_is_served_by_the_worlds_driver_and_its_ranks_end_wit
 
         poll(lambda: world.stopped == [7], within=10)
 
+        # the kernel's world formed: the driver makes its nodes' warm processes (the kernel does not wait)
+        rayserve.ahead(str(tmp_path))
+        poll(lambda: world.warmed == 1, within=10)
+        assert world.started == [1, 1]  # nothing else was started
+
         world.short = "the Ray cluster cannot hold 1 rank(s) of 1 CPU each: it lacks 1 CPU (it has 0)."
         heard.clear()
         assert ask() == 2 and heard == ["PREFLIGHT " + world.short]
@@ -118,6 +126,34 @@ def test_a_later_engine_set_is_served_by_the_worlds_driver_and_its_ranks_end_wit
     dead.bind(rayserve.path(str(tmp_path)))
     dead.close()
     assert ask() is None
+    rayserve.ahead(str(tmp_path))  # nor does the kernel's word that its world formed fail there
+    rayserve.ahead("")
+
+
+def test_the_engines_output_is_relayed_whole_lines_once_each(tmp_path):
+    """The Ray driver relays each engine's output file (in the cluster's directory) to its own output, where the
+    kernel reads an engine's last lines: each whole line once, in order, a line still being written only once it
+    ends; a world without a cluster directory writes to its actors' own output instead."""
+    from nbdist.launch.rayworld import Logs
+
+    logs, said = Logs(), []
+    assert logs.add({}, "ray-engine-0-0.log") == ""
+    first = logs.add({"NBDIST_CLUSTER_DIR": str(tmp_path)}, "ray-engine-0-0.log")
+    second = logs.add({"NBDIST_CLUSTER_DIR": str(tmp_path)}, "ray-engine-1-0.log")
+    assert first == str(tmp_path / "ray-engine-0-0.log")
+    logs.relay(said.append)  # nothing written yet (the files do not exist)
+    assert said == []
+    with open(first, "w") as fh:
+        fh.write("Loading connection file\nRegister")
+    logs.relay(said.append)
+    assert said == ["Loading connection file"]
+    with open(first, "a") as fh:
+        fh.write("ing with controller\n")
+    with open(second, "w") as fh:
+        fh.write("ImportError: no torch \u2713\n")
+    logs.relay(said.append)
+    logs.relay(said.append)
+    assert said == ["Loading connection file", "Registering with controller", "ImportError: no torch \u2713"]
 
 
 def test_a_preflight_line_is_never_seen_created_and_still_empty(tmp_path, monkeypatch):
