@@ -14,7 +14,9 @@
 4. On the Ray cluster, warm starts against cold (``NBDIST_WARM=0``), alternating: 4 ranks started until a
    collective runs, then rank 3's engine killed and ``%dist_restart 3`` until a collective runs again.
 
-    python benchmarks/multinode.py [--rounds 5] [--ray-rounds 3] [--part all|slurm|ray]
+    python benchmarks/multinode.py [--rounds 5] [--ray-rounds 3] [--part all|slurm|ray|ray-start]
+
+``--part ray-start`` times part 3's Ray starts alone (nbdist against raw Ray, alternated), without Slurm.
 """
 
 from __future__ import annotations
@@ -182,7 +184,7 @@ def ray_restart_once(address: str, warm: bool) -> tuple[float, float]:
         del os.environ["NBDIST_WARM"]
 
 
-def ray_part(rounds: int, slurm_four: list[float]) -> dict:
+def ray_part(rounds: int, slurm_four: list[float], restarts: bool = True) -> dict:
     from tests.raynodes import NODES as RAY_NODES
     from tests.raynodes import TwoNodeRay
     from tests.raynodes import unavailable as ray_unavailable
@@ -203,22 +205,25 @@ def ray_part(rounds: int, slurm_four: list[float]) -> dict:
                     ours.append(seconds)
                     phases.append(startup)
         warm: dict[str, list[float]] = {"start_warm": [], "start_cold": [], "restart_warm": [], "restart_cold": []}
-        for i in range(rounds):
+        for i in range(rounds if restarts else 0):
             for how in ("warm", "cold") if i % 2 == 0 else ("cold", "warm"):
                 start_s, restart_s = ray_restart_once(nodes.address, how == "warm")
                 warm[f"start_{how}"].append(start_s)
                 warm[f"restart_{how}"].append(restart_s)
-    restart = {k: stats(v) for k, v in warm.items()}
-    print("nbdist --launcher ray, 4 ranks, warm (default) against NBDIST_WARM=0 (each rank cold), medians:")
-    for what in ("start", "restart"):
-        print(
-            f"  {what:8} warm {restart[what + '_warm']['median']:.2f} s   cold {restart[what + '_cold']['median']:.2f} s"
-        )
-    start = {"nbdist_ray": stats(ours), "raw_ray": stats(raw), "nbdist_slurm": stats(slurm_four)}
+    restart = {k: stats(v) for k, v in warm.items() if v}
+    if restarts:
+        print("nbdist --launcher ray, 4 ranks, warm (default) against NBDIST_WARM=0 (each rank cold), medians:")
+        for what in ("start", "restart"):
+            warm_s, cold_s = restart[what + "_warm"]["median"], restart[what + "_cold"]["median"]
+            print(f"  {what:8} warm {warm_s:.2f} s   cold {cold_s:.2f} s")
+    start = {"nbdist_ray": stats(ours), "raw_ray": stats(raw)}
+    if slurm_four:
+        start["nbdist_slurm"] = stats(slurm_four)
     print(f"start until a collective runs, 4 ranks on 2 nodes (medians; Slurm of {len(slurm_four)}, Ray of {rounds}):")
-    print(f"  nbdist --launcher slurm  {start['nbdist_slurm']['median']:.2f} s")
-    print(f"  nbdist --launcher ray    {start['nbdist_ray']['median']:.2f} s")
-    print(f"  raw Ray + init by hand   {start['raw_ray']['median']:.2f} s")
+    if slurm_four:
+        print(f"  nbdist --launcher slurm  {start['nbdist_slurm']['median']:.2f} s")
+    print(f"  nbdist --launcher ray    {start['nbdist_ray']['median']:.2f} s   {ours}")
+    print(f"  raw Ray + init by hand   {start['raw_ray']['median']:.2f} s   {raw}")
     return {"start_4_ranks": start, "nbdist_ray_phases": phases, "ray_warm_against_cold": restart}
 
 
@@ -257,8 +262,11 @@ def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--ray-rounds", type=int, default=3)
-    parser.add_argument("--part", choices=("all", "slurm", "ray"), default="all")
+    parser.add_argument("--part", choices=("all", "slurm", "ray", "ray-start"), default="all")
     args = parser.parse_args()
+    if args.part == "ray-start":  # the Ray start alone, against raw Ray (no Slurm, no restarts)
+        save("multinode_ray_start", ray_part(args.ray_rounds, [], restarts=False))
+        return
     why = unavailable()
     if why:
         print(f"skipped: {why}")
