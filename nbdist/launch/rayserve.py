@@ -11,7 +11,8 @@ ends first (``%dist_stop``, a Ctrl-C of the wait, its kernel's death), the world
 no driver answers (it ended, or runs on another host), the engine set is a driver of its own, as before.
 
 The kernel asks one more thing, once its world has formed: ``{"ahead": true}``, to make the nodes' warm processes
-(rayworld.py's ``warm_up``: the first start does not wait for them); nothing is said back.
+(rayworld.py's ``warm_up``, from the driver's loop: the first start does not wait for them); nothing is said
+back.
 
 One JSON line each way at a time. Asked: ``{"n", "command", "env"}`` (the environment the engine set's own
 driver would have passed its engines). Said back: ``{"say": line}`` to print,
@@ -140,9 +141,9 @@ class Server:
         left = threading.Event()
         try:
             asked = json.loads(conn.makefile("rb").readline() or b"{}")
-            if asked.get("ahead"):
+            if asked.get("ahead"):  # the driver's loop makes them (World.poll)
                 conn.close()
-                self.world.warm_up()
+                self.world.warm_asked.set()
                 return
             n, command, env = int(asked["n"]), list(asked["command"]), dict(asked.get("env") or {})
         except (OSError, ValueError, KeyError, TypeError):

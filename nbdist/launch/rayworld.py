@@ -64,6 +64,7 @@ class World:
         self.worst: dict[int, int] = {}  # group -> the worst exit code of its engines so far
         self.warm: dict[str, Any] = {}  # node id -> its warm actor
         self.python = ""  # the engines' Python (the first group's command), for warm_up
+        self.warm_asked = threading.Event()  # the kernel's world formed: poll makes the warm actors (warm_up)
         self.logs = Logs()  # the engines' output, relayed to this process's own
         self.actors: list[Any] = []  # every rank's actor made, for clean_up
         self.pending: list[Any] = []  # the placement groups this world holds, removed at clean_up
@@ -253,6 +254,9 @@ class World:
         """Let go of the actors whose engine ended (its CPUs and GPUs are free at once for a replacement);
         return the groups that have no live rank left, each with its worst exit code."""
         ray = self.ray
+        if self.warm_asked.is_set():  # here, in the loop that polls, not in the thread that heard the kernel
+            self.warm_asked.clear()
+            self.warm_up()
         with self.lock:
             live = [(gid, rank, actor) for gid, ranks in self.groups.items() for rank, actor in ranks.items()]
         refs = [actor.poll.remote() for _, _, actor in live]

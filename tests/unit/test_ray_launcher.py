@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import threading
+
 import pytest
 
 from nbdist.config import StartConfig
@@ -42,7 +44,8 @@ class _Groups:
     a group 'starts' at once, and says so as the real one does."""
 
     def __init__(self, short: str = "") -> None:
-        self.short, self.stopped, self.started, self.warmed = short, [], [], 0
+        self.short, self.stopped, self.started = short, [], []
+        self.warm_asked = threading.Event()
 
     def cannot_hold(self, n: int) -> str:
         return self.short
@@ -57,8 +60,6 @@ class _Groups:
     def stop_group(self, gid: int) -> None:
         self.stopped.append(gid)
 
-    def warm_up(self) -> None:
-        self.warmed += 1
 
 
 def test_a_later_engine_set_is_served_by_the_worlds_driver_and_its_ranks_end_with_it(tmp_path):
@@ -113,7 +114,7 @@ def test_a_later_engine_set_is_served_by_the_worlds_driver_and_its_ranks_end_wit
 
         # the kernel's world formed: the driver makes its nodes' warm processes (the kernel does not wait)
         rayserve.ahead(str(tmp_path))
-        poll(lambda: world.warmed == 1, within=10)
+        poll(world.warm_asked.is_set, within=10)
         assert world.started == [1, 1]  # nothing else was started
 
         world.short = "the Ray cluster cannot hold 1 rank(s) of 1 CPU each: it lacks 1 CPU (it has 0)."
