@@ -33,6 +33,7 @@ from typing import Any
 from .rayactors import Engine, NodeWarm
 
 RANK_VAR = "NBDIST_LAUNCH_RANK"
+MISSES = 3  # polls in a row an actor may leave unanswered (30 s each) before it is taken for gone
 
 
 class NodeLeft(RuntimeError):
@@ -42,6 +43,15 @@ class NodeLeft(RuntimeError):
 def warm_enabled() -> bool:
     """``NBDIST_WARM=0`` turns warm starts off: every rank starts cold (a fresh interpreter in its actor)."""
     return os.environ.get("NBDIST_WARM", "1").strip().lower() not in ("0", "false", "no", "off")
+
+
+def gone(error: BaseException, misses: int, node_alive: bool) -> bool:
+    """Whether a rank's actor whose poll failed with ``error`` (its ``misses``-th failure in a row) is gone: Ray says
+    it died, or its node left, or it failed MISSES polls in a row. A slow answer (GetTimeoutError, from a loaded
+    node) or a failed Ray Client call is asked again at the next poll: letting the actor go ends a living engine."""
+    from ray.exceptions import ActorDiedError
+
+    return isinstance(error, ActorDiedError) or not node_alive or misses >= MISSES
 
 
 def missing(need: dict[str, float], total: dict[str, float]) -> str:
@@ -70,6 +80,7 @@ class World:
         self.pending: list[Any] = []  # the placement groups this world holds, removed at clean_up
         self.bundle: dict[int, Slot] = {}  # id(actor) -> the bundle it was placed in
         self.free: list[Slot] = []  # bundles the world holds whose rank's engine ended
+        self.misses: dict[int, int] = {}  # id(actor) -> its polls left unanswered in a row (see gone())
         self.starting: set[int] = set()  # groups not yet started (poll leaves them be)
         self.next_group = 0
         self.closed = False  # no placement may wait any longer
@@ -263,9 +274,14 @@ class World:
         for (gid, rank, actor), ref in zip(live, refs, strict=True):
             try:
                 code = ray.get(ref, timeout=30)
-            except Exception:  # the actor or its node is gone
-                code = -1
+                self.misses.pop(id(actor), None)
+            except Exception as error:  # the actor or its node may be gone, or only slow to answer
+                misses = self.misses[id(actor)] = self.misses.get(id(actor), 0) + 1
+                code = -1 if gone(error, misses, self._node_alive(actor)) else None
+                if code is None:
+                    say(f"nbdist: launch rank {rank}'s actor did not answer ({type(error).__name__}); asked again")
             if code is not None:
+                self.misses.pop(id(actor), None)
                 say(f"nbdist: launch rank {rank}'s engine ended ({code}); its actor is let go, its bundle kept")
                 _forget(ray, actor)
                 self._bundle_back(actor)
@@ -278,6 +294,14 @@ class World:
             for g, _ in ended:
                 del self.groups[g]
         return ended
+
+    def _node_alive(self, actor: Any) -> bool:
+        """Whether Ray still calls the node of this rank's bundle alive (True where it cannot say)."""
+        slot = self.bundle.get(id(actor))
+        try:
+            return slot is None or any(n["NodeID"] == slot.node and n.get("Alive") for n in self.ray.nodes())
+        except Exception:
+            return True
 
     def stop_group(self, gid: int) -> None:
         """End a group's engines and actors (its caller left)."""

@@ -290,7 +290,13 @@ def test_a_kept_ray_world_is_attached_from_another_process_and_ends_by_itself_wh
 
     stopped = False
     try:
-        waiting = subprocess.Popen([sys.executable, "-c", KEPT.replace("KEEP", "30").replace("N", "2"), ray_nodes.address])
+        said = tmp_path / "second-kernel.log"
+        with open(said, "w") as out:
+            waiting = subprocess.Popen(
+                [sys.executable, "-c", KEPT.replace("KEEP", "30").replace("N", "2"), ray_nodes.address],
+                stdout=out, stderr=subprocess.STDOUT,
+            )
+        asked = time.monotonic()
         try:
             seen: list[tuple[int, int]] = []
 
@@ -300,17 +306,22 @@ def test_a_kept_ray_world_is_attached_from_another_process_and_ends_by_itself_wh
 
             try:
                 poll(second_group_waits, within=HANG_S)  # its group waits beside the first world's
-            except BaseException:
-                raise AssertionError(f"Ray held (actors, groups) {sorted(set(seen))}, never (6, 2)") from None
+            except BaseException as e:
+                raise AssertionError(
+                    f"Ray held (actors, groups) {sorted(set(seen))}, never (6, 2) ({e!r}); the second kernel "
+                    f"({'running' if waiting.poll() is None else f'ended {waiting.returncode}'}) said:\n"
+                    + said.read_text()[-3000:]
+                ) from None
+            print(f"the second world's group waited beside the first's: {time.monotonic() - asked:.1f} s after its start")
         finally:
             waiting.kill()
             waiting.wait()
         poll(lambda: _held(ray_nodes) == (6, 1), within=HANG_S)
-        # each engine's own output reaches the driver's (where the kernel reads an engine's last lines when it did
-        # not start), through files in the cluster's directory rather than Ray's relay
-        poll(lambda: _driver_output(cluster).count("Completed registration with id") == 4, within=HANG_S)
         cluster = nbdist.attach()
         try:
+            # each engine's own output reaches the driver's (where the kernel reads an engine's last lines when it
+            # did not start), through files in the cluster's directory rather than Ray's relay
+            poll(lambda: _driver_output(cluster).count("Completed registration with id") == 4, within=HANG_S)
             assert [r.host for r in cluster.ranks] == ["rnode1", "rnode1", "rnode2", "rnode2"]
             cluster.run("t = torch.ones(1) * kept_value\ndist.all_reduce(t)\nsummed = t.item()").raise_for_error()
             assert cluster.pull("summed") == [4006.0] * 4

@@ -202,3 +202,62 @@ def test_a_preflight_line_is_never_seen_created_and_still_empty(tmp_path, monkey
     raylaunch.say_preflight("the line")
     assert oct((tmp_path / raylaunch.PREFLIGHT).stat().st_mode & 0o777) == "0o600"
     assert sorted(p.name for p in tmp_path.iterdir()) == sorted([raylaunch.PREFLIGHT, "preflight-n1-0.txt.99.tmp"])
+
+
+def test_a_rank_whose_actor_is_slow_to_answer_is_asked_again_and_one_that_died_is_let_go():
+    """World.poll with Ray's own exceptions: a poll that timed out (a loaded node) or failed in Ray Client keeps the
+    rank, until MISSES polls in a row failed; an actor Ray says died, or one on a node Ray calls dead, is let go at
+    once. (Before, any failed poll let the actor go, and with it a living rank's engine.)"""
+    from ray.exceptions import ActorDiedError, GetTimeoutError
+
+    from nbdist.launch import rayworld
+
+    class Ref:
+        def __init__(self, answer):
+            self.answer = answer
+
+    class Actor:
+        def __init__(self, answers):
+            self.answers = list(answers)
+            self.poll = self
+
+        def remote(self):
+            return Ref(self.answers.pop(0))
+
+    class Ray:  # the calls World.poll makes, answered as Ray answers them
+        killed: list = []
+        alive = {"n1": True, "n2": True}
+
+        def get(self, ref, timeout):
+            if isinstance(ref.answer, BaseException):
+                raise ref.answer
+            return ref.answer
+
+        def kill(self, actor):
+            self.killed.append(actor)
+
+        def nodes(self):
+            return [{"NodeID": node, "Alive": alive} for node, alive in self.alive.items()]
+
+    ray = Ray()
+    world = rayworld.World(ray, 1.0, 0.0, {})
+    slow = Actor([GetTimeoutError("timed out"), RuntimeError("Ray Client: connection reset"), None] + [GetTimeoutError("x")] * 3)
+    died = Actor([ActorDiedError()])
+    on_dead_node = Actor([GetTimeoutError("timed out")])
+    world.groups[0], world.worst[0] = {0: slow, 1: died, 2: on_dead_node}, 0
+    for rank, actor in enumerate((slow, died, on_dead_node)):
+        world.bundle[id(actor)] = rayworld.Slot(None, rank, "n2" if actor is on_dead_node else "n1")
+    ray.alive["n2"] = False
+    said: list[str] = []
+    world.poll(said.append)
+    assert ray.killed == [died, on_dead_node] and list(world.groups[0]) == [0], said
+    assert "rank 0's actor did not answer (GetTimeoutError); asked again" in said[0], said
+    world.poll(said.append)  # a second failure in a row, of another kind
+    world.poll(said.append)  # it answers: alive, and its count starts again
+    assert list(world.groups[0]) == [0] and ray.killed == [died, on_dead_node]
+    for _ in range(rayworld.MISSES - 1):
+        world.poll(said.append)
+    assert list(world.groups[0]) == [0], said  # the failures before its answer no longer count
+    world.poll(said.append)
+    assert ray.killed == [died, on_dead_node, slow], said  # MISSES polls in a row unanswered: taken for gone
+    assert world.groups == {}, world.groups  # its group ended with it
