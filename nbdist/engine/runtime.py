@@ -25,7 +25,21 @@ from typing import Any
 
 from .. import compat, wire
 from ..launch import net
-from . import adapters, children, collectives, debug, exits, gpu, group, hosted, launched, preempt, schedulers, spawned
+from . import (
+    adapters,
+    children,
+    collectives,
+    debug,
+    exits,
+    gpu,
+    group,
+    hosted,
+    launched,
+    preempt,
+    released,
+    schedulers,
+    spawned,
+)
 from .state import CELL_END, STATE
 
 _HOOKED: set[int] = set()  # shells whose cell events carry nbdist's hooks
@@ -154,11 +168,13 @@ def _install_cell_hooks() -> None:
     def pre(info: Any = None) -> None:
         STATE.busy_since = time.monotonic()
         STATE.cell += 1
+        released.at_start()
 
     def post(result: Any = None) -> None:
         _deaf_until_replied()  # first: a release that comes while the cell's end is handled must not cut it short
         try:
             debug.cell_over()
+            released.at_end(result)  # a cell run again after a recovery begins with the grad mode it began with
             exits.at_end(result)  # exit(0) in the cell is success; any exit is told to the notebook
             children.at_end(result)  # what the processes the cell started printed; one that failed fails the cell
             for fn in list(CELL_END):  # state.at_cell_end: before the cell counts as done (a background save ends)
@@ -223,8 +239,8 @@ def traceback_uninterrupted(shell: Any) -> None:
     a second release signal that came while it formatted (slow on a loaded machine) made IPython print a bare
     ``KeyboardInterrupt`` to stderr, shown under the cell as if the user had pressed Ctrl-C.
 
-    The error of a lost group (``_group_lost``) is formatted in IPython's plain mode until the cell is over (IPython 9
-    formats it a second time for its history): every frame's file, line and source line, without the context around
+    The error of a lost group (``released.group_lost``) is formatted in IPython's plain mode until the cell is over
+    (IPython 9 formats it a second time for its history): every frame's file, line and source line, without the context around
     each or its colours. The context mode costs a rank 0.2-0.4 s of CPU for its first traceback (pygments, stack_data
     reading torch's sources), twice; after a death every rank formats one at once: 1.4 s of the 3.4 s from a kill to
     progress at 8 ranks on 2 cores, for tracebacks a recovery never shows."""
@@ -232,7 +248,7 @@ def traceback_uninterrupted(shell: Any) -> None:
     restore: list[str] = []  # the mode to go back to when the cell is over
 
     def showtraceback(*args: Any, **kwargs: Any) -> Any:
-        if not restore and _group_lost(sys.exc_info()[1]):
+        if not restore and released.group_lost(sys.exc_info()[1]):
             restore.append(formatter.mode)
             formatter.set_mode("Plain")
         try:
@@ -250,15 +266,6 @@ def traceback_uninterrupted(shell: Any) -> None:
 
     shell.showtraceback = showtraceback
     shell.events.register("post_run_cell", cell_over)
-
-
-LOST_GROUP = ("gloo/transport", "Connection reset by peer", "Connection closed by peer")  # gloo's words for a lost peer
-
-
-def _group_lost(exc: BaseException | None) -> bool:
-    """Whether ``exc`` ended a cell whose process group is lost: nbdist's watcher shut its connections, the release
-    said a rank died (``_break_now``), or gloo lost a peer."""
-    return exc is not None and (STATE.aborted or _break_now() or any(word in str(exc) for word in LOST_GROUP))
 
 
 def _preload_namespace() -> None:
@@ -341,18 +348,6 @@ def _write_report(reason: str) -> None:
 # --------------------------------------------------------------------------- watcher
 
 
-BREAK_S = 5.0  # a BREAK_NOW file older than this is left over from an earlier release
-
-
-def _break_now() -> bool:
-    """Whether the client asked this release to break the group at once (a rank died: the group is lost anyway)."""
-    try:
-        with open(os.path.join(STATE.report_dir or "", wire.BREAK_NOW)) as fh:
-            return abs(time.time() - float(fh.read())) < BREAK_S
-    except (OSError, ValueError):
-        return False
-
-
 def _noop_handler(signum: int, frame: Any) -> None:
     return None
 
@@ -387,7 +382,7 @@ def _watch(rsock: socket.socket, wsock: socket.socket, previous: int) -> None:
                 _write_report("report")
             if signal.SIGINT in signums and STATE.busy_since is not None:
                 cell = STATE.cell
-                deadline = time.monotonic() + (0.0 if _break_now() else STATE.abort_after)
+                deadline = time.monotonic() + (0.0 if released.break_now() else STATE.abort_after)
                 while time.monotonic() < deadline:
                     if STATE.busy_since is None or STATE.cell != cell:
                         break

@@ -98,23 +98,26 @@ SHAPES = {  # setup, cell, batches in all, the range a kill lands in, batches a 
 }
 
 
-def _progress(path: str, rank: int) -> int:
+def _progress(path: str, rank: int | str) -> int:
     try:
         return int(open(f"{path}-{rank}").read() or -1)
     except (OSError, ValueError):
         return -1
 
 
-def run_with_a_kill(tmp_path, setup: str, cell: str, victim: int, after: int) -> tuple[str, list, list[int]]:
-    """Kill ``victim`` once its progress reaches ``after``: the recovery's line, every rank's ``final``, and the
-    batches each rank computed; then the same cell without a kill, after the same setup: its ``final``."""
+def run_with_a_kill(
+    tmp_path, setup: str, cell: str, victim: int, after: int, watch: int | str | None = None
+) -> tuple[str, list, list[int]]:
+    """Kill ``victim`` once its progress (or the file ``watch`` names) reaches ``after``: the recovery's line, every
+    rank's ``final``, and the batches each rank computed; then the same cell without a kill, after the same setup:
+    its ``final``."""
     with nbdist.start(2, max_restarts=1, oversubscribe=True, timeout=90) as c:
         progress = str(tmp_path / "killed")
         c.run(f"PROGRESS = {progress!r}\n{setup}", setup=True).raise_for_error()
         pid = c.engines.ranks[victim].pid
 
         def killer() -> None:
-            poll(lambda: _progress(progress, victim) >= after, within=HANG_S, every=0.002)
+            poll(lambda: _progress(progress, victim if watch is None else watch) >= after, within=HANG_S, every=0.002)
             os.kill(pid, signal.SIGKILL)
 
         thread = threading.Thread(target=killer, daemon=True)
@@ -166,3 +169,28 @@ def test_a_loop_around_the_loaders_loop_from_zero_is_said_and_the_cell_runs_from
     for rank in (0, 1):
         assert all(torch.equal(a, b) for a, b in zip(final[rank], reference[rank], strict=True)), (SEED, rank)
     assert computed[1 - victim] >= 48 + after - 1, computed  # the batches before the kill, then all 48 again
+
+
+LEAKED = ENUMERATE.replace(  # rank 0, at step 6: grad mode off, as a release inside no_grad's __exit__ leaves it
+    "    time.sleep(0.02)\n",
+    "    time.sleep(0.02)\n"
+    "    if dist.get_rank() == 0 and loader.step == 6 and not globals().get('_leaked'):\n"
+    "        _leaked = True\n"
+    "        torch._C._set_grad_enabled(False)\n"
+    "        open(PROGRESS + '-leaked', 'w').write(str(loader.step))\n"
+    f"        time.sleep({HANG_S})  # rank 1 is killed now; the release ends this\n",
+)
+
+
+def test_a_cell_run_again_after_a_recovery_begins_with_the_grad_mode_it_began_with(tmp_path):
+    """A release is a SIGINT: its KeyboardInterrupt lands at whatever bytecode runs next, and after a peer's death
+    that is often ``torch.no_grad().__exit__`` (DDP's forward broadcasts its buffers inside one) before it turned grad
+    back on. The living rank's cell then ran again with grad off: "element 0 of tensors does not require grad" (CI,
+    gradient accumulation above). Here rank 0 turns grad off itself, at step 6 (a race made certain), and rank 1 is
+    killed while it waits: the cell run again trains on, and ends equal to the reference."""
+    line, (final, reference), computed = run_with_a_kill(tmp_path, SETUP, LEAKED, 1, 6, watch="leaked")
+    print(line)
+    assert line.startswith("rank(s) 1 died during the cell") and "memory (nothing recomputed)" in line, line
+    for rank in (0, 1):
+        assert all(torch.equal(a, b) for a, b in zip(final[rank], reference[rank], strict=True)), rank
+    assert 16 <= computed[0] <= 17, computed
