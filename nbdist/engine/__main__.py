@@ -42,6 +42,19 @@ def _fault_hold_one() -> None:
             time.sleep(1)
 
 
+def _fault_slow_heart() -> None:
+    # Fault drill (docs/faults.md, row 119): the first engine waits NBDIST_FAULT_SLOW_HEART_S seconds between the
+    # controller's answer to its registration and its heart's first beat, as one of 64 engines whose kernels all
+    # start at once on 2 cores may.
+    if _first_to_claim("NBDIST_FAULT_SLOW_HEART"):
+        import time
+
+        from nbdist import compat
+
+        late = float(os.environ.get("NBDIST_FAULT_SLOW_HEART_S", "35"))
+        compat.on_engine_registration(registering=lambda: None, registered=lambda: time.sleep(late), beating=lambda eid: None)
+
+
 def preload() -> None:
     """Import what every engine needs and is slow to import (torch: about 2 s)."""
     import ipyparallel.engine.app  # noqa: F401
@@ -66,6 +79,7 @@ def run_engine() -> None:
         steps.say(steps.CONNECTION)
     _fault_hold_one()
     steps.follow_registration()
+    _fault_slow_heart()
     code: Any = 0
     try:
         engine_main()

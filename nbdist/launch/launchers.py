@@ -175,6 +175,14 @@ def heart_misses(n: int) -> int:
     return max(10, n // 2)
 
 
+def registration_timeout(start_timeout: float) -> int:
+    """Seconds the controller waits for a registered engine's first heartbeat before it forgets the engine: never
+    less than the start's own timeout. ipyparallel's 30 s was too short for 64 ranks over the two 2-CPU test nodes,
+    whose kernels all start at once: the engines it forgot lived on, idle and never registered, and the start waited
+    for them until its timeout (CI, 2026-12-03; docs/faults.md row 119)."""
+    return max(30, int(start_timeout))
+
+
 def build_cluster(
     config: StartConfig,
     profile_dir: str,
@@ -205,6 +213,7 @@ def build_cluster(
             "--usethreads",
             f"--HeartMonitor.period={config.world.heartbeat_ms}",
             f"--HeartMonitor.max_heartmonitor_misses={heart_misses(config.world.n)}",
+            f"--IPController.registration_timeout={registration_timeout(config.world.timeout)}",
         ],
         controller="Local",
         engines=engines,

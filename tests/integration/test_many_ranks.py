@@ -55,3 +55,16 @@ def test_an_engine_the_client_missed_is_learnt_from_the_controller():
         assert registration.missed(client) == []  # nothing more to learn
         cluster.run("t = torch.ones(1)\ndist.all_reduce(t)\nv = t.item()").raise_for_error()
         assert cluster.pull("v") == [2.0, 2.0]
+
+
+def test_an_engine_slow_to_start_its_heart_is_kept_by_the_controller(tmp_path, monkeypatch):
+    """ipyparallel's controller forgets a registered engine whose heart has not beaten within 30 s; the engine lives on,
+    idle and never registered, and the start waited for it until its timeout (1 of 64 ranks over the two 2-CPU Slurm
+    test nodes, whose kernels all start at once: CI, 2026-12-03). Here one engine's heart starts 35 s late: the
+    controller waits as long as the start does (launchers.registration_timeout), and the world reduces."""
+    monkeypatch.setenv("NBDIST_FAULT_SLOW_HEART", str(tmp_path / "one-engine-late"))
+    monkeypatch.setenv("NBDIST_FAULT_SLOW_HEART_S", "35")
+    with nbdist.start(n=2, timeout=90) as cluster:
+        assert (tmp_path / "one-engine-late").exists()  # the drill ran
+        cluster.run("t = torch.ones(1)\ndist.all_reduce(t)\nv = t.item()").raise_for_error()
+        assert cluster.pull("v") == [2.0, 2.0]
