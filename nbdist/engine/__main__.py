@@ -52,7 +52,9 @@ def _fault_slow_heart() -> None:
         from nbdist import compat
 
         late = float(os.environ.get("NBDIST_FAULT_SLOW_HEART_S", "35"))
-        compat.on_engine_registration(registering=lambda: None, registered=lambda: time.sleep(late), beating=lambda eid: None)
+        compat.on_engine_registration(
+            registering=lambda: None, registered=lambda: time.sleep(late), beating=lambda eid: None
+        )
 
 
 def preload() -> None:

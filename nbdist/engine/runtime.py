@@ -240,8 +240,8 @@ def traceback_uninterrupted(shell: Any) -> None:
     ``KeyboardInterrupt`` to stderr, shown under the cell as if the user had pressed Ctrl-C.
 
     The error of a lost group (``released.group_lost``) is formatted in IPython's plain mode until the cell is over
-    (IPython 9 formats it a second time for its history): every frame's file, line and source line, without the context around
-    each or its colours. The context mode costs a rank 0.2-0.4 s of CPU for its first traceback (pygments, stack_data
+    (IPython 9 formats it a second time for its history): every frame's file, line and source line, without the
+    context around each or its colours. The context mode costs a rank 0.2-0.4 s of CPU for its first traceback (pygments, stack_data
     reading torch's sources), twice; after a death every rank formats one at once: 1.4 s of the 3.4 s from a kill to
     progress at 8 ranks on 2 cores, for tracebacks a recovery never shows."""
     show, formatter = shell.showtraceback, shell.InteractiveTB
