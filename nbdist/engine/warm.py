@@ -34,6 +34,8 @@ import subprocess
 import sys
 from collections.abc import Iterator
 
+from nbdist.engine.quiet import Quiet
+
 
 def _become(job: dict) -> None:
     """Turn this (forked) process into the engine the job describes: output, cwd, env, argv."""
@@ -125,12 +127,27 @@ def cell_helpers() -> None:
     import nbdist.parallel  # noqa: F401
 
 
+# What a replayed setup cell imports, in pieces of at most about 0.35 s of a core after torch: nbdist.parallel (0.86 s
+# in all, most of it DTensor's, for DCP checkpoints), torch._dynamo (0.56 s, half of it AOT autograd's), numba
+# (0.22 s). A piece this torch does not have is left out.
+_PIECES = (
+    "sympy",
+    "torch.fx.experimental.symbolic_shapes",
+    "torch.distributed.tensor",
+    "torch.distributed.checkpoint",
+    "nbdist.parallel",
+    "torch._functorch._aot_autograd.runtime_wrappers",
+    "torch._dynamo",  # DDP's constructor imports it: 0.44 s of a restarted rank's first apply_ddp
+    "numba",
+)
+
+
 def _idle_work() -> Iterator[None]:
     """What this process does while no engine waits, one short step per ``next()``; the server
     loop forks any job that comes between two steps, so a start never waits behind this.
 
-    The cell helpers (``nbdist.parallel``: DDP, FSDP, DCP checkpoints; 0.7 s after torch) are
-    imported first, then ``torch._dynamo``, which DistributedDataParallel's constructor imports (0.44 s): a rank
+    The cell helpers (``nbdist.parallel``: DDP, FSDP, DCP checkpoints; 0.86 s after torch) are
+    imported first, then ``torch._dynamo``, which DistributedDataParallel's constructor imports (0.56 s): a rank
     restarted by recovery replays setup cells that import and build them, and would pay it while training waits
     (the whole world waits in DDP's first broadcast for it). Then numba: it sets up its typing registries on the
     first call of any jitted function and loads each kernel from its cache on that kernel's
@@ -138,13 +155,16 @@ def _idle_work() -> Iterator[None]:
     after this inherit the loaded kernels. With the cache empty or stale (a fresh install, an
     upgrade), compiling every kernel takes ~16 s of a core: a niced child process fills the
     cache instead, and this process loads the kernels once it is done. Nothing here starts a
-    thread (forking stays safe)."""
-    import nbdist.parallel  # noqa: F401
+    thread (forking stays safe). Each step waits for a free core (engine/quiet.py), so the big imports go in pieces
+    of at most about 0.35 s (``_PIECES``): a step that began just before a cell shares a core with one of its ranks that long."""
+    import importlib
 
-    yield
-    import torch._dynamo  # noqa: F401 - DDP's constructor imports it: 0.44 s of a restarted rank's first apply_ddp
-
-    yield
+    for name in _PIECES:
+        try:
+            importlib.import_module(name)
+        except ImportError:
+            pass
+        yield
     from nbdist.compression import kernels
 
     if not kernels.cached():
@@ -235,12 +255,13 @@ def main() -> None:
     signal.signal(signal.SIGCHLD, lambda signum, frame: _reap())
     pending = b""  # read from the pipe's fd directly: a buffered reader could hide a second job
     idle: Iterator[None] | None = None if lean else _idle_work()
+    quiet = Quiet()
     while True:
         while b"\n" not in pending:
             ready = _job_waiting(timeout=0.5 if idle is None else 0.1)
             _reap()
             if not ready:
-                if idle is not None and next(idle, _DONE) is _DONE:  # no engine waits: one step
+                if idle is not None and quiet.free() and next(idle, _DONE) is _DONE:  # no engine waits: a step
                     idle = None
                 continue
             chunk = os.read(0, 1 << 16)

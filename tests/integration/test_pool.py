@@ -4,6 +4,9 @@ from __future__ import annotations
 
 import os
 import signal
+import subprocess
+import sys
+import time
 
 import psutil
 import pytest
@@ -186,6 +189,41 @@ def test_an_empty_numba_cache_is_filled_beside_the_warm_process_and_no_start_wai
 
         poll(restarted_ranks_have_the_kernels_loaded, 30, every=0.5)
         assert cluster.pull(f"{kernels}.sign_unpack.stats.cache_misses") == [{}, {}], "loaded, not compiled"
+
+
+def _cpu_s(pid: int) -> float:
+    t = psutil.Process(pid).cpu_times()
+    return t.user + t.system
+
+
+def test_the_warm_process_leaves_every_core_to_the_ranks_and_does_its_idle_work_once_one_is_free():
+    """Its idle work (about 1.5 s of a core after a start: what a replayed setup cell imports, numba's kernels) ran
+    beside the first cell: on a 2-core laptop one rank computed about half as fast for a second, and %dist_why named
+    it (compute skew, CI 2026-12-03). Here a spinner per core stands for ranks that compute: the warm process does
+    nothing while they spin, and its work once they stop (ranks forked after it start with numba's kernels loaded)."""
+    cores = len(os.sched_getaffinity(0))
+    spinners = [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(cores)]
+    try:
+        server = pool.warm(2, default_threads(2))
+        with nbdist.start(n=2, timeout=120) as cluster:
+            before = _cpu_s(server)
+            time.sleep(5)
+            used = _cpu_s(server) - before
+            for spinner in spinners:
+                spinner.kill()
+            assert used < 0.15, f"the warm process took {used:.2f} s of a core while every core computed"
+            kernels = "__import__('nbdist.compression.kernels', fromlist=['k'])"
+
+            def restarted_ranks_have_the_kernels_loaded():
+                cluster.restart()
+                return all(cluster.pull(f"len({kernels}.scatter_add.signatures) > 0"))
+
+            # within 20 s: the step the warm process takes anyway after 30 s of busy cores cannot be what did it
+            poll(restarted_ranks_have_the_kernels_loaded, 20, every=0.5)
+    finally:
+        for spinner in spinners:
+            spinner.kill()
+            spinner.wait()
 
 
 POISON = """

@@ -1,0 +1,71 @@
+"""Whether a core of this machine is free: the warm process (engine/warm.py) does its idle work only then, so that
+nbdist's own background work never takes a core from ranks that compute.
+
+Read from ``/proc/stat`` (the idle and I/O-wait time of the cores this process may use) over the last ``WINDOW_S``,
+with this process's own use added back: its idle work is not a reason to stop it. Where nothing frees a core for
+``STALE_S`` (ranks training on every core for minutes), one step goes anyway, so that the work is done in the end.
+
+Before this, on a 2-core laptop, the 1.5 s of a core that the idle work takes after a start ran beside the first
+cell's ranks: one rank computed about half as fast for a second, and ``%dist_why`` named it (compute skew).
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from collections import deque
+
+FREE = 0.8  # of a core, idle on average over the window
+WINDOW_S = 1.0
+STALE_S = 30.0  # busy this long since the last step: one step anyway
+_TICK = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
+
+
+def _idle_s(cores: set[int]) -> float | None:
+    """Seconds the given cores have been idle (or waiting for I/O) since boot; None where /proc/stat is not read."""
+    try:
+        with open("/proc/stat") as f:
+            lines = [line.split() for line in f if line.startswith("cpu") and not line.startswith("cpu ")]
+    except OSError:
+        return None
+    ticks = sum(int(x[4]) + int(x[5]) for x in lines if int(x[0][3:]) in cores)
+    return ticks / _TICK
+
+
+def _own_s() -> float:
+    t = os.times()
+    return t.user + t.system
+
+
+class Quiet:
+    """``free()``: True when a core has been free over the last ``window_s`` (this process's own use not counted),
+    or when ``stale_s`` passed since the last True. Call it often (every 0.1 s): each call is a sample."""
+
+    __slots__ = ("_cores", "_samples", "_last", "free_cores", "window_s", "stale_s")
+
+    def __init__(self, window_s: float = WINDOW_S, stale_s: float = STALE_S) -> None:
+        self._cores = os.sched_getaffinity(0) if hasattr(os, "sched_getaffinity") else set(range(os.cpu_count() or 1))
+        self._samples: deque[tuple[float, float, float]] = deque()
+        self._last = time.monotonic()
+        self.free_cores: float | None = None  # the last measure, for tests and logs
+        self.window_s = window_s
+        self.stale_s = stale_s
+
+    def free(self) -> bool:
+        now = time.monotonic()
+        idle = _idle_s(self._cores)
+        if idle is None:  # not Linux: no measure, no wait
+            return True
+        self._samples.append((now, idle, _own_s()))
+        while len(self._samples) > 1 and now - self._samples[1][0] >= self.window_s:
+            self._samples.popleft()
+        then, idle0, own0 = self._samples[0]
+        if now - then >= self.window_s:
+            self.free_cores = (idle - idle0 + _own_s() - own0) / (now - then)
+            if self.free_cores >= FREE:
+                self._last = now
+                return True
+        if now - self._last >= self.stale_s:
+            self._last = now
+            return True
+        return False
