@@ -97,6 +97,7 @@ def one_size(n: int, steps: int, kill_at: int, workdir: str) -> dict:
         thread.join(timeout=60)
         final = c.pull("final", ranks=[0])[0] if result.ok else None
         phases = dict(c.recovery.phases)
+        began, ended = c.recovery.span
         rebuilt = re.search(r"rebuilt step (\d+) from", " ".join(result.recovered))
         if n > 2 and rebuilt:
             # A new DDP's first step takes DDP's first bucket layout, and with more than 2 ranks gloo's ring sums
@@ -120,10 +121,24 @@ def one_size(n: int, steps: int, kill_at: int, workdir: str) -> dict:
         "kill_to_progress_s": round(times["progress"] - times["kill"], 3) if "progress" in times else None,
         "step_s": round(step_s, 3),
         "recovery_phases_s": {k: round(v, 3) for k, v in phases.items()},
+        # kill -> the recovery begins (the death seen, the others released), and its end -> progress (the cell run
+        # again until rank 0 finishes a step past the one the world was in)
+        "kill_to_recovery_s": round(began - times["kill"], 3) if "kill" in times and began else None,
+        "recovery_to_progress_s": round(times["progress"] - ended, 3) if "progress" in times and ended else None,
         "bit_for_bit": same,
         "largest_difference": diff,
         "recovered": result.recovered,
+        "error": _error(result),
     }
+
+
+def _error(result) -> str | None:
+    """What the cell said when it failed (None: it succeeded)."""
+    try:
+        result.raise_for_error()
+    except Exception as exc:  # the benchmark says it and goes on
+        return f"{type(exc).__name__}: {exc}"
+    return None
 
 
 def main() -> int:
@@ -143,11 +158,12 @@ def main() -> int:
             row["spare"] = spare
             rows.append(row)
             print(
-                f"{n:3d} ranks, spare {spare:3s}: kill -> progress {row['kill_to_progress_s']} s (a step: {row['step_s']} s), recovery parts "
-                f"{row['recovery_phases_s']}, bit for bit {row['bit_for_bit']} (largest difference {row['largest_difference']}), start {row['start_s']} s, stop {row['stop_s']} s",
+                f"{n:3d} ranks, spare {spare:3s}: kill -> progress {row['kill_to_progress_s']} s (a step: {row['step_s']} s): until the "
+                f"recovery {row['kill_to_recovery_s']} s, its parts {row['recovery_phases_s']}, after it "
+                f"{row['recovery_to_progress_s']} s; bit for bit {row['bit_for_bit']} (largest difference {row['largest_difference']}), start {row['start_s']} s, stop {row['stop_s']} s",
                 flush=True,
             )
-            print("      " + " | ".join(row["recovered"]), flush=True)
+            print("      " + " | ".join(row["recovered"]) + (row["error"] or ""), flush=True)
     save("recovery_scale", {"args": vars(args), "rows": rows})
     return 0 if all(r["ok"] and r["bit_for_bit"] for r in rows) else 1
 

@@ -127,16 +127,16 @@ def cell_helpers() -> None:
     import nbdist.parallel  # noqa: F401
 
 
-# What a replayed setup cell imports, in pieces of at most about 0.35 s of a core after torch: nbdist.parallel (0.86 s
-# in all, most of it DTensor's, for DCP checkpoints), torch._dynamo (0.56 s, half of it AOT autograd's), numba
-# (0.22 s). A piece this torch does not have is left out.
+# What a replayed setup cell imports, in pieces (after torch: nbdist.parallel 0.86 s in all, most of it DTensor's, for
+# DCP checkpoints; torch._dynamo 0.6 s; numba 0.2 s). Each is a module its users import first: a submodule imported
+# out of its package's order can fail halfway (a circular import) and leave a module without its attributes in every
+# fork (torch's AOT autograd wrappers did: DDP's constructor then failed on the ranks forked after).
 _PIECES = (
     "sympy",
     "torch.fx.experimental.symbolic_shapes",
     "torch.distributed.tensor",
     "torch.distributed.checkpoint",
     "nbdist.parallel",
-    "torch._functorch._aot_autograd.runtime_wrappers",
     "torch._dynamo",  # DDP's constructor imports it: 0.44 s of a restarted rank's first apply_ddp
     "numba",
 )
@@ -155,15 +155,18 @@ def _idle_work() -> Iterator[None]:
     after this inherit the loaded kernels. With the cache empty or stale (a fresh install, an
     upgrade), compiling every kernel takes ~16 s of a core: a niced child process fills the
     cache instead, and this process loads the kernels once it is done. Nothing here starts a
-    thread (forking stays safe). Each step waits for a free core (engine/quiet.py), so the big imports go in pieces
-    of at most about 0.35 s (``_PIECES``): a step that began just before a cell shares a core with one of its ranks that long."""
+    thread (forking stays safe). Each step waits for a free core (engine/quiet.py), so the big imports go in
+    pieces of at most about 0.6 s (``_PIECES``): a step that began just before a cell shares a core with one of its
+    ranks that long."""
     import importlib
 
     for name in _PIECES:
         try:
             importlib.import_module(name)
-        except ImportError:
+        except ModuleNotFoundError:  # not in this torch: the next piece
             pass
+        except Exception:  # only an optimisation; what failed halfway is not built on (tests/unit/test_fork_check.py)
+            return
         yield
     from nbdist.compression import kernels
 

@@ -65,6 +65,7 @@ class Recovery:
     peer: bool = True  # rebuild from the living ranks' memory where that is exact (peer_recovery.py)
     renumbered: dict[int, int] | None = None  # the last recovery's old rank -> new rank, when the world shrank
     phases: dict[str, float] = field(default_factory=dict)  # the last recovery's parts, in seconds (benchmarks)
+    span: tuple[float, float] = (0.0, 0.0)  # the last recovery's start and end, time.perf_counter() (benchmarks)
 
     @classmethod
     def of(cls, config: RecoveryConfig) -> Recovery:
@@ -117,6 +118,7 @@ class Recovery:
                     f"{', '.join(map(str, replay.engines.dead_ranks()))}; %dist_restart --ranks {listed} brings them "
                     "back."
                 )
+        self.span = (tic, time.perf_counter())
         if during:
             why += f"; rank(s) {', '.join(map(str, during))} died during its recovery"
         line = (
@@ -218,7 +220,9 @@ def replay_setup(replay: Replay, who: str) -> None:
         )
         assert isinstance(result, RunResult)  # a blocking run
         if not result.ok:
-            why = result.failed[0].failure().summary
+            # the rank whose own error or death it was, not the first of those the release interrupted for it
+            cause = sorted(result.failed, key=lambda r: r.status in (RankStatus.INTERRUPTED, RankStatus.TIMEOUT))
+            why = cause[0].failure().summary
             raise ClusterError(f"{who}: setup cell {i} of {len(replay.setup)} failed when replayed: {why}")
 
 

@@ -120,6 +120,26 @@ def test_setup_cells_with_collectives_replay_on_every_rank_and_other_cells_never
     assert " ".join(logs[1]) == "setup 2 plain cell setup 2 cell"
 
 
+def test_a_setup_cell_that_fails_when_replayed_is_said_with_the_rank_that_raised_not_one_released_for_it(tmp_path):
+    """The replayed setup cell raises on the restarted rank only, while rank 0 waits for it in a collective and is
+    released. The recovery's error names the rank that raised and its error (a 64-rank recovery said "rank 0 was
+    interrupted in cell line 4", and rank 63's AttributeError was nowhere)."""
+    mark = str(tmp_path / "mark")
+    setup = (
+        "import os\n"
+        f"if dist.get_rank() == 1 and os.path.exists({mark!r}):\n"
+        "    raise ValueError('the replay went wrong on this rank')\n"
+        "t = torch.ones(1)\n"
+        "dist.all_reduce(t)\n"
+    )
+    kill = f"if dist.get_rank() == 1:\n    open({mark!r}, 'w').close()\n    os.kill(os.getpid(), 9)\ndist.barrier()\n"
+    with nbdist.start(2, max_restarts=1, timeout=60) as c:
+        c.run(setup, setup=True).raise_for_error()
+        result = c.run(kill, timeout=HANG_S)
+    said = " ".join(result.notes)
+    assert not result.ok and "setup cell 1 of 1 failed when replayed: rank 1 raised ValueError" in said, said
+
+
 def test_sigterm_to_one_engine_runs_the_save_hook_on_every_rank_before_it_leaves(tmp_path):
     hooks = str(tmp_path / "hook")
     setup = f"""

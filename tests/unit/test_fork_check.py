@@ -50,13 +50,28 @@ def test_a_process_that_loaded_a_driver_refuses_to_fork_and_says_which(tmp_path)
 def test_the_warm_process_imports_what_a_replayed_setup_cell_builds_and_stays_safe_to_fork():
     """Its first idle steps import nbdist.parallel and torch._dynamo, which DDP's constructor imports (0.44 s a
     restarted rank paid in its replayed apply_ddp while the world waited: benchmarks/recovery_scale.py), and start
-    no thread, so a fork after them is still safe."""
+    no thread, so a fork after them is still safe. A rank may be forked between any two steps: each such fork builds
+    DDP (a submodule imported out of order once left torch._dynamo without ``utils`` in the forks, and a 64-rank
+    recovery failed)."""
     code = (
-        "import sys\n"
+        "import os, sys\n"
         "from nbdist.engine import warm\n"
         "steps = warm._idle_work()\n"
-        "for _ in warm._PIECES: next(steps)\n"
+        "built = []\n"
+        "for _ in warm._PIECES:\n"
+        "    next(steps)\n"
+        "    pid = os.fork()\n"
+        "    if pid == 0:\n"
+        "        import torch, torch.distributed as dist\n"
+        "        dist.init_process_group('gloo', store=dist.HashStore(), rank=0, world_size=1)\n"
+        "        torch.nn.parallel.DistributedDataParallel(torch.nn.Linear(2, 2))\n"
+        "        os._exit(0)\n"
+        "    built.append(os.waitpid(pid, 0)[1] == 0)\n"
         "print(sorted(m for m in ('nbdist.parallel', 'torch._dynamo') if m in sys.modules), repr(warm.unsafe()))\n"
+        "print(len(warm._PIECES), built)\n"
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, check=True).stdout
-    assert out.split("\n")[-2] == "['nbdist.parallel', 'torch._dynamo'] ''", out
+    imported, forks = out.split("\n")[-3:-1]
+    assert imported == "['nbdist.parallel', 'torch._dynamo'] ''", out
+    count, built = forks.split(" ", 1)
+    assert built == repr([True] * int(count)), f"a rank forked after step k of {count} could not build DDP: {built}"
