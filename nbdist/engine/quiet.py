@@ -2,7 +2,9 @@
 nbdist's own background work never takes a core from ranks that compute.
 
 Read from ``/proc/stat`` (the idle and I/O-wait time of the cores this process may use) over the last ``WINDOW_S``,
-with this process's own use added back: its idle work is not a reason to stop it. Where nothing frees a core for
+with this process's own use added back: its idle work is not a reason to stop it. Where this process's cgroup has a
+CPU quota (a JupyterHub pod's CPU limit on a node of many cores), what the cgroup's processes used of it counts too
+(engine/cgroupcpu.py): the host's idle cores are not the pod's to take. Where nothing frees a core for
 ``STALE_S`` (ranks training on every core for minutes), one step goes anyway, so that the work is done in the end.
 
 Before this, on a 2-core laptop, the 1.5 s of a core that the idle work takes after a start ran beside the first
@@ -14,6 +16,8 @@ from __future__ import annotations
 import os
 import time
 from collections import deque
+
+from nbdist.engine import cgroupcpu
 
 FREE = 0.8  # of a core, idle on average over the window
 WINDOW_S = 1.0
@@ -41,11 +45,12 @@ class Quiet:
     """``free()``: True when a core has been free over the last ``window_s`` (this process's own use not counted),
     or when ``stale_s`` passed since the last True. Call it often (every 0.1 s): each call is a sample."""
 
-    __slots__ = ("_cores", "_samples", "_last", "free_cores", "window_s", "stale_s")
+    __slots__ = ("_cores", "_quota", "_samples", "_last", "free_cores", "window_s", "stale_s")
 
     def __init__(self, window_s: float = WINDOW_S, stale_s: float = STALE_S) -> None:
         self._cores = os.sched_getaffinity(0) if hasattr(os, "sched_getaffinity") else set(range(os.cpu_count() or 1))
-        self._samples: deque[tuple[float, float, float]] = deque()
+        self._quota = cgroupcpu.quota()
+        self._samples: deque[tuple[float, float, float, float]] = deque()
         self._last = time.monotonic()
         self.free_cores: float | None = None  # the last measure, for tests and logs
         self.window_s = window_s
@@ -56,12 +61,16 @@ class Quiet:
         idle = _idle_s(self._cores)
         if idle is None:  # not Linux: no measure, no wait
             return True
-        self._samples.append((now, idle, _own_s()))
+        own, used = _own_s(), self._quota.used_s() if self._quota is not None else 0.0
+        self._samples.append((now, idle, own, used))
         while len(self._samples) > 1 and now - self._samples[1][0] >= self.window_s:
             self._samples.popleft()
-        then, idle0, own0 = self._samples[0]
+        then, idle0, own0, used0 = self._samples[0]
         if now - then >= self.window_s:
-            self.free_cores = (idle - idle0 + _own_s() - own0) / (now - then)
+            span = now - then
+            self.free_cores = (idle - idle0 + own - own0) / span
+            if self._quota is not None:  # the quota left, this process's own use given back
+                self.free_cores = min(self.free_cores, self._quota.cores - (used - used0 - own + own0) / span)
             if self.free_cores >= FREE:
                 self._last = now
                 return True
