@@ -32,7 +32,6 @@ import select
 import signal
 import subprocess
 import sys
-import time
 from collections.abc import Iterator
 
 from nbdist.engine.quiet import Quiet
@@ -121,25 +120,11 @@ def _job_waiting(timeout: float = 0.0) -> bool:
 
 
 def cell_helpers() -> None:
-    """Import what a replayed setup cell builds with (``_PIECES``; ``_idle_work`` says why), on a spare engine
-    (world/spare.py), which may have been forked before this process was idle: in a thread, a piece at a time, each
-    once a core is free (engine/quiet.py), so that the ranks' cells never share a core with it (asked for at the first
-    cell after the spare registered, it took 0.5-0.7 s of a core beside that cell). The engine's own thread stays
-    free: a recovery that takes the spare meanwhile is not held, and imports what it needs first itself."""
-    import importlib
-    import threading
+    """Import what a replayed setup cell builds with: the cell helpers and ``torch._dynamo`` (``_idle_work`` says
+    why). Also run on a spare engine (world/spare.py), which may have been forked before this process was idle."""
+    import torch._dynamo  # noqa: F401 - DDP's constructor imports it: 0.44 s of a restarted rank's first apply_ddp
 
-    def pieces() -> None:
-        quiet = Quiet()
-        for name in _PIECES:
-            while not quiet.free():
-                time.sleep(0.1)
-            try:
-                importlib.import_module(name)
-            except Exception:  # only an optimisation: a cell that needs the module reports its own error
-                return
-
-    threading.Thread(target=pieces, name="nbdist-spare-imports", daemon=True).start()
+    import nbdist.parallel  # noqa: F401
 
 
 # What a replayed setup cell imports, in pieces (after torch: nbdist.parallel 0.86 s in all, most of it DTensor's, for

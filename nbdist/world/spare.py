@@ -5,8 +5,8 @@ waits for it to register: about 0.3 s of the 1 s from kill to progress at 8 rank
 (issue 52). A world keeps one when it runs on this machine (the local launcher) and recovers by itself
 (``--max-restarts``); ``NBDIST_SPARE=0`` turns it off. A spare taken is started again before the next cell, not
 during the recovery, whose CPU it would share. Once it has registered it imports what a replayed setup cell will
-(``engine.warm.cell_helpers``: in a thread, a piece at a time, each once a core is free): forked early in a world's
-life, it may have left the warm process (engine/warm.py) before that process imported them in its idle time.
+(``engine.warm.cell_helpers``): forked early in a world's life, it may have left the warm process (engine/warm.py)
+before that process imported them in its idle time.
 
 The spare is one of the cluster's engine sets: ``%dist_stop`` ends it with the others. A spare that has not
 registered when it is wanted (or whose process has ended) is stopped, never counted as another's engine.

@@ -14,8 +14,6 @@ from __future__ import annotations
 
 import os
 import signal
-import subprocess
-import sys
 import time
 
 import psutil
@@ -111,43 +109,3 @@ def test_a_world_that_does_not_recover_by_itself_or_turns_it_off_keeps_no_spare(
             c.run("x = 1").raise_for_error()
         time.sleep(1.0)  # a spare started would have registered by now (about 0.3 s here)
         assert _spares(c) == [] and c.engines.spare.key is None
-
-
-def _cpu_s(pid: int) -> float:
-    t = psutil.Process(pid).cpu_times()
-    return t.user + t.system
-
-
-def _pid() -> int:
-    import os
-
-    return os.getpid()
-
-
-def _has_imported() -> bool:
-    import sys
-
-    return all(m in sys.modules for m in ("nbdist.parallel", "torch._dynamo", "numba"))
-
-
-def test_the_spare_imports_what_a_replayed_setup_cell_needs_only_once_a_core_is_free():
-    """The spare's imports (about 1.5 s of a core) are asked for at the first cell after it registered, and ran beside
-    that cell: 0.5-0.7 s of a core inside a 2-rank world's first cell on 2 cores. Here a spinner per core stands for
-    ranks that compute: the spare takes nothing while they spin, and imports once they stop."""
-    cores = len(os.sched_getaffinity(0))
-    with nbdist.start(2, max_restarts=1, timeout=60) as c:
-        spare = _registered_spare(c)
-        pid = c.engines.client[spare].apply_sync(_pid)
-        spinners = [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(cores)]
-        try:
-            c.run("x = 1").raise_for_error()  # the first cell since the spare registered: it is asked to import
-            before = _cpu_s(pid)
-            time.sleep(4)
-            used = _cpu_s(pid) - before
-        finally:
-            for spinner in spinners:
-                spinner.kill()
-                spinner.wait()
-        assert used < 0.15, f"the spare took {used:.2f} s of a core while every core computed"
-        # within 20 s: the piece it takes anyway after 30 s of busy cores cannot be what did it
-        poll(lambda: c.engines.client[spare].apply_sync(_has_imported), within=20, every=0.5)
