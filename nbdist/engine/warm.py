@@ -194,7 +194,7 @@ def _compile_in_background() -> subprocess.Popen:
     code = (
         "import os; os.nice(10)\n"
         "from nbdist.engine.parentwatch import watch_parent; watch_parent(interval=0.2)\n"
-        "from nbdist.compression import kernels; kernels.warm_up()\n"
+        "from nbdist.engine.warm import compile_when_quiet; compile_when_quiet()\n"
     )
     proc = subprocess.Popen(
         [sys.executable, "-c", code],
@@ -205,6 +205,21 @@ def _compile_in_background() -> subprocess.Popen:
     )
     _COMPILER.append(proc)
     return proc
+
+
+def compile_when_quiet() -> None:
+    """In the compiler child: compile each kernel into numba's cache, one at a time, each once a core is free
+    (engine/quiet.py). Its nice does not rank it below the ranks: each engine is a session of its own, and with the
+    kernel's autogroups the scheduler weighs sessions before it weighs a session's processes by their nice."""
+    import time
+
+    from nbdist.compression import kernels
+
+    quiet = Quiet()
+    for _, step in kernels.warm_up_steps():
+        while not quiet.free():
+            time.sleep(0.1)
+        step()
 
 
 def _reap() -> None:

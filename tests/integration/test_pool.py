@@ -163,7 +163,7 @@ def test_nbdist_warm_0_turns_warming_off(monkeypatch):
 
 def _compiler_of(server: int) -> psutil.Process | None:
     for child in psutil.Process(server).children():
-        if "kernels.warm_up()" in " ".join(child.cmdline()):
+        if "compile_when_quiet()" in " ".join(child.cmdline()):
             return child
     return None
 
@@ -224,6 +224,33 @@ def test_the_warm_process_leaves_every_core_to_the_ranks_and_does_its_idle_work_
         for spinner in spinners:
             spinner.kill()
             spinner.wait()
+
+
+def test_the_numba_compiler_beside_the_warm_process_compiles_only_while_a_core_is_free(tmp_path, monkeypatch):
+    """A fresh install's kernels (about 16 s of a core) compile in a child of the warm process. Its nice does not
+    put it below the ranks (each engine is a session of its own, and the kernel's autogroups weigh sessions first),
+    so it compiles a kernel at a time, each once a core is free. A spinner per core stands for ranks that compute:
+    once the kernel it was compiling is done, the compiler waits; when they stop, it fills the cache."""
+    monkeypatch.setenv("NUMBA_CACHE_DIR", str(tmp_path / "numba"))
+    server = pool.warm(2, default_threads(2))
+    compiler = poll(lambda: _compiler_of(server), 60)  # begun once the warm process's imports are done
+    cores = len(os.sched_getaffinity(0))
+    spinners = [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(cores)]
+    try:
+        time.sleep(8)  # the kernel being compiled when they began is finished (numba's first is the longest)
+        before = _cpu_s(compiler.pid)
+        time.sleep(5)
+        used = _cpu_s(compiler.pid) - before
+    finally:
+        for spinner in spinners:
+            spinner.kill()
+            spinner.wait()
+    assert compiler.is_running() and used < 0.3, f"the compiler took {used:.2f} s of a core while every core computed"
+    compiler.wait(180)
+    from nbdist.compression import kernels
+
+    indexes = list((tmp_path / "numba").rglob("*.nbi"))  # one per kernel compiled into the cache
+    assert len(indexes) >= len(kernels.warm_up_steps()), f"the cache is filled once the cores are free: {indexes}"
 
 
 POISON = """
