@@ -55,11 +55,18 @@ def _dir(mounts: list[tuple[str, str, str, set[str]]], kind: str, controller: st
 
 
 def quota(proc: str = "/proc/self") -> Quota | None:
-    """This process's cgroup's CPU quota; None where none is set, or the files are not there to read (not Linux)."""
+    """This process's cgroup's CPU quota; None where none is set, or the files are not there to read (not Linux), or
+    read as nothing here expects (the warm process calls this as it starts: a quota not read only costs the gate)."""
     cgroups, mountinfo = _read(f"{proc}/cgroup"), _read(f"{proc}/mountinfo")
     if cgroups is None or mountinfo is None:
         return None
-    mounts = _mounts(mountinfo)
+    try:
+        return _quota(cgroups, _mounts(mountinfo))
+    except (ValueError, IndexError, ZeroDivisionError):
+        return None
+
+
+def _quota(cgroups: str, mounts: list[tuple[str, str, str, set[str]]]) -> Quota | None:
     for line in cgroups.splitlines():
         hierarchy, controllers, path = line.split(":", 2)
         if hierarchy == "0" and not controllers:  # v2
