@@ -43,7 +43,7 @@ import torch
 import torch.distributed as dist
 
 from .. import wire
-from ..engine import control
+from ..engine import atomic, control
 from ..engine.state import STATE
 from . import peer_part
 from .peer_undo import Undo
@@ -220,6 +220,7 @@ def _before_step(optimizer: Any, args: Any, kwargs: Any) -> None:
     if not KEPT.complete(also=optimizer):
         if not any(u.optimizer is optimizer for u in KEPT.undo):
             KEPT.undo.append(Undo.take(optimizer))
+        atomic.hold()  # until _after_step: a release's KeyboardInterrupt never leaves the parameters half updated
         KEPT.begun = after
         return
     data = own_part(with_extra=False)
@@ -228,6 +229,7 @@ def _before_step(optimizer: Any, args: Any, kwargs: Any) -> None:
         raise RuntimeError(
             f"nbdist: rank {dist.get_rank()} could not leave its part with its buddy ({KEPT.why or 'no answer'})"
         )
+    atomic.hold()
     KEPT.begun = after
     if after not in KEPT.parts:
         _keep(KEPT.parts, after, (False, data))
@@ -240,6 +242,7 @@ def _after_step(optimizer: Any, args: Any, kwargs: Any) -> None:
             KEPT.stepped.append(optimizer)
         if KEPT.passing is not None:
             KEPT.loader = KEPT.passing
+    atomic.let_go()  # the step is whole: a SIGINT that came during it raises KeyboardInterrupt now
 
 
 def _send(index: int, exact: bool, data: bytes, wait: bool) -> threading.Event:
