@@ -307,7 +307,10 @@ class Watch:
             seen = self.reports.get(rank) or {}
             place = " <- ".join(reversed([p.rsplit("/", 1)[-1] for p in (seen.get("stack") or [])[-4:]]))
             state = "" if not seen else " (in its cell)" if seen.get("busy", True) else " (its cell over, no reply sent)"
-            self._say(f"nbdist: ending rank {rank}, which did not stop after the release{state}: {place or 'silent'}")
+            self._say(
+                f"nbdist: ending rank {rank}, which did not stop after the release{state}: {place or 'silent'}"
+                + _broke(seen.get("broke"), seen.get("time"))
+            )
         self.engines.kill(ranks)
         self.board.set(ranks, RankState.DEAD)
         self.ended.update(i for i, rank in enumerate(self.ranks) if rank in ranks)
@@ -366,3 +369,13 @@ def _pdb_line(text: str) -> int | None:
 
 def _typed(prompt: str) -> str:
     return input(prompt)  # looked up at each call: the kernel's input, or a test's
+
+
+def _broke(broke: list | None, seen_at: float | None) -> str:
+    """What the rank's watcher did to its group before it was last seen: a rank that did not stop although its
+    connections were shut waits on something else (what to fix); one whose group was never broken waited for it."""
+    if not broke:
+        return "; its group was not broken"
+    closed, of, at = broke
+    ago = f" {seen_at - at:.1f} s before it was last seen" if seen_at else ""
+    return f"; its watcher shut {closed} of its group's {of} connections{ago}"

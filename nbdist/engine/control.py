@@ -121,5 +121,6 @@ def added(before: dict[int, Ends], after: dict[int, Ends]) -> dict[int, Ends]:
     return {
         fd: ends
         for fd, ends in after.items()
-        if fd not in before and ends[1] not in known and ends[0][1] != served  # nor the store's: it outlives the group
+        # new: a number an earlier socket had (closed while the group formed) counts by its ends
+        if before.get(fd) != ends and ends[1] not in known and ends[0][1] != served  # nor the store's: outlives it
     }

@@ -182,4 +182,5 @@ def abort_world() -> str:
         except Exception as exc:  # pragma: no cover - GPU only
             return f"nccl abort failed: {exc}"
     closed = sum(control.shut(fd, ends) for fd, ends in STATE.pg_fds.items())
+    STATE.broke = (closed, len(STATE.pg_fds), time.time())  # said when the rank is ended for not stopping
     return f"closed {closed} gloo connections"

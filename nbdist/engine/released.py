@@ -50,7 +50,9 @@ def group_lost(exc: BaseException | None) -> bool:
 
 
 def at_start() -> None:
-    """Note torch's grad mode as the cell begins (the pre-cell hook)."""
+    """Note torch's grad mode as the cell begins (the pre-cell hook); a break of the group in an earlier cell is no
+    longer this cell's to tell."""
+    STATE.broke = None
     torch = sys.modules.get("torch")
     _AT_START[:] = [bool(torch.is_grad_enabled())] if torch is not None else []
 

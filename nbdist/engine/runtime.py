@@ -328,6 +328,7 @@ def _write_report(reason: str) -> None:
         "busy": busy,
         "debugging": STATE.debugging,
         "cpu_s": _main_thread_cpu(),  # a rank that works uses its core; one that waits does not (cells/release.py)
+        "broke": STATE.broke,  # the watcher's last break of the group (cells/watch.py says it of a rank it ends)
     }
     if frame is not None and busy:
         report.update(where(frame))

@@ -20,6 +20,7 @@ class RankSide:
     control: dict[str, Any] = field(default_factory=dict)  # control.control_group(purpose): nbdist's own gloo groups
     control_of: Any = None  # the default group they belong to (a rebuilt world makes new ones)
     aborted: bool = False
+    broke: tuple[int, int, float] | None = None  # the watcher's last break: connections shut, of how many, when
     busy_since: float | None = None  # monotonic time the running cell began; None between cells
     cell: int = 0  # cells run so far
     main_ident: int | None = None  # the main thread, whose stack %dist_where reads

@@ -11,6 +11,7 @@ releases and recovers is measured in benchmarks/cell_latency.py and benchmarks/f
 from __future__ import annotations
 
 import os
+import re
 import signal
 import threading
 import time
@@ -261,14 +262,23 @@ def test_a_release_between_the_cells_code_and_its_post_cell_hook_is_ignored(clus
     )
 
 
-def test_a_stuck_rank_that_is_ended_is_named_with_where_it_was_last_seen(cluster, capsys):
+@pytest.mark.parametrize(
+    ("handler", "broke"),
+    [
+        ("signal.SIG_IGN", r"; its group was not broken"),
+        ("lambda *a: None", r"; its watcher shut ([1-9]\d*) of its group's \1 connections \d+\.\d s before it was last seen"),
+    ],
+)
+def test_a_stuck_rank_that_is_ended_is_named_with_where_it_was_last_seen(cluster, capsys, handler, broke):
     """A released rank that ignores the interrupt and sleeps at one line (no CPU, the same place at two looks) is
     stuck: nbdist ends it, and says first where it was, in the cell's output and in the rank's error, so the person
-    sees what held it (before: "did not stop after an interrupt; nbdist ended it", and nothing more)."""
+    sees what held it (before: "did not stop after an interrupt; nbdist ended it", and nothing more); and whether its
+    watcher broke its group: a rank that ignores SIGINT altogether never lets its watcher hear it, one whose handler
+    does nothing does, and a rank that stays put with its connections shut waits on something else."""
     r = cluster.run(
         "import signal, time\n"
         "if dist.get_rank() == 1:\n"
-        "    signal.signal(signal.SIGINT, signal.SIG_IGN)\n"
+        f"    signal.signal(signal.SIGINT, {handler})\n"
         "    while True:\n"
         "        time.sleep(0.2)\n"
         "raise RuntimeError('rank 0 gives up')\n",
@@ -278,6 +288,7 @@ def test_a_stuck_rank_that_is_ended_is_named_with_where_it_was_last_seen(cluster
     assert r[1].status == "dead" and r[0].status == "error", (r[0].status, r[1].status)
     assert "nbdist: ending rank 1, which did not stop after the release (in its cell): " in said, said
     assert "in <module>" in said.split("nbdist: ending rank 1", 1)[1].splitlines()[0], said
+    assert re.search(broke + "$", said.split("nbdist: ending rank 1", 1)[1].splitlines()[0]), said
     assert "did not stop after an interrupt (last seen in <module>, " in r[1].error["evalue"], r[1].error
     cluster.restart([1])
     assert_usable(cluster)

@@ -64,3 +64,28 @@ def test_a_closed_descriptor_has_no_ends_and_stays_closed(sockets):
     assert control.ends_of(fd) == ends == (client.getsockname(), client.getpeername())
     client.close()
     assert control.ends_of(fd) is None
+
+
+def _listener(made: list[socket.socket]) -> socket.socket:
+    server = socket.socket()
+    server.bind(("127.0.0.1", 0))
+    server.listen()
+    made.append(server)
+    return server
+
+
+def test_a_group_connection_on_a_file_number_an_earlier_socket_had_is_the_groups(sockets):
+    """A socket that closes while a group forms (zmq reconnecting, a store client) frees its number, and the group's
+    next connection takes it: still the group's, so the watcher shuts it (before: left out, as if the earlier
+    socket were still there, and a rank released in a collective on it waited until the group's timeout)."""
+    first, second = _listener(sockets), _listener(sockets)
+    early = socket.create_connection(first.getsockname())
+    sockets.append(first.accept()[0])
+    before = control.tcp_connections()
+    number = early.fileno()
+    early.close()
+    late = socket.create_connection(second.getsockname())  # the lowest free number: the one just freed
+    sockets.extend([late, second.accept()[0]])
+    assert late.fileno() == number  # what the test is about; the kernel gives the lowest free number
+    new = control.added(before, control.tcp_connections())
+    assert new.get(number) == (late.getsockname(), late.getpeername()), new
