@@ -219,7 +219,10 @@ def compile_when_quiet() -> None:
     for _, step in kernels.warm_up_steps():
         while not quiet.free():
             time.sleep(0.1)
-        step()
+        try:
+            step()
+        finally:
+            quiet.release()
 
 
 def _reap() -> None:
@@ -279,8 +282,11 @@ def main() -> None:
             ready = _job_waiting(timeout=0.5 if idle is None else 0.1)
             _reap()
             if not ready:
-                if idle is not None and quiet.free() and next(idle, _DONE) is _DONE:  # no engine waits: a step
-                    idle = None
+                if idle is not None and quiet.free():  # no engine waits: a step, the host's turn held
+                    try:
+                        idle = None if next(idle, _DONE) is _DONE else idle
+                    finally:
+                        quiet.release()  # before any fork: a child would hold the turn for its whole life
                 continue
             chunk = os.read(0, 1 << 16)
             if not chunk:  # the pool closed the pipe, or the kernel is gone

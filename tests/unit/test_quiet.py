@@ -9,9 +9,11 @@ import os
 import signal
 import subprocess
 import sys
+import tempfile
 
 import pytest
 
+from nbdist.engine import quiet
 from tests.helpers import poll
 
 pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc/stat (Linux)")
@@ -32,6 +34,7 @@ def sampled(quiet, seconds, spin):
         else:
             time.sleep(0.1)
         said.append(quiet.free())
+    quiet.release()
     return said
 
 
@@ -54,6 +57,7 @@ finally:
 end = time.monotonic() + 5
 while not quiet.free() and time.monotonic() < end:
     time.sleep(0.1)
+quiet.release()
 out["after"] = quiet.free_cores
 print(json.dumps(out))
 """
@@ -61,7 +65,10 @@ print(json.dumps(out))
 
 @pytest.fixture(scope="module")
 def measured():
-    run = subprocess.run([sys.executable, "-c", SCRIPT], capture_output=True, text=True, timeout=60)
+    with tempfile.TemporaryDirectory() as turns:  # the host's turn its own: another run's warm process may hold it
+        run = subprocess.run(
+            [sys.executable, "-c", SCRIPT], capture_output=True, text=True, timeout=60, env={**os.environ, "TMPDIR": turns}
+        )
     assert run.returncode == 0, run.stderr
     return json.loads(run.stdout.splitlines()[-1])
 
@@ -90,6 +97,26 @@ def test_a_core_freed_is_free_again(measured):
     assert measured["after"] >= measured["free"], measured
 
 
+def test_one_process_of_a_host_has_its_turn_at_a_time_until_it_lets_go(tmp_path, monkeypatch):
+    """Every warm process of a host reads the same free core at the same moment: only the one holding the host's turn
+    (an flock, across processes) is told it is free, until it lets go after its step."""
+    path = tmp_path / "turn.lock"
+    monkeypatch.setattr(quiet, "_TURN_PATH", str(path))
+    first, second = quiet.Quiet(stale_s=0.0), quiet.Quiet(stale_s=0.0)  # stale at once: free but for the turn
+    assert first.free() is True
+    assert path.stat().st_mode & 0o777 == 0o600
+    other = subprocess.run(
+        [sys.executable, "-c", "import fcntl, os, sys; fcntl.flock(os.open(sys.argv[1], os.O_RDWR), 6)", str(path)],
+        capture_output=True,
+    )  # 6: LOCK_EX | LOCK_NB
+    assert other.returncode != 0, "another process took the turn that this one holds"
+    assert second.free() is False
+    first.release()
+    assert second.free() is True
+    assert first.free() is False
+    second.release()
+
+
 # ------------------------------------------------------------------ a cgroup with a CPU quota (root: a real cgroup)
 
 QUOTA_SCRIPT = r"""
@@ -112,6 +139,7 @@ def sampled(quiet, seconds, spin):
         else:
             time.sleep(0.1)
         said = quiet.free()
+    quiet.release()
     return said, quiet.free_cores
 
 
