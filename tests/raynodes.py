@@ -59,6 +59,18 @@ def unavailable() -> str:
     return ""
 
 
+# The actors Ray's GCS does not call alive, with why it ended each (printed by a failed test: logs_tail).
+DEATHS = """
+import re
+from ray._private import state
+for a in state.actors().values():
+    if a["State"] != "ALIVE":
+        cause = str(a.get("DeathCause"))
+        said = re.search(r'error_message: "(.*?)"', cause)
+        print(a["ActorClassName"], a["State"], "pid", a.get("Pid"), said.group(1) if said else cause[:300])
+"""
+
+
 @dataclass
 class TwoNodeRay:
     """Start with ``up()``, stop with ``down()`` (or use as a context manager)."""
@@ -176,7 +188,32 @@ class TwoNodeRay:
                 continue
             if tail:
                 said.append(f"== {os.path.basename(path)}\n" + "\n".join(tail))
+        said.append(self._deaths(logs))
         return "\n".join(said) or f"no Ray Client server logs under {logs}"
+
+    def _deaths(self, logs: str) -> str:
+        """Why Ray ended the actors it ended (their death causes, asked of the head's GCS) and what its GCS and the
+        head node's raylet logged of kills, bundles and dead nodes: a living rank whose actor Ray ended says so here."""
+        import re
+
+        said = []
+        try:
+            said.append("== actors not alive, with Ray's death cause\n" + self.query(DEATHS, timeout=30).strip())
+        except Exception as exc:  # the head may be the node that left
+            said.append(f"== actors: not asked ({type(exc).__name__}: {str(exc)[:200]})")
+        wanted = re.compile(r"(?i)kill|cancel|bundle|node .*dead|dead node|reschedul|low on memory")
+        for name in ("gcs_server.out", "raylet.out"):
+            try:
+                with open(os.path.join(logs, name), errors="replace") as fh:
+                    lines = [
+                        line[:300]
+                        for line in fh.read().splitlines()
+                        if line.startswith("[20") and "[state-dump]" not in line and wanted.search(line)  # no stats
+                    ][-40:]
+            except OSError:
+                continue
+            said.append(f"== {name} (kills, bundles, dead nodes)\n" + "\n".join(lines))
+        return "\n".join(said)
 
     def _log_tail(self) -> str:
         tails = []
