@@ -27,12 +27,19 @@ HANG_S = 120.0
 
 pytestmark = pytest.mark.skipif(not EXITS.works, reason="this kernel has no pidfd_open (Linux 5.3 or later)")
 
+# Rank 0 waits outside any collective while rank 1 dies, so only a release can stop it. In a collective, gloo's own
+# error ("connection closed by peer") could end rank 0's cell before the watch looked, and a cell whose ranks have
+# all ended releases nobody (CI saw that once, on a loaded machine). Each rank reads MARK before the barrier: both
+# agree on whether this is the first run.
 CELL = """
-import os, signal
+import os, signal, time
+first = not os.path.exists(MARK)
 dist.barrier()
-if dist.get_rank() == 1 and not os.path.exists(MARK):
+if first and dist.get_rank() == 1:
     open(MARK, "w").close()
     os.kill(os.getpid(), signal.SIGKILL)
+if first and dist.get_rank() == 0:
+    time.sleep(HANG_S)  # only the release ends this
 dist.barrier()
 t = torch.ones(1) * (dist.get_rank() + 1)
 dist.all_reduce(t)
@@ -56,7 +63,7 @@ def test_a_rank_killed_in_a_cell_is_released_as_a_death_and_its_replacement_join
         breaks = os.path.join(c.engines.workdir, wire.BREAK_NOW)
         assert not os.path.exists(breaks)
         monkeypatch.setattr(engineset.EngineSet, "call_each", counted)
-        result = c.run(f"MARK = {str(tmp_path / 'killed')!r}\n" + CELL, sink=Sink(), timeout=HANG_S)
+        result = c.run(f"MARK = {str(tmp_path / 'killed')!r}\nHANG_S = {HANG_S / 2}\n" + CELL, sink=Sink(), timeout=HANG_S)
         monkeypatch.setattr(engineset.EngineSet, "call_each", original)
         assert result.ok, result
         assert any("rank(s) 1 died during the cell" in line for line in result.recovered), result.recovered
