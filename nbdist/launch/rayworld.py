@@ -285,9 +285,9 @@ class World:
                 say(f"nbdist: launch rank {rank}'s engine ended ({code}); its actor is let go, its bundle kept")
                 _forget(ray, actor)
                 self._bundle_back(actor)
-                with self.lock:
-                    self.groups[gid].pop(rank, None)
-                    self.worst[gid] = max(self.worst[gid], abs(code))
+                with self.lock:  # a group whose start failed meanwhile was ended by stop_group, in another thread
+                    self.groups.get(gid, {}).pop(rank, None)
+                    self.worst[gid] = max(self.worst.get(gid, 0), abs(code))
         self.logs.relay(say)  # after the polls: what an engine wrote before it ended is said before its end is
         with self.lock:
             ended = [(g, self.worst[g]) for g, ranks in self.groups.items() if not ranks and g not in self.starting]

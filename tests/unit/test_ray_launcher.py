@@ -261,3 +261,47 @@ def test_a_rank_whose_actor_is_slow_to_answer_is_asked_again_and_one_that_died_i
     world.poll(said.append)
     assert ray.killed == [died, on_dead_node, slow], said  # MISSES polls in a row unanswered: taken for gone
     assert world.groups == {}, world.groups  # its group ended with it
+
+
+def test_a_group_whose_start_failed_while_its_rank_was_polled_leaves_the_other_groups_ranks_alone():
+    """The world's driver polls every group's actors (its main thread) while a later group is started (the serve
+    thread). A restart's actor that Ray cannot create on a node that left: its poll fails with ActorDiedError when
+    Ray calls the node dead, and at the same moment the start fails (NodeLeft) and stop_group ends that group. The
+    poll then lets the actor go: the group is gone already. Before, that raised KeyError out of the driver's loop,
+    whose clean-up ended every rank of the world (CI: test_ray_node_leaves, ranks 0 and 1 died with rnode2)."""
+    from ray.exceptions import ActorDiedError
+
+    from nbdist.launch import rayworld
+
+    class Actor:
+        def __init__(self, answer):
+            self.answer, self.poll, self.stop = answer, self, self
+
+        def remote(self):
+            return self
+
+    class Ray:
+        killed: list = []
+
+        def get(self, ref, timeout):
+            if isinstance(ref.answer, BaseException):
+                world.stop_group(1)  # the start's thread, while this poll waited on the restart's actor
+                raise ref.answer
+            return ref.answer
+
+        def kill(self, actor):
+            self.killed.append(actor)
+
+        def nodes(self):
+            return [{"NodeID": "n1", "Alive": True}]
+
+    ray = Ray()
+    world = rayworld.World(ray, 1.0, 0.0, {})
+    living, restarted = [Actor(None), Actor(None)], Actor(ActorDiedError())
+    world.groups, world.worst = {0: dict(enumerate(living)), 1: {0: restarted}}, {0: 0, 1: 0}
+    world.starting.add(1)
+    said: list[str] = []
+    assert world.poll(said.append) == []
+    assert world.groups == {0: dict(enumerate(living))}, said  # the world's ranks are kept
+    assert restarted in ray.killed and not set(map(id, living)) & set(map(id, ray.killed)), said
+    assert any("rank 0's engine ended (-1); its actor is let go" in line for line in said), said
