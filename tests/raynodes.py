@@ -192,8 +192,9 @@ class TwoNodeRay:
         return "\n".join(said) or f"no Ray Client server logs under {logs}"
 
     def _deaths(self, logs: str) -> str:
-        """Why Ray ended the actors it ended (their death causes, asked of the head's GCS) and what its GCS and the
-        head node's raylet logged of kills, bundles and dead nodes: a living rank whose actor Ray ended says so here."""
+        """Why each actor that is not alive ended (its death cause, asked of the head's GCS: its node died, or a
+        `ray.kill`, which is nbdist's own driver letting it go) and what the GCS and the head node's raylet logged of
+        kills, bundles and dead nodes: a living rank whose actor was ended says here by whom, and when."""
         import re
 
         said = []
