@@ -77,6 +77,10 @@ class Launcher:
         """What to do when an engine cannot reach the controller."""
         return ""
 
+    def why_gone(self) -> str:
+        """Why what this launcher runs the engines in ended them all, when it says ('' here)."""
+        return ""
+
     def cancel(self, job_ids: list[str]) -> None:
         """Cancel these batch jobs (after ipyparallel's own stop: nothing of them may outlive the cluster)."""
 

@@ -46,6 +46,7 @@ RAY_RANGE = ((2, 40), (3, 0))  # the Ray versions this launcher is tested with: 
 RANK_VAR = rayworld.RANK_VAR
 missing = rayworld.missing
 PREFLIGHT = "preflight-ray.txt"  # in the cluster's directory: registration stops at once with its line
+ENDED = "ray-ended.txt"  # in the cluster's directory: why the world's driver ended the ranks it held
 WAITING = "ray-waiting.txt"  # what the placement waits for, while it waits (RayLauncher.queue reads it)
 PASSED = ("NBDIST_", "IPP_", "OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS", "NUMBA_NUM_THREADS")
 
@@ -116,6 +117,13 @@ class RayLauncher(ManyHostsLauncher):
     def formed(self) -> None:
         rayserve.ahead(self.workdir)  # the nodes' warm processes, for ranks replaced or added later
 
+    def why_gone(self) -> str:
+        try:
+            with open(os.path.join(self.workdir, ENDED)) as fh:
+                return fh.read().strip()
+        except OSError:
+            return ""
+
     def unreachable_hint(self) -> str:
         if os.path.exists(os.path.join(self.workdir, PREFLIGHT)):
             return ""  # Ray's own answer: the line says what is missing and what to do
@@ -176,10 +184,7 @@ def _waiting(line: str) -> None:
             with open(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600), "w") as fh:
                 fh.write(line)
         else:
-            try:
-                os.unlink(path)
-            except FileNotFoundError:
-                pass
+            _remove(path)
 
 
 def main(argv: list[str]) -> int:
@@ -261,22 +266,34 @@ def main(argv: list[str]) -> int:
             say_preflight(str(exc))
             return 2
         if cluster_dir:
+            _remove(os.path.join(cluster_dir, ENDED))  # a world started again after its driver failed
             server = rayserve.Server(cluster_dir, world)  # the world's later engine sets start here
-        worst = 0
-        while True:  # an engine that ended gives its bundle back to the world at once: its replacement may need it
-            for gid, code in world.poll(_say):
-                if gid == first:
-                    worst = code
-                elif server is not None:
-                    server.finished(gid, code)
-            if not world.busy():
-                return worst
-            time.sleep(0.5)
+        try:
+            return rayserve.keep_polling(world, first, server, _say)
+        except Exception as exc:  # the ranks end with this process: the notebook's note of their deaths says why
+            why = rayserve.first_line(exc)
+            say_ended(f"the Ray driver that held the world's ranks failed and ended them ({why})")
+            raise
     finally:
         if server is not None:
             server.close()
         world.clean_up()
         _waiting("")
+
+
+def say_ended(line: str) -> None:
+    """Why this driver ended a world that had formed, where the notebook reads it (``RayLauncher.why_gone``)."""
+    cluster_dir = os.environ.get("NBDIST_CLUSTER_DIR", "")
+    if cluster_dir:
+        wire.write_private(os.path.join(cluster_dir, ENDED), line + "\n")
+    print(f"nbdist: {line}", flush=True)
+
+
+def _remove(path: str) -> None:
+    try:
+        os.unlink(path)
+    except FileNotFoundError:
+        pass
 
 
 def _say(line: str) -> None:

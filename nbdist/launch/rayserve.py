@@ -18,6 +18,8 @@ One JSON line each way at a time. Asked: ``{"n", "command", "env"}`` (the enviro
 driver would have passed its engines). Said back: ``{"say": line}`` to print,
 ``{"waiting": line}`` while Ray has not placed them, ``{"preflight": line}`` when the cluster cannot hold them, ``{"started": true}`` once the engines run, and
 ``{"exit": code}`` when the last ends.
+
+The driver's own loop (``keep_polling``) polls every group's ranks, and tells the serving side which groups ended.
 """
 
 from __future__ import annotations
@@ -28,6 +30,8 @@ import os
 import socket
 import struct
 import threading
+import time
+import traceback
 from collections.abc import Callable
 from typing import Any
 
@@ -203,3 +207,51 @@ def _send(conn: socket.socket, message: dict[str, Any]) -> None:
 def _peer_uid(conn: socket.socket) -> int:
     creds = conn.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, struct.calcsize("3i"))
     return struct.unpack("3i", creds)[2]
+
+
+POLL_PATIENCE_S = 60.0  # the driver's poll failing this long in a row ends the world, with its line in ENDED
+
+
+def keep_polling(
+    world: rayworld.World,
+    first: int,
+    server: Server | None,
+    say: Callable[[str], None],
+    nap: float = 0.5,
+    patience_s: float = POLL_PATIENCE_S,
+) -> int:
+    """Poll the world's ranks until none is left; the first group's worst exit code. An engine that ended gives
+    its bundle back to the world at once: its replacement may need it. A poll that raises (nbdist's bug or Ray's)
+    is said, with its traceback the first time, and tried again while the ranks run on: before, any such error
+    ended every rank of the world with no word to the notebook. Only one that lasts ``patience_s`` ends them."""
+    worst, failing_since, said = 0, 0.0, set()
+    while True:
+        try:
+            ended = world.poll(say)
+        except Exception as exc:
+            now, what = time.monotonic(), first_line(exc)
+            failing_since = failing_since or now
+            if what not in said:
+                said.add(what)
+                say(
+                    f"nbdist: launch the driver's poll of its ranks failed ({what}); they run on, polled again:\n"
+                    + traceback.format_exc().rstrip()
+                )
+            if now - failing_since >= patience_s:
+                raise RuntimeError(f"its poll of the ranks failed for {patience_s:.0f} s: {what}") from exc
+            time.sleep(nap)
+            continue
+        failing_since = 0.0
+        for gid, code in ended:
+            if gid == first:
+                worst = code
+            elif server is not None:
+                server.finished(gid, code)
+        if not world.busy():
+            return worst
+        time.sleep(nap)
+
+
+def first_line(exc: BaseException) -> str:
+    text = str(exc).strip().splitlines()
+    return f"{type(exc).__name__}: {text[0][:200]}" if text else type(exc).__name__

@@ -297,6 +297,8 @@ def repair(
     named = f"rank(s) {', '.join(str(r) + (f' (on {hosts[r]})' if r in hosts else '') for r in dead)}"
     # only the dead: a plain %dist_restart replaces every rank, and the living would lose their variables
     bring_back = f"%dist_restart --ranks {','.join(map(str, dead))} brings them back (the other ranks keep their variables)"
+    gone = membership.engines.launcher.why_gone() if dead and membership.engines is not None else ""
+    bring_back = f"{gone}; {bring_back}" if gone else bring_back  # what held them all ended them (a Ray driver)
     if dead and recovery.budget and not killed:
         result.notes.append(
             f"{named} died and the automatic restarts are spent ({recovery.budget} of {recovery.budget}); {bring_back}."

@@ -305,3 +305,48 @@ def test_a_group_whose_start_failed_while_its_rank_was_polled_leaves_the_other_g
     assert world.groups == {0: dict(enumerate(living))}, said  # the world's ranks are kept
     assert restarted in ray.killed and not set(map(id, living)) & set(map(id, ray.killed)), said
     assert any("rank 0's engine ended (-1); its actor is let go" in line for line in said), said
+
+
+def test_the_drivers_own_error_in_its_poll_is_said_and_the_ranks_run_on(tmp_path, monkeypatch):
+    """keep_polling, the world's driver's loop: a poll that raises (here the KeyError fixed above, as any bug of
+    nbdist's or Ray's would) is said once with its traceback and tried again; the ranks are not ended. Before, the
+    error left the loop and main's clean-up ended every rank, with no word the notebook showed. A poll that fails
+    for ``patience_s`` in a row ends the world, and the line the driver then writes is what the notebook reads."""
+    from nbdist.launch import rayserve
+
+    class World:
+        def __init__(self, answers):
+            self.answers, self.groups, self.polls = list(answers), {0: {0: "actor"}}, 0
+
+        def poll(self, say):
+            self.polls += 1
+            answer = self.answers.pop(0) if self.answers else KeyError(1)
+            if isinstance(answer, BaseException):
+                raise answer
+            if answer:
+                self.groups = {}
+            return answer
+
+        def busy(self):
+            return bool(self.groups)
+
+    world = World([KeyError(1), KeyError(1), RuntimeError("Ray Client: reset"), [], [(0, 3)]])
+    said: list[str] = []
+    assert rayserve.keep_polling(world, 0, None, said.append, nap=0.001) == 3  # type: ignore[arg-type]
+    assert world.polls == 5 and len(said) == 2, said  # each error once, with its traceback
+    assert said[0].startswith("nbdist: launch the driver's poll of its ranks failed (KeyError: 1); they run on"), said
+    assert "Traceback (most recent call last)" in said[0] and "raise answer" in said[0], said[0]
+    assert "(RuntimeError: Ray Client: reset)" in said[1], said
+
+    stuck = World([])
+    with pytest.raises(RuntimeError, match=r"its poll of the ranks failed for 0 s: KeyError: 1"):
+        rayserve.keep_polling(stuck, 0, None, said.append, nap=0.001, patience_s=0.05)  # type: ignore[arg-type]
+    assert stuck.polls > 1
+
+    monkeypatch.setenv("NBDIST_CLUSTER_DIR", str(tmp_path))
+    launcher = raylaunch.RayLauncher()
+    launcher.workdir = str(tmp_path)
+    assert launcher.why_gone() == ""
+    raylaunch.say_ended("the Ray driver that held the world's ranks failed and ended them (RuntimeError: x)")
+    assert launcher.why_gone() == "the Ray driver that held the world's ranks failed and ended them (RuntimeError: x)"
+    assert oct((tmp_path / raylaunch.ENDED).stat().st_mode & 0o777) == "0o600"

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import types
+
 import pytest
 
 from nbdist.cells.release import LAST_RESORT_S, Action, ReleasePolicy, stuck
@@ -331,7 +333,29 @@ def test_ranks_ended_for_not_stopping_are_recovered_with_the_ranks_that_died():
     )
     assert repair(result, [2], Recovery(budget=3), False, membership=None) == [1, 2]  # type: ignore[arg-type]
     spent = Recovery(budget=1, used=1)  # no recovery: nothing returned, the note says what to run
-    assert repair(result, [2], spent, False, membership=None) == []  # type: ignore[arg-type]
+    assert repair(result, [2], spent, False, membership=_Held("")) == []  # type: ignore[arg-type]
+
+
+class _Held:
+    """A membership whose launcher says why it ended every engine (a Ray driver that failed), or says nothing."""
+
+    def __init__(self, why: str) -> None:
+        self.engines = types.SimpleNamespace(launcher=types.SimpleNamespace(why_gone=lambda: why))
+
+
+def test_the_note_of_ranks_that_died_says_why_when_what_held_them_ended_them_all():
+    """A Ray world whose driver failed: every rank died with it, and the driver said why in its file
+    (launch/ray.py say_ended): the note of their deaths carries that line, next to the command that brings them back."""
+    from nbdist.lifecycle.recovery import Recovery, repair
+    from nbdist.results import RankResult, RankStatus, RunResult
+
+    result = RunResult([RankResult(r, r, RankStatus.DEAD, host="rnode1") for r in range(2)])
+    why = "the Ray driver that held the world's ranks failed and ended them (RuntimeError: lost)"
+    assert repair(result, [], Recovery(budget=0), False, membership=_Held(why)) == []  # type: ignore[arg-type]
+    assert result.notes == [
+        f"rank(s) 0 (on rnode1), 1 (on rnode1) died; {why}; %dist_restart --ranks 0,1 brings them back (the other "
+        "ranks keep their variables)."
+    ], result.notes
 
 
 def test_what_a_rank_in_a_collective_waits_for():
