@@ -28,7 +28,8 @@ from .pdbrelay import Relay, send_line
 from .release import Action, ReleasePolicy, stuck
 
 OnDone = Callable[[RunResult, list[int]], list[int]]  # (result, ranks killed) -> ranks to recover
-DEATH_CHECK_S = 0.1  # how often a running cell looks whether its ranks' processes are still there
+DEATH_CHECK_S = 0.1  # how often a running cell looks whether its ranks' processes are still there (no pidfds)
+FOLLOWED_CHECK_S = 1.0  # the same look where the kernel tells of each death (launch/exits.py): a second safety net
 TICK_S = 1.0  # how often the cell's path is asked whether the world should change (a queued replacement came)
 
 
@@ -78,7 +79,7 @@ class Watch:
         self.finished: set[int] = set()  # children whose output (iopub, up to its idle status) was handed on
         self.unsettled: set[int] = set()  # children that replied before their output was all in (_settle)
         self.deaths_at = self.tic  # the last look at the ranks' processes
-        self.exit_seen = False  # a rank's process ended (launch/exits.py): look now, not at the next DEATH_CHECK_S
+        self.exit_seen: set[int] = set()  # the pids the kernel said ended (launch/exits.py), not yet looked at
         self.out = Heard(ranks, sink, self.wake)  # what the ranks send, in order, to the sink
         self.relay = Relay(functools.partial(send_line, engines), ask=self.ask, say=self._say)
         self.ar = send(self.out.hear)  # each rank heard from before its request goes
@@ -136,7 +137,7 @@ class Watch:
             grace=self.grace, watchdog=self.watchdog, timeout=timeout, started=self.tic, death_grace=self.death_grace
         )
         ctrl_c = CtrlC(self.wake)
-        unfollow = exits.EXITS.follow(self.pids.values(), self._exited)
+        unfollow = exits.EXITS.follow(self.pids.values(), self.process_ended)
         self.relay.ask = ctrl_c.around(self.ask)
         try:
             killed, interrupted = self._loop(policy, ctrl_c, stream)
@@ -199,7 +200,7 @@ class Watch:
                     call_sink(self.sink, "tick")
                 else:  # nothing shown, but the rows are kept and a tracked run hears them as they come
                     self.out.emit_rows()
-                self._notice_deaths()
+                self.notice_deaths()
                 if self.tick is not None and time.perf_counter() - self.ticked >= TICK_S:
                     self.ticked = time.perf_counter()
                     self.tick()
@@ -268,24 +269,28 @@ class Watch:
     def _running(self) -> list[int]:
         return [self.ranks[i] for i in sorted(self.waiting - self.gone - self.ended)]
 
-    def _exited(self, pid: int) -> None:
+    def process_ended(self, pid: int) -> None:
         """A process on this host ended (on launch/exits.py's thread): if it is one of this cell's ranks, wake the
         loop to look now."""
         if pid in self.pids.values():
-            self.exit_seen = True
+            self.exit_seen.add(pid)
             self.wake.put(1)
 
-    def _notice_deaths(self) -> None:
-        """Ranks whose process ended, read from /proc: at once when the kernel said one ended (``_exited``), and
-        at most every DEATH_CHECK_S otherwise (16 reads a look; a cell that ends sooner never pays them), still long
-        before a missed heartbeat says so."""
+    def notice_deaths(self) -> None:
+        """Ranks whose process ended: at once those the kernel said ended (``process_ended``: one /proc read each), and,
+        from /proc, all of them every DEATH_CHECK_S where no pidfd follows them, or every FOLLOWED_CHECK_S where
+        they do (a read per rank a look: 64 reads were 3 looks in each trivial cell at 64 ranks, a tenth of the
+        notebook's CPU in it); both long before a missed heartbeat says so."""
         now = time.perf_counter()
-        if now - self.deaths_at < DEATH_CHECK_S and not self.exit_seen:
-            return
-        self.deaths_at, self.exit_seen = now, False
+        said = set(self.exit_seen)  # a copy, then only those taken: one added meanwhile (IO thread) stays for the next
+        self.exit_seen -= said
+        every = max(DEATH_CHECK_S, FOLLOWED_CHECK_S) if exits.EXITS.works else DEATH_CHECK_S
+        look_all = now - self.deaths_at >= every
+        if look_all:
+            self.deaths_at = now
         for i in sorted(self.waiting - self.gone - self.ended):
             pid = self.pids.get(i)
-            if pid and not procs.alive(pid):
+            if pid and (look_all or pid in said) and not procs.alive(pid):
                 self.gone.add(i)
                 self.board.set([self.ranks[i]], RankState.DEAD)
 

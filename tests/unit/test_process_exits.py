@@ -6,9 +6,12 @@ Time bounds only catch hangs.
 
 from __future__ import annotations
 
+import queue
 import subprocess
 import sys
 import threading
+import time
+import types
 
 import pytest
 
@@ -86,3 +89,47 @@ def test_a_listener_that_stopped_following_is_not_told():
     finally:
         p.kill()
         p.wait()
+
+
+def test_a_cell_reads_proc_only_for_the_ranks_the_kernel_named_between_its_slow_looks(monkeypatch):
+    """cells/watch.py ``notice_deaths`` where pidfds follow the ranks: a look reads /proc only for the pids the
+    kernel said ended, and for every rank only each FOLLOWED_CHECK_S (before, every rank each 0.1 s: 64 reads three
+    times in each trivial cell at 64 ranks). Real processes; the clock is the watch's ``deaths_at``."""
+    from nbdist.cells import watch
+    from nbdist.launch import exits, procs
+
+    reads: list[int] = []
+
+    def counted(pid: int) -> bool:
+        reads.append(pid)
+        return alive(pid)
+
+    alive = procs.alive
+    monkeypatch.setattr(procs, "alive", counted)
+    monkeypatch.setattr(exits.EXITS, "works", True)
+    living, dying = _sleeper(), _sleeper()
+    try:
+        w = watch.Watch.__new__(watch.Watch)
+        w.pids, w.ranks = {0: living.pid, 1: dying.pid}, [0, 1]
+        w.waiting, w.gone, w.ended, w.exit_seen = {0, 1}, set(), set(), set()
+        w.board = types.SimpleNamespace(set=lambda ranks, state: None)
+        w.wake = queue.SimpleQueue()
+        dying.kill()
+        dying.wait()
+        w.deaths_at = time.perf_counter() - (watch.DEATH_CHECK_S + watch.FOLLOWED_CHECK_S) / 2  # between the two
+        w.notice_deaths()
+        assert reads == [] and w.gone == set(), reads  # nobody said, and the slow look is not due
+        w.process_ended(dying.pid)  # what the kernel's pidfd says, on exits.py's thread
+        w.notice_deaths()
+        assert reads == [dying.pid] and w.gone == {1}, reads
+        w.deaths_at -= watch.FOLLOWED_CHECK_S / 2
+        w.notice_deaths()  # the slow look: every rank still running
+        assert reads == [dying.pid, living.pid] and w.gone == {1}, reads
+        monkeypatch.setattr(exits.EXITS, "works", False)  # no pidfds: every rank each DEATH_CHECK_S, as before
+        w.deaths_at -= watch.DEATH_CHECK_S
+        w.notice_deaths()
+        assert reads == [dying.pid, living.pid, living.pid], reads
+    finally:
+        for proc in (living, dying):
+            proc.kill()
+            proc.wait()
