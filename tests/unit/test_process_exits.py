@@ -93,8 +93,8 @@ def test_a_listener_that_stopped_following_is_not_told():
 
 def test_a_cell_reads_proc_only_for_the_ranks_the_kernel_named_between_its_slow_looks(monkeypatch):
     """cells/watch.py ``notice_deaths`` where pidfds follow the ranks: a look reads /proc only for the pids the
-    kernel said ended, and for every rank only each FOLLOWED_CHECK_S (before, every rank each 0.1 s: 64 reads three
-    times in each trivial cell at 64 ranks). Real processes; the clock is the watch's ``deaths_at``."""
+    kernel said ended, and for every rank only each FOLLOWED_CHECK_S (before, every rank each 0.1 s: 64 reads in about
+    every trivial cell at 64 ranks). Real processes; the clock is the watch's ``deaths_at``."""
     from nbdist.cells import watch
     from nbdist.launch import exits, procs
 
