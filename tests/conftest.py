@@ -65,6 +65,31 @@ def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
 
 
 _BEFORE = pytest.StashKey[set]()
+_STDERR = pytest.StashKey[object]()
+# pytest-timeout's signal ends a test that runs past its timeout, but only once Python runs again: a test stuck in
+# C (a lock, a collective) would hold the run until CI's own limit (stop 77: 80 minutes in one unit test, with no
+# word of where). Past the timeout and this margin, every thread's stack is printed and the run ends.
+STUCK_MARGIN_S = 120
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    config.stash[_STDERR] = os.fdopen(os.dup(2), "w")  # the real stderr: a test's own is captured
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_protocol(item: pytest.Item, nextitem: pytest.Item | None):
+    import faulthandler
+
+    marker = item.get_closest_marker("timeout")
+    given = getattr(item.config.option, "timeout", None) or item.config.getini("timeout")  # --timeout, else the ini's
+    timeout = float(marker.args[0]) if marker and marker.args else float(given or 0)
+    if timeout > 0:
+        # "Timeout (h:mm:ss)!", then each thread's stack: the main thread's names the test
+        faulthandler.dump_traceback_later(timeout + STUCK_MARGIN_S, exit=True, file=item.config.stash[_STDERR])
+    try:
+        yield
+    finally:
+        faulthandler.cancel_dump_traceback_later()
 
 
 @pytest.fixture(scope="session", autouse=True)

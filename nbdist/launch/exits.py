@@ -33,6 +33,7 @@ class Exits:
         self._wake: tuple[int, int] | None = None  # a pipe: the poll looks at new pidfds when a byte comes
         self._thread: threading.Thread | None = None
         self.works = hasattr(os, "pidfd_open")
+        self._closing = False
 
     def follow(self, pids: Iterable[int], on_exit: OnExit) -> Callable[[], None]:
         """Tell ``on_exit(pid)`` when one of these processes ends (now, for one already gone), until the returned
@@ -58,6 +59,19 @@ class Exits:
         for pid in gone:
             on_exit(pid)
         return lambda: self._listeners.pop(key, None)  # type: ignore[arg-type,return-value]
+
+    def close(self) -> bool:
+        """Follow nothing more: the thread ends, every pidfd is closed (an ``Exits`` of a test; ``EXITS`` lives as long
+        as the process). False if the thread did not end within 5 s."""
+        with self._lock:
+            self._closing = True
+        thread = self._thread
+        if self._wake is not None:
+            os.write(self._wake[1], b"x")
+        if thread is not None:
+            thread.join(5)
+        self.forget()
+        return thread is None or not thread.is_alive()
 
     def forget(self) -> None:
         """Close every pidfd and the wake pipe (in a forked child, whose copies they are): nothing is followed."""
@@ -97,6 +111,8 @@ class Exits:
             for fd, _ in poller.poll():
                 if fd == wake:
                     os.read(wake, 4096)
+                    if self._closing:
+                        return
                     continue
                 poller.unregister(fd)
                 pid = polled.pop(fd)

@@ -112,13 +112,17 @@ class Server:
         finally:
             os.umask(old)
         self.sock.listen(8)
-        threading.Thread(target=self._accept, name="nbdist-ray-serve", daemon=True).start()
+        self.accepting = threading.Thread(target=self._accept, name="nbdist-ray-serve", daemon=True)
+        self.accepting.start()
 
     def close(self) -> None:
         with contextlib.suppress(OSError):
             os.unlink(self.where)
         with contextlib.suppress(OSError):
+            self.sock.shutdown(socket.SHUT_RDWR)  # wakes the accept below (closing the socket alone does not)
+        with contextlib.suppress(OSError):
             self.sock.close()
+        self.accepting.join(5)
 
     def finished(self, gid: int, code: int) -> None:
         with self.lock:

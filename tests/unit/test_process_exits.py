@@ -22,6 +22,15 @@ HANG_S = 30.0
 pytestmark = pytest.mark.skipif(not Exits().works, reason="this kernel has no pidfd_open (Linux 5.3 or later)")
 
 
+@pytest.fixture
+def exits():
+    followed = Exits()
+    try:
+        yield followed
+    finally:
+        assert followed.close(), "the thread that polled the pidfds outlived close()"
+
+
 def _sleeper() -> subprocess.Popen:
     return subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"])
 
@@ -36,8 +45,8 @@ class Heard:
         self.event.set()
 
 
-def test_a_followed_process_that_ends_is_told_and_one_still_running_is_not():
-    exits, heard = Exits(), Heard()
+def test_a_followed_process_that_ends_is_told_and_one_still_running_is_not(exits):
+    heard = Heard()
     a, b = _sleeper(), _sleeper()
     try:
         exits.follow([a.pid, b.pid], heard)
@@ -51,9 +60,9 @@ def test_a_followed_process_that_ends_is_told_and_one_still_running_is_not():
             p.wait()
 
 
-def test_a_process_started_after_the_thread_is_followed_too():
+def test_a_process_started_after_the_thread_is_followed_too(exits):
     """The polling thread is running (it follows ``a``) when ``b`` is added: it must look at the new pidfd."""
-    exits, heard = Exits(), Heard()
+    heard = Heard()
     a, b = _sleeper(), _sleeper()
     try:
         exits.follow([a.pid], lambda pid: None)
@@ -67,8 +76,8 @@ def test_a_process_started_after_the_thread_is_followed_too():
             p.wait()
 
 
-def test_a_process_already_gone_is_told_at_once():
-    exits, heard = Exits(), Heard()
+def test_a_process_already_gone_is_told_at_once(exits):
+    heard = Heard()
     p = _sleeper()
     p.kill()
     p.wait()  # reaped: no such pid any more
@@ -76,8 +85,8 @@ def test_a_process_already_gone_is_told_at_once():
     assert heard.pids == [p.pid]
 
 
-def test_a_listener_that_stopped_following_is_not_told():
-    exits, heard, other = Exits(), Heard(), Heard()
+def test_a_listener_that_stopped_following_is_not_told(exits):
+    heard, other = Heard(), Heard()
     p = _sleeper()
     try:
         stop = exits.follow([p.pid], heard)

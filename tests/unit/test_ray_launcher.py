@@ -123,6 +123,7 @@ def test_a_later_engine_set_is_served_by_the_worlds_driver_and_its_ranks_end_wit
     finally:
         server.close()
     assert not os.path.exists(rayserve.path(str(tmp_path)))
+    assert not server.accepting.is_alive(), "the thread that accepted askers outlived close()"
     dead = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)  # a driver SIGKILLed leaves its socket behind
     dead.bind(rayserve.path(str(tmp_path)))
     dead.close()
