@@ -59,6 +59,15 @@ def world_of_one() -> Iterator[None]:
     finally:
         c10d._world.default_pg = world
         dist.destroy_process_group(one)  # no longer the default: only its own entries go
+        # torch frees a gloo group by joining its worker threads, holding the GIL; a worker still freeing the
+        # block's last collective needs the GIL for it (its captured thread-local state holds a Python object):
+        # freed with the block's DDP model, the group hung the process (stop 77's CI: the main thread in
+        # ~ProcessGroupGloo joining pt_gloo_runloop, which waited for the GIL in ~AsyncWork). Kept until the next
+        # block, when its workers are long idle.
+        _LAST_ONE[:] = [one]
+
+
+_LAST_ONE: list[Any] = []  # the last world_of_one's group, freed by the next one
 
 
 def fsdp_waits() -> list[tuple[Any, str]]:

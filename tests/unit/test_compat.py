@@ -111,14 +111,11 @@ def test_probe_abort_process_group():
     assert callable(getattr(dist.distributed_c10d, "_abort_process_group", None)), "see compat.abort_process_group"
 
 
-def test_probe_ddp_timers(tmp_path):
+def test_probe_ddp_timers():
     """One-process gloo world: DDP's reducer times a step and the timers read back."""
     import torch
-    import torch.distributed as dist
 
-    store = dist.FileStore(str(tmp_path / "store"), 1)
-    dist.init_process_group("gloo", store=store, rank=0, world_size=1)
-    try:
+    with compat.world_of_one():  # which keeps the group past the model (freeing it with the model could hang)
         model = torch.nn.parallel.DistributedDataParallel(torch.nn.Linear(4, 2))
         logger = compat.ddp_time_every_step(model)
         for _ in range(2):
@@ -128,8 +125,6 @@ def test_probe_ddp_timers(tmp_path):
         for key in ("backward_comm_time", "backward_comm_time_start", "backward_comm_time_end"):
             assert key in ints, f"DDP's logging data has no {key!r}: see compat.ddp_timers"
         assert "backward_compute_time_end" in ints
-    finally:
-        dist.destroy_process_group()
 
 
 def test_probe_fsdp_collective_classes():
