@@ -196,6 +196,15 @@ def test_probe_numba_cached():
     assert compat.numba_cached(object()) is False  # anything else: not cached, never an exception
 
 
+_GROUPS: list[object] = []
+
+
+def _outlive_the_test(group: object) -> None:
+    """Keep a gloo group past its test: freed right after its last collective, on the thread that holds the GIL, it
+    can hang the process (see compat.world_of_one)."""
+    _GROUPS.append(group)
+
+
 def test_probe_group_sequence_number(tmp_path):
     import torch.distributed as dist
 
@@ -205,6 +214,7 @@ def test_probe_group_sequence_number(tmp_path):
         dist.barrier()
         assert compat.group_sequence_number(dist.group.WORLD) > before
     finally:
+        _outlive_the_test(dist.group.WORLD)
         dist.destroy_process_group()
 
 
@@ -358,6 +368,7 @@ def test_probe_world_of_one(tmp_path):
         dist.all_reduce(t)
         assert t.tolist() == [1.0, 1.0]
     finally:
+        _outlive_the_test(c10d._world.default_pg)
         dist.destroy_process_group()
 
 
