@@ -20,12 +20,14 @@ def hold_on_rank(now: bool = False) -> Holding:
     return peer_give.hold(now)
 
 
-def give_on_rank(done: int, source: int, names: Names, parts_from: dict[int, int], joined: int = 0) -> int:
+def give_on_rank(
+    done: int, source: int, names: Names, parts_from: dict[int, int], joined: int = 0, ahead: tuple[int, ...] = ()
+) -> int:
     from ..parallel import peer_give
     from . import group
 
     with group.broken_on_error():
-        return peer_give.give(done, source, names, parts_from, joined)
+        return peer_give.give(done, source, names, parts_from, joined, ahead)
 
 
 def load_latest_on_rank(path: str, names: dict[str, Any], saved_as: int | None = None) -> int | None:

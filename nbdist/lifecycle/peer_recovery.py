@@ -26,6 +26,7 @@ class Plan:
     source: int
     names: Names
     parts_from: dict[int, int]
+    ahead: tuple[int, ...] = ()  # living ranks a step past ``done``: they take the source's state too
 
 
 def ask(engines: EngineSet, dead: list[int], timeout: float, now: bool = False) -> tuple[list[Holding] | None, str]:
@@ -102,17 +103,31 @@ def decide(
             f"the cell runs again from its first line, and its `{outer}` would begin again although it had "
             f"finished {passes} pass(es) over {names.loader}: {rerun.fix(outer, names.loader or '')}"
         )
+    ahead = tuple(s.rank for s in said if s.done != done)
     if renumbered:
         source, parts_from = renumbered[source], {renumbered.get(r, r): renumbered[k] for r, k in parts_from.items()}
-    return Plan(done=done, step=steps.pop(), passes=passes, source=source, names=names, parts_from=parts_from), ""
+        ahead = tuple(renumbered[r] for r in ahead)
+    plan = Plan(
+        done=done, step=steps.pop(), passes=passes, source=source, names=names, parts_from=parts_from, ahead=ahead
+    )
+    return plan, ""
 
 
 def give(engines: EngineSet, chosen: Plan, timeout: float, joined: int = 0) -> int:
-    """On every rank of the rebuilt world at once (a broadcast and a gather): the step it goes on from.
+    """On every rank of the rebuilt world at once (point to point from the source and the parts' keepers, to the
+    ranks that lack them; parallel/peer_give.give): the step it goes on from.
     ``joined``: the last ranks are new to a world that grew (they take the source's part)."""
     every = list(range(len(engines.ranks)))
     answers = engines.call(
-        every, give_on_rank, chosen.done, chosen.source, chosen.names, chosen.parts_from, joined, timeout=timeout
+        every,
+        give_on_rank,
+        chosen.done,
+        chosen.source,
+        chosen.names,
+        chosen.parts_from,
+        joined,
+        chosen.ahead,
+        timeout=timeout,
     )
     steps = answers.ordered(f"recovery from rank {chosen.source}", every)
     return int(steps[0])

@@ -12,6 +12,7 @@ hangs (HANG_S); benchmarks/recovery.py measures the speed.
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import random
 import re
@@ -23,6 +24,7 @@ import pytest
 import torch
 
 import nbdist
+from nbdist.lifecycle import peer_recovery
 from tests.helpers import poll
 
 HANG_S = 120.0
@@ -158,6 +160,41 @@ def test_living_ranks_whose_parameters_differ_are_named_and_none_is_copied(tmp_p
         assert "not from a living rank: the living ranks hold different parameters (checksums rank(s) 0, 3: " in line
         assert "; rank(s) 1: " in line and "so none can be copied" in line, line
         assert "nothing recomputed" not in line
+
+
+def test_the_state_goes_only_to_the_ranks_that_lack_it_and_a_restarted_rank_takes_its_part_from_its_keeper(tmp_path):
+    """The give, driven as a recovery drives it (ask, the setup cell replayed, give) on 3 ranks that all finished
+    a loop: rank 2 given no state of its own (as a restarted process holds none) and counted as restarted, rank 1's
+    held parameters changed by hand and counted a step ahead. Only they are sent the source's state (point to
+    point; the others take their own, alike by checksum), and rank 2 its own part from the rank that kept it.
+    Every rank ends with the parameters and its own BatchNorm statistics of the loop's end, bit for bit."""
+    with nbdist.start(3, max_restarts=1, oversubscribe=True, timeout=90) as c:
+        c.run(f"PROGRESS = {str(tmp_path / 'p')!r}\n{SETUP}", setup=True).raise_for_error()
+        c.run(TRAIN.replace(f"loader.steps({STEPS})", "loader.steps(12)")).raise_for_error()
+        final = c.pull("final")
+        said, why = peer_recovery.ask(c.engines, [], HANG_S)
+        assert said is not None, why
+        plan, why = peer_recovery.decide(said, [2])
+        assert plan is not None and plan.ahead == () and 2 in plan.parts_from and plan.source == 0, (plan, why)
+        c.run(HELD_CHANGED, ranks=[1]).raise_for_error()
+        c.run("from nbdist.parallel.peer import KEPT\nKEPT.held = None", ranks=[2]).raise_for_error()
+        c.run(SETUP).raise_for_error()  # new objects, as the replayed setup cell makes them
+        assert peer_recovery.give(c.engines, dataclasses.replace(plan, ahead=(1,)), HANG_S) == plan.step
+        c.run("now = [t.detach().clone() for t in [*model.parameters(), *model.buffers()]]").raise_for_error()
+        now = c.pull("now")
+    for rank in range(3):
+        for i, (mine, theirs) in enumerate(zip(now[rank], final[rank], strict=True)):
+            assert torch.equal(mine, theirs), (rank, i, (mine - theirs).abs().max())
+    assert not torch.equal(final[1][-3], final[2][-3])  # the statistics are each rank's own
+
+
+HELD_CHANGED = """
+from nbdist.parallel.peer import KEPT
+with torch.no_grad():
+    for t in KEPT.held.shared["models"][0].values():
+        if t.is_floating_point():
+            t.add_(1.0)
+"""
 
 
 @pytest.mark.parametrize("value", ["disk", ""])

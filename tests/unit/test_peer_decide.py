@@ -24,19 +24,23 @@ def test_a_restarted_rank_gets_its_part_from_the_rank_that_kept_it():
     said = [_said(0, 7, keeps={7: (1, True)}), _said(2, 7), _said(3, 7)]
     plan, why = decide(said, [1])
     assert why == "" and plan is not None
-    assert (plan.done, plan.step, plan.source, plan.parts_from) == (7, 7, 0, {1: 0})
+    assert (plan.done, plan.step, plan.source, plan.parts_from, plan.ahead) == (7, 7, 0, {1: 0}, ())
 
 
 def test_the_fewest_steps_any_living_rank_completed_and_a_source_that_completed_exactly_those():
     said = [_said(0, 8, steps={6: 6, 7: 7, 8: 8}), _said(2, 7), _said(3, 7)]  # rank 0 passed the broken step
     plan, _ = decide(said, [])
     assert plan is not None and (plan.done, plan.source) == (7, 2)
+    assert plan.ahead == (0,)  # it alone is sent the source's state; ranks 2 and 3 hold it (their checksums agree)
 
 
 def test_a_world_that_goes_on_without_the_dead_needs_no_part_of_theirs_and_numbers_ranks_anew():
     said = [_said(0, 8, steps={6: 6, 7: 7, 8: 8}), _said(2, 7), _said(3, 7)]  # nobody kept rank 1's part
     plan, why = decide(said, [], renumbered={0: 0, 2: 1, 3: 2})
     assert why == "" and plan is not None and (plan.source, plan.parts_from) == (1, {})  # old rank 2 is rank 1 now
+    late = [_said(0, 7), _said(2, 7), _said(3, 8, steps={6: 6, 7: 7, 8: 8})]
+    plan, _ = decide(late, [], renumbered={0: 0, 2: 1, 3: 2})
+    assert plan is not None and plan.ahead == (2,)  # old rank 3, a step ahead, in the new numbers
     restarted, why = decide(said, [1])
     assert restarted is None and "rank 1's own part" in why and "reached no living rank" in why
 
