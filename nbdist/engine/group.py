@@ -9,6 +9,7 @@ from __future__ import annotations
 import datetime
 import os
 import socket
+import threading
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -146,11 +147,31 @@ def leave_world() -> None:
 
     try:
         if dist.is_initialized():
+            if STATE.aborted:
+                keep_broken([dist.group.WORLD, *STATE.control.values()])
             hosted.destroy_world()
     except Exception:  # a broken group may refuse a clean destroy; drop it anyway
         pass
     STATE.update(pg_fds={}, backend=None, control={}, control_of=None)
     preempt.reset()
+
+
+KEPT_BROKEN = 4  # broken worlds whose groups a rank keeps from being freed (keep_broken)
+BROKEN: list[list[Any]] = []
+
+
+def keep_broken(groups: list[Any]) -> None:
+    """Keep the groups of a world this rank broke (``abort_world``) from being freed on this thread. torch frees a
+    gloo group by joining its worker threads, and a worker can be left in a send after its connection was shut:
+    gloo's TCP pair queues a send whose write failed (EPIPE) and, when it then reads the broken connection, tells
+    every waiting operation but that one, which waits for the group's timeout (30 minutes by default). Freed as the
+    world was left, that held the rank in ``leave_world`` (the preemption flags' all-reduce, in flight at the kill;
+    32 ranks on 2 cores, 1 recovery in 32): the world formed again without it. The last ``KEPT_BROKEN`` worlds'
+    groups are kept (a few idle threads each; gloo closed their connections); an older world's are freed on a
+    thread of their own, where a stuck worker holds nothing else."""
+    BROKEN.append(groups)
+    while len(BROKEN) > KEPT_BROKEN:
+        threading.Thread(target=BROKEN.pop(0).clear, name="nbdist-free-groups", daemon=True).start()
 
 
 def leave_then(fn: Callable[..., Any] | None = None, *args: Any) -> Any:
