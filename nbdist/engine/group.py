@@ -156,7 +156,7 @@ def leave_world() -> None:
     preempt.reset()
 
 
-KEPT_BROKEN = 4  # broken worlds whose groups a rank keeps from being freed (keep_broken)
+KEPT_BROKEN = 1  # broken worlds whose groups a rank keeps from being freed (keep_broken)
 BROKEN: list[list[Any]] = []
 
 
@@ -166,9 +166,12 @@ def keep_broken(groups: list[Any]) -> None:
     gloo's TCP pair queues a send whose write failed (EPIPE) and, when it then reads the broken connection, tells
     every waiting operation but that one, which waits for the group's timeout (30 minutes by default). Freed as the
     world was left, that held the rank in ``leave_world`` (the preemption flags' all-reduce, in flight at the kill;
-    32 ranks on 2 cores, 1 recovery in 32): the world formed again without it. The last ``KEPT_BROKEN`` worlds'
-    groups are kept (a few idle threads each; gloo closed their connections); an older world's are freed on a
-    thread of their own, where a stuck worker holds nothing else."""
+    32 ranks on 2 cores, 1 recovery in 32; the cell failed, and no rank had a group after it). The last broken
+    world's groups are kept until the next world breaks, long after the setup cells replaced the objects that
+    held them (a DDP model's reducer, whose freeing would join the workers too); then they are freed on a thread
+    of their own, where a stuck worker holds nothing else. Not more: each kept group's gloo thread polls 100
+    times a second (with 4 worlds kept, 32 ranks on 2 cores, a peer exchange failed twice in 29 recoveries: the
+    load it added is the likely reason; parallel/peer.py's waits no longer fail that way)."""
     BROKEN.append(groups)
     while len(BROKEN) > KEPT_BROKEN:
         threading.Thread(target=BROKEN.pop(0).clear, name="nbdist-free-groups", daemon=True).start()

@@ -188,6 +188,38 @@ def test_the_state_goes_only_to_the_ranks_that_lack_it_and_a_restarted_rank_take
     assert not torch.equal(final[1][-3], final[2][-3])  # the statistics are each rank's own
 
 
+SLOW_TO_LEAVE = """
+import time, torch, torch.distributed as dist
+from nbdist.engine import control
+from nbdist.parallel import peer
+group = control.control_group("peer")
+part = torch.zeros(1_000_000, dtype=torch.uint8)
+if dist.get_rank() == 0:
+    tic = time.monotonic()
+    left = peer._waited(group.send([part], 1, 0), peer.KEPT.generation)
+    waited = time.monotonic() - tic
+else:
+    time.sleep(4 * peer.WAIT_STEP_S)  # the buddy asks for the part late (a loaded machine, a slow step)
+    left, waited = group.recv([part], 0, 0).wait(), 0.0
+whole = torch.ones(1)
+dist.all_reduce(whole, group=group)
+"""
+
+
+def test_a_part_slower_to_leave_than_a_look_still_leaves_and_the_exchange_group_stays_whole():
+    """The sender thread looks every WAIT_STEP_S at whether the world was replaced while a part leaves. gloo's own
+    timed wait closes every connection of the group when it times out, so a part that took longer than one look
+    broke the world (32 ranks on 2 cores: "could not leave its part with its buddy"); the wait is gloo's untimed
+    one now, on a thread of its own."""
+    from nbdist.parallel import peer
+
+    with nbdist.start(2, max_restarts=1, timeout=60) as c:
+        c.run(SLOW_TO_LEAVE, timeout=HANG_S).raise_for_error()
+        assert c.pull("left") == [True, True]
+        assert c.pull("waited")[0] > 3 * peer.WAIT_STEP_S  # several looks passed before it left
+        assert [float(t) for t in c.pull("whole")] == [2.0, 2.0]
+
+
 HELD_CHANGED = """
 from nbdist.parallel.peer import KEPT
 with torch.no_grad():
