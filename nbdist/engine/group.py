@@ -170,7 +170,7 @@ def keep_broken(groups: list[Any]) -> None:
     world's groups are kept until the next world breaks, long after the setup cells replaced the objects that
     held them (a DDP model's reducer, whose freeing would join the workers too); then they are freed on a thread
     of their own, where a stuck worker holds nothing else. Not more: each kept group's gloo thread polls 100
-    times a second (with 4 worlds kept, 32 ranks on 2 cores, a peer exchange failed twice in 29 recoveries: the
+    times a second (with 4 worlds kept, 32 ranks on 2 cores, a peer exchange failed twice in 30 recoveries: the
     load it added is the likely reason; parallel/peer.py's waits no longer fail that way)."""
     BROKEN.append(groups)
     while len(BROKEN) > KEPT_BROKEN:

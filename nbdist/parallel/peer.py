@@ -337,7 +337,7 @@ def _waited(work: Any, generation: int) -> bool:
     gloo's untimed one, on a thread of its own: a gloo wait given a timeout closes every connection of the
     group when it times out ("Application timeout caused pair closure"), so with 0.5 s waits a part that
     took longer to leave (a loaded machine, a large part) broke the world, and the next step failed with
-    "could not leave its part with its buddy" (32 ranks on 2 cores, once in 14 recoveries)."""
+    "could not leave its part with its buddy" (32 ranks on 2 cores, twice in 30 recoveries)."""
     done, failed = threading.Event(), []
 
     def wait() -> None:
