@@ -16,7 +16,9 @@
 
     python benchmarks/multinode.py [--rounds 5] [--ray-rounds 3] [--part all|slurm|ray|ray-start]
 
-``--part ray-start`` times part 3's Ray starts alone (nbdist against raw Ray, alternated), without Slurm.
+``--part ray-start`` times part 3's Ray starts alone (nbdist against raw Ray, alternated), without Slurm. Part 3 also
+times both from a fresh Python each, as a fresh kernel's first start, with their imports (``import ray`` for raw Ray)
+inside the time (_ray_fresh.py).
 """
 
 from __future__ import annotations
@@ -30,6 +32,7 @@ import time
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
 
 from _common import save, stats  # noqa: E402
+from _ray_fresh import fresh_once, raw_start  # noqa: E402
 
 from tests.slurmnodes import NODES, TwoNodeSlurm, unavailable  # noqa: E402
 
@@ -103,59 +106,9 @@ def nbdist_once(n: int = 2, hosts: tuple[str, ...] = tuple(NODES), **how) -> tup
         cluster.stop()
 
 
-class _RawRank:
-    """Raw Ray: one rank of a world a Ray user builds by hand."""
-
-    def where(self) -> str:
-        import ray
-
-        return ray.util.get_node_ip_address()
-
-    def join(self, master: str, port: int, rank: int, world: int) -> float:
-        import os
-
-        import torch
-        import torch.distributed as dist
-
-        os.environ["GLOO_SOCKET_IFNAME"] = "eth0"  # the node's hostname does not resolve to its address
-        dist.init_process_group("gloo", init_method=f"tcp://{master}:{port}", rank=rank, world_size=world)
-        x = torch.ones(1)
-        dist.all_reduce(x)
-        dist.destroy_process_group()
-        return x.item()
-
-
 def raw_ray_once(address: str, n: int, port: int) -> float:
-    import ray
-    from ray.util.placement_group import placement_group
-    from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
-
-    tic = time.perf_counter()
-    for attempt in range(5):  # Ray Client's server may still be ending the last session
-        try:
-            ray.init(address, log_to_driver=False)
-            break
-        except ConnectionError:
-            time.sleep(1 + attempt)
-    try:
-        group = placement_group([{"CPU": 1}] * n, strategy="PACK")
-        ray.get(group.ready(), timeout=120)
-        rank_cls = ray.remote(num_cpus=1)(_RawRank)
-        ranks = [
-            rank_cls.options(
-                scheduling_strategy=PlacementGroupSchedulingStrategy(group, placement_group_bundle_index=i)
-            ).remote()
-            for i in range(n)
-        ]
-        master = ray.get(ranks[0].where.remote())
-        sums = ray.get([r.join.remote(master, port, i, n) for i, r in enumerate(ranks)], timeout=120)
-        assert sums == [float(n)] * n, sums
-        seconds = time.perf_counter() - tic
-        nodes = set(ray.get([r.where.remote() for r in ranks]))
-        assert len(nodes) == 2, nodes
-        return seconds
-    finally:
-        ray.shutdown()
+    tic, done = raw_start(address, n, port)
+    return done - tic
 
 
 def ray_restart_once(address: str, warm: bool) -> tuple[float, float]:
@@ -204,6 +157,10 @@ def ray_part(rounds: int, slurm_four: list[float], restarts: bool = True) -> dic
                     seconds, startup = nbdist_once(4, tuple(RAY_NODES), launcher="ray", address=nodes.address)
                     ours.append(seconds)
                     phases.append(startup)
+        fresh: dict[str, list[float]] = {"raw": [], "nbdist": []}  # each in a fresh Python (_ray_fresh.py)
+        for i in range(rounds):
+            for which in ("raw", "nbdist") if i % 2 == 0 else ("nbdist", "raw"):
+                fresh[which].append(fresh_once(which, nodes.address, 29650 + i))
         warm: dict[str, list[float]] = {"start_warm": [], "start_cold": [], "restart_warm": [], "restart_cold": []}
         for i in range(rounds if restarts else 0):
             for how in ("warm", "cold") if i % 2 == 0 else ("cold", "warm"):
@@ -217,6 +174,7 @@ def ray_part(rounds: int, slurm_four: list[float], restarts: bool = True) -> dic
             warm_s, cold_s = restart[what + "_warm"]["median"], restart[what + "_cold"]["median"]
             print(f"  {what:8} warm {warm_s:.2f} s   cold {cold_s:.2f} s")
     start = {"nbdist_ray": stats(ours), "raw_ray": stats(raw)}
+    start.update({f"{k}_ray_fresh_python": stats(v) for k, v in fresh.items()})
     if slurm_four:
         start["nbdist_slurm"] = stats(slurm_four)
     print(f"start until a collective runs, 4 ranks on 2 nodes (medians; Slurm of {len(slurm_four)}, Ray of {rounds}):")
@@ -224,6 +182,9 @@ def ray_part(rounds: int, slurm_four: list[float], restarts: bool = True) -> dic
         print(f"  nbdist --launcher slurm  {start['nbdist_slurm']['median']:.2f} s")
     print(f"  nbdist --launcher ray    {start['nbdist_ray']['median']:.2f} s   {ours}")
     print(f"  raw Ray + init by hand   {start['raw_ray']['median']:.2f} s   {raw}")
+    print("  each in a fresh Python, its imports in the time (a fresh kernel's first start):")
+    print(f"  nbdist --launcher ray    {start['nbdist_ray_fresh_python']['median']:.2f} s   {fresh['nbdist']}")
+    print(f"  raw Ray + init by hand   {start['raw_ray_fresh_python']['median']:.2f} s   {fresh['raw']}")
     return {"start_4_ranks": start, "nbdist_ray_phases": phases, "ray_warm_against_cold": restart}
 
 

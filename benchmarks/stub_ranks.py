@@ -4,7 +4,8 @@ A world of real ranks past 64 does not fit this 2-core, 24 GiB machine (torch an
 control path does not need them: it is the notebook sending the cell to every engine, hearing each rank's reply and
 output, and folding the lines. So this runs nbdist's own cell path (``cells.run.execute`` on an ``EngineSet``: the
 same watch, release policy, transcript and folding a ``%%distributed`` cell takes) on plain ipyparallel engines behind
-nbdist's controller, and in the same run, alternated on the same engines:
+nbdist's controller, made to publish on iopub as nbdist's ranks do (``compat.lean_iopub``: no busy status, no echo of
+a cell's code), and in the same run, alternated on the same engines:
 
 - ipyparallel's ``DirectView.execute`` (what nbdist's cell is measured against at 2 to 64 ranks, many_ranks.py);
 - nbdist's cell sent as one request that the controller's broadcast schedulers hand to each engine
@@ -44,6 +45,7 @@ from nbdist.launch.net import LOOPBACK
 from nbdist.world.engineset import EngineSet
 
 TRIVIAL = "x = 1"
+LEAN = "from nbdist import compat\ncompat.lean_iopub(get_ipython().kernel)"  # no busy status, no echo of the code
 PRINT = "print('epoch 1 done')"
 
 
@@ -117,6 +119,7 @@ def measure(n: int, reps: int) -> dict[str, Any]:
             row: dict[str, Any] = {"start_s": time.perf_counter() - tic}
             ids = engines.engine_ids([r.rank for r in engines.ranks])
             direct = engines.view([r.rank for r in engines.ranks])
+            direct.execute(LEAN, block=True)  # as nbdist's ranks publish (compat.lean_iopub), both ways measured here
             broadcast = engines.client.broadcast_view(targets=ids)
             kinds = {
                 "nbdist_cell_ms": lambda: nbdist_cell(engines, TRIVIAL),

@@ -26,6 +26,7 @@ from .ipyparallel_private import (
     execute_heard_broadcast,
     io_paused,
     launcher_popen,
+    lean_iopub,
     on_engine_registration,
     on_io_thread,
     route_run_command,
@@ -139,6 +140,11 @@ PRIVATE_APIS = (
         "world.engineset: a message the notebook's client cannot unpack is dropped, not fatal to its stream",
     ),
     PrivateAPI(
+        "ipykernel Kernel._publish_status, Kernel._publish_execute_input",
+        "ipyparallel",
+        "engine.runtime: an engine publishes no busy status and no echo of the cell's code, which nbdist never reads",
+    ),
+    PrivateAPI(
         "ipyparallel Client._send_control_request, ipykernel Kernel.control_handlers",
         "ipyparallel",
         "breakpoint() on a rank: a line typed in the notebook reaches its debugger on the engine's control channel",
@@ -229,6 +235,7 @@ __all__ = [
     "group_sequence_number",
     "io_paused",
     "launcher_popen",
+    "lean_iopub",
     "lightning_launch_settings",
     "lightning_script_launcher",
     "lightning_set_launcher",

@@ -144,6 +144,25 @@ def add_control_handler(kernel: Any, msg_type: str, handler: Any) -> None:
     kernel.control_handlers[msg_type] = handler
 
 
+def lean_iopub(kernel: Any) -> None:
+    """On an engine: its kernel no longer publishes, on iopub, the ``busy`` status before each request it handles nor
+    the ``execute_input`` echo of each cell's code (ipykernel's ``Kernel._publish_status`` and
+    ``_publish_execute_input``). nbdist's client reads neither: a rank is busy from the moment its cell is sent, the
+    code is the notebook's own, and the ``idle`` status, which still comes, ends a request's output. Two of a trivial
+    cell's five messages a rank, each one read by the controller and the notebook (benchmarks/many_ranks.py)."""
+    if kernel is None or getattr(kernel, "_nbdist_lean_iopub", False):
+        return
+    status = kernel._publish_status
+
+    def publish_status(state: str, channel: str, parent: Any = None) -> None:
+        if state != "busy":
+            status(state, channel, parent)
+
+    kernel._publish_status = publish_status
+    kernel._publish_execute_input = lambda code, parent, execution_count: None
+    kernel._nbdist_lean_iopub = True
+
+
 def controller_engines(client: Any, timeout: float) -> dict[int, str]:
     """The engines the controller has registered, {engine id: uuid}, asked over the client's query channel (the
     'connection_request' a Client sends once, when it connects). TimeoutError when it does not answer in time."""

@@ -194,6 +194,7 @@ def _install_cell_hooks() -> None:
     shell.events.register("post_run_cell", post)
     _deaf_after_the_code(shell)
     exits.install(shell)  # exit(), quit(), sys.exit() end the cell's code, not the rank
+    compat.lean_iopub(getattr(shell, "kernel", None))  # 2 of a cell's 5 messages a rank, which nothing reads
     traceback_uninterrupted(shell)
     _HOOKED.add(id(shell))
 

@@ -135,6 +135,31 @@ def test_rich_display_and_results_come_back_per_rank(cluster):
     assert r[0].result["data"]["text/plain"] == "0" and r[1].result["data"]["text/plain"] == "2"
 
 
+def test_a_rank_sends_a_cells_output_and_its_end_but_no_busy_status_and_no_echo_of_its_code(cluster):
+    """An engine's kernel publishes neither its busy status nor the execute_input echo of each cell's code, which
+    nbdist never reads (compat.lean_iopub; ipykernel publishes both: test_compat's probe); what the cell printed, its
+    value and its error still come, in order, and the idle status still ends each rank's output."""
+    from nbdist import compat
+
+    view = cluster.view([0, 1])
+    cells = {"print('hi')\n1 + 1": ["stream", "execute_result"], "raise ValueError('no')": ["error"]}
+    for code, expected in cells.items():
+        heard: dict[int, list[tuple[str, str | None]]] = {0: [], 1: []}
+
+        def hear(k, future, heard=heard):
+            future.iopub_callbacks.append(
+                lambda msg, k=k: heard[k].append((msg["header"]["msg_type"], msg["content"].get("execution_state")))
+            )
+
+        ar = compat.execute_heard(view, code, hear)
+        ar.wait(HANG_S)
+        # True once every rank's idle status came; the idle itself is not always heard here: a message that comes
+        # after both the reply and the idle may find the request already forgotten by ipyparallel's client
+        assert ar.wait_for_output(HANG_S) is True
+        shown = {k: [kind for kind, state in msgs if state != "idle"] for k, msgs in heard.items()}
+        assert shown == {0: expected, 1: expected}, (code, heard)
+
+
 def test_noblock_returns_at_once_and_collects_later(cluster, ip, tmp_path):
     """The cell cannot finish before the test creates a file, which it does only after the magic returned."""
     flag = tmp_path / "go"

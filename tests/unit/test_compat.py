@@ -320,6 +320,26 @@ def test_probe_control_channel_for_nbdist_messages():
     assert kernel.control_handlers == {"x_request": print}
 
 
+def test_probe_lean_iopub():
+    """An engine's kernel publishes its busy status and the execute_input echo through the two methods
+    compat.lean_iopub replaces on the instance; the live messages are tests/integration/test_cells.py's."""
+    from ipykernel.kernelbase import Kernel
+
+    execute = inspect.getsource(Kernel.execute_request)
+    assert "self._publish_execute_input(code, parent, self.execution_count)" in execute, "see compat.lean_iopub"
+    dispatch = inspect.getsource(Kernel.dispatch_shell) + inspect.getsource(Kernel.process_control)
+    assert 'self._publish_status("busy"' in dispatch, "see compat.lean_iopub"
+    assert list(inspect.signature(Kernel._publish_status).parameters) == ["self", "status", "channel", "parent"]
+    sent: list[tuple[str, str]] = []
+    kernel = types.SimpleNamespace(_publish_status=lambda status, channel, parent=None: sent.append((status, channel)))
+    compat.lean_iopub(kernel)
+    compat.lean_iopub(kernel)  # once, however often a rank is configured
+    for state in ("busy", "idle", "starting"):
+        kernel._publish_status(state, "shell")
+    kernel._publish_execute_input("x = 1", {}, 1)
+    assert sent == [("idle", "shell"), ("starting", "shell")]
+
+
 def test_probe_controller_engines():
     from ipyparallel import Client
     from ipyparallel.controller.hub import Hub

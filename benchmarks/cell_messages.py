@@ -1,0 +1,71 @@
+"""A trivial cell's cost with the engines' lean iopub (as shipped: no busy status, no echo of the code, see
+``compat.lean_iopub``) against the same engines publishing both, as ipykernel does by default; alternated round by
+round on one world per size, each round timed as benchmarks/many_ranks.py times a cell (nbdist's cell against
+ipyparallel's ``view.execute`` on the same engines, and the notebook's and the controller's CPU for one).
+
+    python benchmarks/cell_messages.py [--ranks 2,16,64] [--rounds 6] [--reps 11]
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+
+os.environ.setdefault("OMP_NUM_THREADS", "1")
+
+from _common import save  # noqa: E402
+from many_ranks import cell_cost  # noqa: E402
+
+import nbdist  # noqa: E402
+
+# Each rank's kernel back to ipykernel's own two methods (the class's), or lean again.
+FULL = """
+_k = get_ipython().kernel
+for _name in ("_publish_status", "_publish_execute_input", "_nbdist_lean_iopub"):
+    _k.__dict__.pop(_name, None)
+"""
+LEAN = "from nbdist import compat as _compat\n_compat.lean_iopub(get_ipython().kernel)"
+WAYS = {"lean (as shipped)": LEAN, "full (ipykernel's default)": FULL}
+
+
+def one_size(n: int, rounds: int, reps: int) -> dict[str, dict[str, float]]:
+    cluster = nbdist.start(n=n, oversubscribe=n > (os.cpu_count() or 1), timeout=300)
+    try:
+        rows: dict[str, list[dict[str, float]]] = {way: [] for way in WAYS}
+        for r in range(rounds):
+            for way in list(WAYS) if r % 2 == 0 else list(WAYS)[::-1]:
+                cluster.run(WAYS[way], quiet=True).raise_for_error()
+                rows[way].append(cell_cost(cluster, reps))
+        cluster.run(LEAN, quiet=True).raise_for_error()
+    finally:
+        cluster.stop()
+    out = {}
+    for way, samples in rows.items():
+        out[way] = {key: statistics.median(s[key] for s in samples) for key in samples[0]}
+        out[way]["ratio_range"] = [min(s["ratio"] for s in samples), max(s["ratio"] for s in samples)]
+    return out
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--ranks", default="2,16,64")
+    parser.add_argument("--rounds", type=int, default=6)
+    parser.add_argument("--reps", type=int, default=11)
+    args = parser.parse_args()
+    result = {}
+    for n in [int(x) for x in args.ranks.split(",")]:
+        result[str(n)] = one_size(n, args.rounds, args.reps)
+        for way, m in result[str(n)].items():
+            low, high = m["ratio_range"]
+            print(
+                f"{n:3} ranks, {way:27} nbdist cell {m['nbdist_cell_ms']:7.2f} ms  view.execute "
+                f"{m['view_execute_ms']:7.2f} ms  ratio {m['ratio']:.3f} ({low:.2f}-{high:.2f})  notebook CPU "
+                f"{m['notebook_cpu_ms']:.2f} ms  controller CPU {m['controller_cpu_ms']:.2f} ms",
+                flush=True,
+            )
+    save("cell_messages", {"medians_of_rounds": result})
+
+
+if __name__ == "__main__":
+    main()
