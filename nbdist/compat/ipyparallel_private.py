@@ -149,7 +149,7 @@ def lean_iopub(kernel: Any) -> None:
     the ``execute_input`` echo of each cell's code (ipykernel's ``Kernel._publish_status`` and
     ``_publish_execute_input``). nbdist's client reads neither: a rank is busy from the moment its cell is sent, the
     code is the notebook's own, and the ``idle`` status, which still comes, ends a request's output. Two of a trivial
-    cell's five messages a rank, each one read by the controller and the notebook (benchmarks/many_ranks.py)."""
+    cell's five messages a rank, each one read by the controller and the notebook (benchmarks/cell_messages.py)."""
     if kernel is None or getattr(kernel, "_nbdist_lean_iopub", False):
         return
     status = kernel._publish_status
