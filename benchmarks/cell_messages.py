@@ -16,16 +16,16 @@ os.environ.setdefault("OMP_NUM_THREADS", "1")
 
 from _common import save  # noqa: E402
 from many_ranks import cell_cost  # noqa: E402
+from stub_ranks import LEAN  # noqa: E402  (each rank lean again, as configured)
 
 import nbdist  # noqa: E402
 
-# Each rank's kernel back to ipykernel's own two methods (the class's), or lean again.
+# Each rank's kernel back to ipykernel's own two methods (the class's).
 FULL = """
 _k = get_ipython().kernel
 for _name in ("_publish_status", "_publish_execute_input", "_nbdist_lean_iopub"):
     _k.__dict__.pop(_name, None)
 """
-LEAN = "from nbdist import compat as _compat\n_compat.lean_iopub(get_ipython().kernel)"
 WAYS = {"lean (as shipped)": LEAN, "full (ipykernel's default)": FULL}
 
 
