@@ -24,6 +24,7 @@ from .ipyparallel_private import (
     drop_unreadable_messages,
     execute_heard,
     execute_heard_broadcast,
+    fast_iso_dates,
     io_paused,
     launcher_popen,
     lean_iopub,
@@ -145,6 +146,12 @@ PRIVATE_APIS = (
         "engine.runtime: an engine publishes no busy status and no echo of the cell's code, which nbdist never reads",
     ),
     PrivateAPI(
+        "ipyparallel util._parse_date, util.ISO8601_PAT, util._ensure_tzinfo, client.asyncresult._parse_date, "
+        "controller.hub.parse_date",
+        "ipyparallel",
+        "the notebook's client and nbdist's controller read a reply's timestamps with datetime, not dateutil",
+    ),
+    PrivateAPI(
         "ipyparallel Client._send_control_request, ipykernel Kernel.control_handlers",
         "ipyparallel",
         "breakpoint() on a rank: a line typed in the notebook reaches its debugger on the engine's control channel",
@@ -230,6 +237,7 @@ __all__ = [
     "drop_unreadable_messages",
     "execute_heard",
     "execute_heard_broadcast",
+    "fast_iso_dates",
     "fsdp_collective_classes",
     "fsdp_waits",
     "group_sequence_number",

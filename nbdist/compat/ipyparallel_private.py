@@ -202,6 +202,36 @@ def on_engine_registration(registering: Any, registered: Any, beating: Any) -> N
     IPEngine.register, IPEngine.complete_registration = _register, _complete  # type: ignore[method-assign]
 
 
+def fast_iso_dates() -> None:
+    """ipyparallel reads a reply's timestamps with dateutil's general parser (``ipyparallel.util._parse_date``, about
+    0.1 ms each): the client once a reply ('started', on its IO thread), the hub once a reply too (``extract_dates``),
+    and the hub's jupyter_client ``parse_date`` a request's and a reply's header. They are ISO 8601 as jupyter_client
+    writes them, which ``datetime.fromisoformat`` reads in under a microsecond, to the same instant; a string it
+    cannot read goes to ipyparallel's own parser. In the notebook (its client) and in nbdist's controller (its hub):
+    at 64 ranks about 7 ms a cell in each (benchmarks/many_ranks.py)."""
+    from datetime import datetime
+
+    from ipyparallel import util
+    from ipyparallel.client import asyncresult
+    from ipyparallel.controller import hub
+
+    original = util._parse_date
+    if getattr(original, "_nbdist", False):
+        return
+
+    def parse_date(s: Any) -> Any:
+        if isinstance(s, str) and util.ISO8601_PAT.match(s):
+            try:
+                dt = datetime.fromisoformat(f"{s[:-1]}+00:00" if s.endswith("Z") else s)
+            except ValueError:
+                return original(s)
+            return util._ensure_tzinfo(dt)
+        return original(s)
+
+    parse_date._nbdist = True  # type: ignore[attr-defined]
+    util._parse_date = asyncresult._parse_date = hub.parse_date = parse_date
+
+
 def skip_controller_settle_sleep() -> None:
     """ipyparallel 9's controller sleeps 0.25 s in ``init_hub`` before it writes the connection files every engine
     waits for (a quarter of a warm ``%dist_start``); nothing waits on that pause, so nbdist's controller skips it."""

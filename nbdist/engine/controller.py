@@ -43,6 +43,7 @@ def main() -> None:
     from nbdist import compat
 
     compat.skip_controller_settle_sleep()
+    compat.fast_iso_dates()
     controller_main()
 
 

@@ -65,6 +65,7 @@ class EngineSet:
         self._record_jobs()
         self.client = self._ipp.connect_client_sync()
         compat.drop_unreadable_messages(self.client)
+        compat.fast_iso_dates()
         ids = registration.wait_for_engines(self, self.config.world.n, known=set(), old_launchers=set())
         self.ranks = [RankInfo(rank=i, engine_id=eid) for i, eid in enumerate(registration.in_launch_order(self, ids))]
         self.board.reset([r.rank for r in self.ranks])

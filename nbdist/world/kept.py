@@ -212,6 +212,7 @@ def reconnect(record: Record, config: StartConfig, launcher: Launcher) -> Engine
     except Exception as exc:
         raise ClusterError(f"cannot reach the kept world {record.name} ({type(exc).__name__}: {exc}).") from exc
     compat.drop_unreadable_messages(client)
+    compat.fast_iso_dates()
     ranks = [RankInfo(**r) for r in record.ranks]
     missing = [r.rank for r in ranks if r.engine_id not in client.ids]
     engines = EngineSet(config, launcher, record.workdir)

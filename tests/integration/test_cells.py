@@ -160,6 +160,19 @@ def test_a_rank_sends_a_cells_output_and_its_end_but_no_busy_status_and_no_echo_
         assert shown == {0: expected, 1: expected}, (code, heard)
 
 
+def test_the_notebooks_client_reads_each_replys_start_with_datetime(cluster):
+    """The world's client reads each reply's timestamps with datetime, not dateutil (compat.fast_iso_dates, about
+    0.1 ms a rank a cell on the client's IO thread); a rank's time in the cell is read from them as before."""
+    from datetime import timezone
+
+    view = cluster.view([0, 1])
+    ar = view.execute("import time; time.sleep(0.2)", block=True)
+    started = [md["started"] for md in ar.metadata]  # read on the client's IO thread as each reply came
+    assert all(s.tzinfo is timezone.utc for s in started), started  # dateutil's parser gives its own tz objects
+    result = cluster.run("import time; time.sleep(0.2)", quiet=True)
+    assert all(0.2 <= r.wall_s < 0.2 + HANG_S for r in result.ranks), [r.wall_s for r in result.ranks]
+
+
 def test_noblock_returns_at_once_and_collects_later(cluster, ip, tmp_path):
     """The cell cannot finish before the test creates a file, which it does only after the magic returned."""
     flag = tmp_path / "go"

@@ -340,6 +340,76 @@ def test_probe_lean_iopub():
     assert sent == [("idle", "shell"), ("starting", "shell")]
 
 
+def test_probe_fast_iso_dates(monkeypatch):
+    """ipyparallel reads a reply's timestamps with dateutil where the time goes (the client's reply, the hub's
+    request and reply); compat.fast_iso_dates reads them with datetime, to the same instant, and leaves what is not a
+    date (or a date datetime cannot read) to ipyparallel's own parser."""
+    import warnings
+    from datetime import datetime, timedelta, timezone
+
+    from ipyparallel import util
+    from ipyparallel.client import asyncresult, client
+    from ipyparallel.controller import hub
+    from jupyter_client.jsonutil import json_default
+
+    assert "util._parse_date(msg_meta['started'])" in inspect.getsource(client.Client._extract_metadata)
+    assert "extract_dates(md.get('started', None))" in inspect.getsource(hub.Hub.save_queue_result)
+    assert "parse_date(header['date'])" in inspect.getsource(hub.ensure_date_is_parsed)
+    assert "_parse_date(md[key])" in inspect.getsource(asyncresult.AsyncResult._parse_metadata_dates)
+    for module, name in ((util, "_parse_date"), (asyncresult, "_parse_date"), (hub, "parse_date")):
+        monkeypatch.setattr(module, name, getattr(module, name))  # put back after the test
+    original = util._parse_date
+    when = datetime(2026, 12, 5, 6, 40, 0, 123456, tzinfo=timezone.utc)
+    samples = [
+        json_default(when),  # as jupyter_client writes a header's date and an engine's 'started'
+        json_default(when.replace(microsecond=0)),
+        when.astimezone(timezone(timedelta(hours=1))).isoformat(),
+        "2026-12-05T06:40:00.1234567Z",  # seven digits: datetime cannot, ipyparallel's parser can
+        "2026-12-05T06:40:00",  # naive: both make it local, with ipyparallel's warning
+        "not a date",
+        None,
+    ]
+    compat.fast_iso_dates()
+    fast = util._parse_date
+    compat.fast_iso_dates()  # once, however many worlds the kernel starts
+    assert fast is not original and util._parse_date is fast and asyncresult._parse_date is fast
+    assert hub.parse_date is fast
+    assert fast(json_default(when)) == when
+    read = util.extract_dates({"started": [json_default(when)]})["started"][0]  # the hub's path
+    assert read == when and read.tzinfo is timezone.utc  # datetime's own UTC: read by the patched parser
+    monkeypatch.setenv("TZ", "Asia/Kolkata")  # a local time that is not UTC: a 'Z' read as local would show
+    time.tzset()
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", DeprecationWarning)
+            for s in samples:
+                theirs, ours = original(s), fast(s)
+                assert ours == theirs and type(ours) is type(theirs), s
+                if isinstance(ours, datetime):
+                    assert ours.tzinfo is not None and ours.utcoffset() == theirs.utcoffset(), s
+    finally:
+        monkeypatch.undo()
+        time.tzset()
+
+
+def test_nbdists_controller_reads_dates_with_datetime_before_it_starts(monkeypatch):
+    """``python -m nbdist.engine.controller`` applies compat.fast_iso_dates before ipyparallel's controller starts
+    (its hub reads every request's and reply's dates)."""
+    from ipyparallel import util
+    from ipyparallel.client import asyncresult
+    from ipyparallel.controller import app, hub
+
+    from nbdist.engine import controller, parentwatch
+
+    for module, name in ((util, "_parse_date"), (asyncresult, "_parse_date"), (hub, "parse_date"), (app, "time")):
+        monkeypatch.setattr(module, name, getattr(module, name))
+    seen: list[bool] = []
+    monkeypatch.setattr(parentwatch, "watch_parent", lambda on_exit: None)
+    monkeypatch.setattr(app, "main", lambda: seen.append(getattr(hub.parse_date, "_nbdist", False)))
+    controller.main()
+    assert seen == [True]
+
+
 def test_probe_controller_engines():
     from ipyparallel import Client
     from ipyparallel.controller.hub import Hub
