@@ -44,7 +44,14 @@ def main() -> None:
 
     compat.skip_controller_settle_sleep()
     compat.fast_iso_dates()
-    controller_main()
+    # What the hub does for every request and reply that nbdist never reads (a profile's config or a command line's
+    # options still win):
+    # - no record of each: ipyparallel's in-memory DictDB, which nbdist never queries, kept up to 1,024 requests and
+    #   1 GiB of their output, culled one request at a time once full (a 64-rank world fills it in 16 cells);
+    # - no log line of each: two a rank a cell at INFO, and a DEBUG record made for every message, which traitlets'
+    #   logger (always at DEBUG; its handler filters) builds before it drops. Warnings and errors are still logged.
+    # At 64 ranks they were a quarter of the controller's CPU for a trivial cell (benchmarks/controller_cost.py).
+    controller_main(db_class="NoDB", logging_config={"loggers": {"IPController": {"level": "WARNING"}}})
 
 
 if __name__ == "__main__":

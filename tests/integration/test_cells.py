@@ -173,6 +173,25 @@ def test_the_notebooks_client_reads_each_replys_start_with_datetime(cluster):
     assert all(0.2 <= r.wall_s < 0.2 + HANG_S for r in result.ranks), [r.wall_s for r in result.ranks]
 
 
+def test_the_controller_keeps_no_record_and_logs_no_line_of_each_request(cluster):
+    """nbdist's controller runs its hub without ipyparallel's in-memory record of every request (which held their
+    output, up to 1 GiB) and without a log line of each (nbdist.engine.controller.main): asked for its records, it has
+    none; its log has its start and no request in it. The cells themselves are as before."""
+    import glob
+
+    for _ in range(3):
+        assert cluster.run("print('kept?')", quiet=True).ok
+    client = cluster.view([0, 1]).client
+    with pytest.raises(Exception, match="NoData"):  # a DictDB would answer with the requests just run
+        client.db_query({"msg_id": {"$ne": ""}}, keys=["msg_id"])
+    logs = glob.glob(os.path.join(cluster.engines.workdir, "profile", "log", "ipcontroller-*.log"))
+    assert len(logs) == 1, logs
+    with open(logs[0]) as fh:
+        text = fh.read()
+    assert "submitted request" not in text and "completed on" not in text, text[-2000:]
+    assert cluster.pull("1 + 1") == [2, 2]
+
+
 def test_noblock_returns_at_once_and_collects_later(cluster, ip, tmp_path):
     """The cell cannot finish before the test creates a file, which it does only after the magic returned."""
     flag = tmp_path / "go"

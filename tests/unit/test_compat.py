@@ -394,7 +394,8 @@ def test_probe_fast_iso_dates(monkeypatch):
 
 def test_nbdists_controller_reads_dates_with_datetime_before_it_starts(monkeypatch):
     """``python -m nbdist.engine.controller`` applies compat.fast_iso_dates before ipyparallel's controller starts
-    (its hub reads every request's and reply's dates)."""
+    (its hub reads every request's and reply's dates), and starts it with nbdist's hub settings (what they do:
+    tests/integration/test_cells.py)."""
     from ipyparallel import util
     from ipyparallel.client import asyncresult
     from ipyparallel.controller import app, hub
@@ -403,11 +404,13 @@ def test_nbdists_controller_reads_dates_with_datetime_before_it_starts(monkeypat
 
     for module, name in ((util, "_parse_date"), (asyncresult, "_parse_date"), (hub, "parse_date"), (app, "time")):
         monkeypatch.setattr(module, name, getattr(module, name))
-    seen: list[bool] = []
+    seen: list[tuple[bool, dict]] = []
     monkeypatch.setattr(parentwatch, "watch_parent", lambda on_exit: None)
-    monkeypatch.setattr(app, "main", lambda: seen.append(getattr(hub.parse_date, "_nbdist", False)))
+    monkeypatch.setattr(app, "main", lambda **kw: seen.append((getattr(hub.parse_date, "_nbdist", False), kw)))
     controller.main()
-    assert seen == [True]
+    hub_settings = {"db_class": "NoDB", "logging_config": {"loggers": {"IPController": {"level": "WARNING"}}}}
+    assert seen == [(True, hub_settings)]
+    assert app.IPController(**hub_settings).db_class.__name__ == "NoDB"  # names ipyparallel takes
 
 
 def test_probe_controller_engines():

@@ -1,0 +1,90 @@
+"""What the hub's record of every request and its log line of every message cost the controller, against nbdist's
+controller as shipped (``nbdist.engine.controller.main``: no record, warnings and errors only).
+
+Worlds alternate, one size at a time: as shipped, and with ipyparallel's own hub settings put back (its in-memory
+DictDB, and traitlets' logger at DEBUG with the handler at INFO), written into the world's controller config as a
+profile would (it wins over the controller's defaults). Each world: a trivial cell timed as benchmarks/many_ranks.py
+times one (nbdist's cell against ``view.execute``; the notebook's and the controller's CPU), then the controller's
+resident memory before and after ``--cells`` cells in which each rank prints ``--kib`` KiB.
+
+    python benchmarks/controller_cost.py [--ranks 16,64] [--rounds 4] [--reps 11] [--cells 100] [--kib 64]
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import io
+import os
+import statistics
+
+os.environ.setdefault("OMP_NUM_THREADS", "1")
+
+from _common import save  # noqa: E402
+from many_ranks import cell_cost, controller_of  # noqa: E402
+
+import nbdist  # noqa: E402
+from nbdist.launch import launchers  # noqa: E402
+
+SECURE = launchers.secure_controller
+IPYPARALLELS = (
+    "c.IPController.db_class = 'DictDB'\n"
+    "c.IPController.logging_config = {'loggers': {'IPController': {'level': 'DEBUG'}}}\n"
+)
+
+
+def ipyparallels_hub(profile_dir: str) -> None:
+    SECURE(profile_dir)
+    with open(os.path.join(profile_dir, "ipcontroller_config.py"), "a") as fh:
+        fh.write(IPYPARALLELS)
+
+
+def one_world(n: int, hub: str, reps: int, cells: int, kib: int) -> dict[str, float]:
+    launchers.secure_controller = ipyparallels_hub if hub == "ipyparallel's" else SECURE  # type: ignore[assignment]
+    try:
+        cluster = nbdist.start(n=n, oversubscribe=n > (os.cpu_count() or 1), timeout=300)
+    finally:
+        launchers.secure_controller = SECURE
+    try:
+        row = cell_cost(cluster, reps)
+        controller = controller_of(cluster)
+        before = controller.memory_info().rss
+        with contextlib.redirect_stdout(io.StringIO()):  # the notebook's share is not what is measured here
+            for _ in range(cells):
+                cluster.run(f"print('x' * {kib * 1024})", quiet=True).raise_for_error()
+        row["controller_rss_growth_mib"] = (controller.memory_info().rss - before) / 2**20
+        row["controller_rss_mib"] = controller.memory_info().rss / 2**20
+    finally:
+        cluster.stop()
+    return row
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--ranks", default="16,64")
+    parser.add_argument("--rounds", type=int, default=4)
+    parser.add_argument("--reps", type=int, default=11)
+    parser.add_argument("--cells", type=int, default=100)
+    parser.add_argument("--kib", type=int, default=64)
+    args = parser.parse_args()
+    hubs = ["nbdist's (as shipped)", "ipyparallel's"]
+    result: dict[str, object] = {"cells": args.cells, "kib": args.kib}
+    for n in [int(x) for x in args.ranks.split(",") if x]:
+        rows: dict[str, list[dict[str, float]]] = {hub: [] for hub in hubs}
+        for r in range(args.rounds):
+            for hub in hubs if r % 2 == 0 else hubs[::-1]:
+                rows[hub].append(one_world(n, hub, args.reps, args.cells, args.kib))
+        result[str(n)] = {hub: {k: statistics.median(s[k] for s in v) for k in v[0]} for hub, v in rows.items()}
+        for hub, m in result[str(n)].items():  # type: ignore[attr-defined]
+            print(
+                f"{n:3} ranks, hub {hub:22} nbdist cell {m['nbdist_cell_ms']:7.2f} ms  view.execute "
+                f"{m['view_execute_ms']:7.2f} ms  ratio {m['ratio']:.3f}  controller CPU {m['controller_cpu_ms']:6.2f} ms"
+                f"  notebook CPU {m['notebook_cpu_ms']:6.2f} ms  controller memory +{m['controller_rss_growth_mib']:.1f}"
+                f" MiB over {args.cells} cells of {args.kib} KiB a rank (then {m['controller_rss_mib']:.0f} MiB)",
+                flush=True,
+            )
+    save("controller_cost", result)
+
+
+if __name__ == "__main__":
+    main()
