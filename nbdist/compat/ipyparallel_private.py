@@ -203,12 +203,12 @@ def on_engine_registration(registering: Any, registered: Any, beating: Any) -> N
 
 
 def fast_iso_dates() -> None:
-    """ipyparallel reads a reply's timestamps with dateutil's general parser (``ipyparallel.util._parse_date``, about
-    0.1 ms each): the client once a reply ('started', on its IO thread), the hub once a reply too (``extract_dates``),
+    """ipyparallel reads a reply's timestamps with dateutil's general parser (``ipyparallel.util._parse_date``, 70-120
+    us each here): the client once a reply ('started', on its IO thread), the hub once a reply too (``extract_dates``),
     and the hub's jupyter_client ``parse_date`` a request's and a reply's header. They are ISO 8601 as jupyter_client
-    writes them, which ``datetime.fromisoformat`` reads in under a microsecond, to the same instant; a string it
+    writes them, which ``datetime.fromisoformat`` reads in about a microsecond, to the same instant; a string it
     cannot read goes to ipyparallel's own parser. In the notebook (its client) and in nbdist's controller (its hub):
-    at 64 ranks about 7 ms a cell in each (benchmarks/many_ranks.py)."""
+    160 ms of CPU a cell at 1,024 ranks, from the parse times (benchmarks/reply_dates.py)."""
     from datetime import datetime
 
     from ipyparallel import util
