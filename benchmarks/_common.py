@@ -8,6 +8,7 @@ import pathlib
 import platform
 import statistics
 import time
+from collections.abc import Callable
 from typing import Any
 
 RESULTS = pathlib.Path(__file__).parent / "results"
@@ -21,6 +22,21 @@ def stats(samples: list[float]) -> dict[str, Any]:
         "n": len(samples),
         "samples": samples,
     }
+
+
+def alternated(ways: list[str], rounds: int, measure: Callable[[str], dict[str, float]]) -> dict[str, list[dict[str, float]]]:
+    """``measure(way)`` for every way, ``rounds`` times, the order reversed every other round (no way always first):
+    each way's samples."""
+    rows: dict[str, list[dict[str, float]]] = {way: [] for way in ways}
+    for r in range(rounds):
+        for way in ways if r % 2 == 0 else ways[::-1]:
+            rows[way].append(measure(way))
+    return rows
+
+
+def medians(rows: dict[str, list[dict[str, float]]]) -> dict[str, dict[str, float]]:
+    """Each way's median of each figure over its samples."""
+    return {way: {key: statistics.median(s[key] for s in samples) for key in samples[0]} for way, samples in rows.items()}
 
 
 def machine() -> dict[str, Any]:

@@ -10,11 +10,11 @@ from __future__ import annotations
 
 import argparse
 import os
-import statistics
+from typing import Any
 
 os.environ.setdefault("OMP_NUM_THREADS", "1")
 
-from _common import save  # noqa: E402
+from _common import alternated, medians, save  # noqa: E402
 from many_ranks import cell_cost  # noqa: E402
 from stub_ranks import LEAN  # noqa: E402  (each rank lean again, as configured)
 
@@ -31,18 +31,17 @@ WAYS = {"lean (as shipped)": LEAN, "full (ipykernel's default)": FULL}
 
 def one_size(n: int, rounds: int, reps: int) -> dict[str, dict[str, float]]:
     cluster = nbdist.start(n=n, oversubscribe=n > (os.cpu_count() or 1), timeout=300)
+    def measure(way: str) -> dict[str, float]:
+        cluster.run(WAYS[way], quiet=True).raise_for_error()
+        return cell_cost(cluster, reps)
+
     try:
-        rows: dict[str, list[dict[str, float]]] = {way: [] for way in WAYS}
-        for r in range(rounds):
-            for way in list(WAYS) if r % 2 == 0 else list(WAYS)[::-1]:
-                cluster.run(WAYS[way], quiet=True).raise_for_error()
-                rows[way].append(cell_cost(cluster, reps))
+        rows = alternated(list(WAYS), rounds, measure)
         cluster.run(LEAN, quiet=True).raise_for_error()
     finally:
         cluster.stop()
-    out = {}
+    out: dict[str, dict[str, Any]] = dict(medians(rows))
     for way, samples in rows.items():
-        out[way] = {key: statistics.median(s[key] for s in samples) for key in samples[0]}
         out[way]["ratio_range"] = [min(s["ratio"] for s in samples), max(s["ratio"] for s in samples)]
     return out
 

@@ -16,11 +16,10 @@ import argparse
 import contextlib
 import io
 import os
-import statistics
 
 os.environ.setdefault("OMP_NUM_THREADS", "1")
 
-from _common import save  # noqa: E402
+from _common import alternated, medians, save  # noqa: E402
 from many_ranks import cell_cost, controller_of  # noqa: E402
 
 import nbdist  # noqa: E402
@@ -70,12 +69,9 @@ def main() -> None:
     hubs = ["nbdist's (as shipped)", "ipyparallel's"]
     result: dict[str, object] = {"cells": args.cells, "kib": args.kib}
     for n in [int(x) for x in args.ranks.split(",") if x]:
-        rows: dict[str, list[dict[str, float]]] = {hub: [] for hub in hubs}
-        for r in range(args.rounds):
-            for hub in hubs if r % 2 == 0 else hubs[::-1]:
-                rows[hub].append(one_world(n, hub, args.reps, args.cells, args.kib))
-        result[str(n)] = {hub: {k: statistics.median(s[k] for s in v) for k in v[0]} for hub, v in rows.items()}
-        for hub, m in result[str(n)].items():  # type: ignore[attr-defined]
+        rows = medians(alternated(hubs, args.rounds, lambda hub, n=n: one_world(n, hub, args.reps, args.cells, args.kib)))
+        result[str(n)] = rows
+        for hub, m in rows.items():
             print(
                 f"{n:3} ranks, hub {hub:22} nbdist cell {m['nbdist_cell_ms']:7.2f} ms  view.execute "
                 f"{m['view_execute_ms']:7.2f} ms  ratio {m['ratio']:.3f}  controller CPU {m['controller_cpu_ms']:6.2f} ms"

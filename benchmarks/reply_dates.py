@@ -22,7 +22,7 @@ from datetime import datetime, timezone
 
 os.environ.setdefault("OMP_NUM_THREADS", "1")
 
-from _common import save  # noqa: E402
+from _common import alternated, medians, save  # noqa: E402
 from ipyparallel import util  # noqa: E402
 from ipyparallel.client import asyncresult  # noqa: E402
 from ipyparallel.controller import hub  # noqa: E402
@@ -56,16 +56,15 @@ def client_parser(fn) -> None:
 def one_size(n: int, rounds: int, reps: int) -> dict[str, dict[str, float]]:
     ways = {"ipyparallel's parser": THEIRS, "nbdist's (as shipped)": OURS}
     cluster = nbdist.start(n=n, oversubscribe=n > (os.cpu_count() or 1), timeout=300)
+    def measure(way: str) -> dict[str, float]:
+        client_parser(ways[way])
+        return cell_cost(cluster, reps)
+
     try:
-        rows: dict[str, list[dict[str, float]]] = {way: [] for way in ways}
-        for r in range(rounds):
-            for way in list(ways) if r % 2 == 0 else list(ways)[::-1]:
-                client_parser(ways[way])
-                rows[way].append(cell_cost(cluster, reps))
+        return medians(alternated(list(ways), rounds, measure))
     finally:
         client_parser(OURS)
         cluster.stop()
-    return {way: {key: statistics.median(s[key] for s in samples) for key in samples[0]} for way, samples in rows.items()}
 
 
 def main() -> None:
