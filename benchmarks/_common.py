@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import argparse
 import json
 import os
 import pathlib
@@ -32,6 +33,16 @@ def alternated(ways: list[str], rounds: int, measure: Callable[[str], dict[str, 
         for way in ways if r % 2 == 0 else ways[::-1]:
             rows[way].append(measure(way))
     return rows
+
+
+def sizes_parser(ranks: str, rounds: int, reps: int = 11) -> argparse.ArgumentParser:
+    """The arguments of a benchmark that alternates ways on a world a size: ``--ranks`` (the sizes), ``--rounds``,
+    ``--reps`` (cells a round)."""
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--ranks", default=ranks)
+    parser.add_argument("--rounds", type=int, default=rounds)
+    parser.add_argument("--reps", type=int, default=reps)
+    return parser
 
 
 def medians(rows: dict[str, list[dict[str, float]]]) -> dict[str, dict[str, float]]:

@@ -8,17 +8,14 @@ ipyparallel's ``view.execute`` on the same engines, and the notebook's and the c
 
 from __future__ import annotations
 
-import argparse
 import os
 from typing import Any
 
 os.environ.setdefault("OMP_NUM_THREADS", "1")
 
-from _common import alternated, medians, save  # noqa: E402
-from many_ranks import cell_cost  # noqa: E402
+from _common import medians, save, sizes_parser  # noqa: E402
+from many_ranks import cells_alternated, world  # noqa: E402
 from stub_ranks import LEAN  # noqa: E402  (each rank lean again, as configured)
-
-import nbdist  # noqa: E402
 
 # Each rank's kernel back to ipykernel's own two methods (the class's).
 FULL = """
@@ -30,16 +27,9 @@ WAYS = {"lean (as shipped)": LEAN, "full (ipykernel's default)": FULL}
 
 
 def one_size(n: int, rounds: int, reps: int) -> dict[str, dict[str, float]]:
-    cluster = nbdist.start(n=n, oversubscribe=n > (os.cpu_count() or 1), timeout=300)
-    def measure(way: str) -> dict[str, float]:
-        cluster.run(WAYS[way], quiet=True).raise_for_error()
-        return cell_cost(cluster, reps)
-
-    try:
-        rows = alternated(list(WAYS), rounds, measure)
-        cluster.run(LEAN, quiet=True).raise_for_error()
-    finally:
-        cluster.stop()
+    with world(n) as cluster:
+        ways = {way: lambda code=code: cluster.run(code, quiet=True).raise_for_error() for way, code in WAYS.items()}
+        rows = cells_alternated(cluster, ways, rounds, reps)
     out: dict[str, dict[str, Any]] = dict(medians(rows))
     for way, samples in rows.items():
         out[way]["ratio_range"] = [min(s["ratio"] for s in samples), max(s["ratio"] for s in samples)]
@@ -47,10 +37,7 @@ def one_size(n: int, rounds: int, reps: int) -> dict[str, dict[str, float]]:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser()
-    parser.add_argument("--ranks", default="2,16,64")
-    parser.add_argument("--rounds", type=int, default=6)
-    parser.add_argument("--reps", type=int, default=11)
+    parser = sizes_parser("2,16,64", rounds=6)
     args = parser.parse_args()
     result = {}
     for n in [int(x) for x in args.ranks.split(",")]:

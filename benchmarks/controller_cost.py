@@ -12,14 +12,13 @@ resident memory before and after ``--cells`` cells in which each rank prints ``-
 
 from __future__ import annotations
 
-import argparse
 import contextlib
 import io
 import os
 
 os.environ.setdefault("OMP_NUM_THREADS", "1")
 
-from _common import alternated, medians, save  # noqa: E402
+from _common import alternated, medians, save, sizes_parser  # noqa: E402
 from many_ranks import cell_cost, controller_of  # noqa: E402
 
 import nbdist  # noqa: E402
@@ -59,10 +58,7 @@ def one_world(n: int, hub: str, reps: int, cells: int, kib: int) -> dict[str, fl
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser()
-    parser.add_argument("--ranks", default="16,64")
-    parser.add_argument("--rounds", type=int, default=4)
-    parser.add_argument("--reps", type=int, default=11)
+    parser = sizes_parser("16,64", rounds=4)
     parser.add_argument("--cells", type=int, default=100)
     parser.add_argument("--kib", type=int, default=64)
     args = parser.parse_args()

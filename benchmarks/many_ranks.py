@@ -29,7 +29,7 @@ import time
 
 import numpy as np
 import psutil
-from _common import save
+from _common import alternated, save
 
 import nbdist
 
@@ -106,6 +106,30 @@ def cell_cost(cluster: nbdist.Cluster, reps: int) -> dict[str, float]:
         "notebook_cpu_view_execute_ms": cpu["raw"]["notebook"] * 1e3,
         "controller_cpu_ms": cpu["nbdist"]["controller"] * 1e3,
     }
+
+
+@contextlib.contextmanager
+def world(n: int):
+    """A world of ``n`` ranks (oversubscribed past this machine's cores), stopped however the block ends."""
+    cluster = nbdist.start(n=n, oversubscribe=n > (os.cpu_count() or 1), timeout=300)
+    try:
+        yield cluster
+    finally:
+        cluster.stop()
+
+
+def cells_alternated(cluster: nbdist.Cluster, ways: dict, rounds: int, reps: int) -> dict[str, list[dict[str, float]]]:
+    """``cell_cost`` in rounds alternated between ``ways`` (name -> what puts that way in place, called before each of
+    its rounds; the first, as shipped, is put back at the end): each way's samples."""
+
+    def measure(name: str) -> dict[str, float]:
+        ways[name]()
+        return cell_cost(cluster, reps)
+
+    try:
+        return alternated(list(ways), rounds, measure)
+    finally:
+        next(iter(ways.values()))()
 
 
 def dashboard_refresh_ms(n: int, reps: int) -> float:

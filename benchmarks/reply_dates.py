@@ -14,7 +14,6 @@ nbdist's (``compat.fast_iso_dates``: ``datetime.fromisoformat``, the same instan
 
 from __future__ import annotations
 
-import argparse
 import os
 import statistics
 import timeit
@@ -22,14 +21,13 @@ from datetime import datetime, timezone
 
 os.environ.setdefault("OMP_NUM_THREADS", "1")
 
-from _common import alternated, medians, save  # noqa: E402
+from _common import medians, save, sizes_parser  # noqa: E402
 from ipyparallel import util  # noqa: E402
 from ipyparallel.client import asyncresult  # noqa: E402
 from ipyparallel.controller import hub  # noqa: E402
 from jupyter_client.jsonutil import json_default  # noqa: E402
-from many_ranks import cell_cost  # noqa: E402
+from many_ranks import cells_alternated, world  # noqa: E402
 
-import nbdist  # noqa: E402
 from nbdist import compat  # noqa: E402
 
 # ipyparallel's own parsers (private: what compat.fast_iso_dates replaces), taken before any world patches them
@@ -54,24 +52,13 @@ def client_parser(fn) -> None:
 
 
 def one_size(n: int, rounds: int, reps: int) -> dict[str, dict[str, float]]:
-    ways = {"ipyparallel's parser": THEIRS, "nbdist's (as shipped)": OURS}
-    cluster = nbdist.start(n=n, oversubscribe=n > (os.cpu_count() or 1), timeout=300)
-    def measure(way: str) -> dict[str, float]:
-        client_parser(ways[way])
-        return cell_cost(cluster, reps)
-
-    try:
-        return medians(alternated(list(ways), rounds, measure))
-    finally:
-        client_parser(OURS)
-        cluster.stop()
+    ways = {"nbdist's (as shipped)": lambda: client_parser(OURS), "ipyparallel's parser": lambda: client_parser(THEIRS)}
+    with world(n) as cluster:
+        return medians(cells_alternated(cluster, ways, rounds, reps))
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser()
-    parser.add_argument("--ranks", default="16,64")
-    parser.add_argument("--rounds", type=int, default=6)
-    parser.add_argument("--reps", type=int, default=11)
+    parser = sizes_parser("16,64", rounds=6)
     args = parser.parse_args()
     costs = parse_costs()
     print(

@@ -22,13 +22,17 @@ def error_of(child: Any) -> BaseException | None:
     """The error one engine reported for this cell (ipyparallel stores it as the result)."""
     if not child.done():
         return None
+    md = child.output.metadata
+    if md.get("status") == "ok":  # the reply said ok (its result is then ipyparallel's ExecuteReply): what iopub said
+        err = md.get("error")  # two reads of the future fewer, for each of three looks at every rank's reply
+        return err if isinstance(err, BaseException) else None
     exc = child.exception()
     if exc is not None:
         return exc
     res = child.result()
     if isinstance(res, BaseException):
         return res
-    err = child.output.metadata.get("error")
+    err = md.get("error")
     return err if isinstance(err, BaseException) else None
 
 

@@ -348,9 +348,10 @@ class Watch:
         # Output can trail the reply by a moment (iopub and shell are separate sockets); its metric rows are kept
         # whether it is shown or not.
         end = time.perf_counter() + 1.0
+        lost = self.gone | self.ended
         for i, child in enumerate(self.children):
-            if i in self.gone | self.ended and not child.done():
-                continue  # a dead engine's output never completes
+            if i in self.finished or (i in lost and not child.done()):
+                continue  # all in already (the loop saw it); a dead engine's output never completes
             try:
                 child.output.result(timeout=max(0.0, end - time.perf_counter()))
             except Exception:  # the output of a dead engine never completes

@@ -60,6 +60,15 @@ class Exits:
             on_exit(pid)
         return lambda: self._listeners.pop(key, None)  # type: ignore[arg-type,return-value]
 
+    def followed(self) -> frozenset[int]:
+        """The pids whose end the kernel will tell (a pidfd open on each, the polling thread running): each is running,
+        or ended a moment ago and is about to be told. Empty where nothing is followed (no pidfds, or no thread)."""
+        thread = self._thread
+        if thread is None or not thread.is_alive():
+            return frozenset()
+        with self._lock:
+            return frozenset(self._fds)
+
     def close(self) -> bool:
         """Follow nothing more: the thread ends, every pidfd is closed (an ``Exits`` of a test; ``EXITS`` lives as long
         as the process). False if the thread did not end within 5 s."""

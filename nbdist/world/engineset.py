@@ -16,7 +16,7 @@ from typing import Any
 
 from .. import compat
 from ..config import StartConfig
-from ..launch import procs
+from ..launch import exits, procs
 from ..launch.launchers import Launcher
 from ..results import RankState
 from . import registration
@@ -256,11 +256,17 @@ class EngineSet:
 
     # ------------------------------------------------------------------ state
     def dead_ranks(self) -> list[int]:
-        """Ranks whose engine process has died or left the controller."""
+        """Ranks whose engine process has died or left the controller. /proc is read only for a process the kernel
+        does not follow (launch/exits.py): one it follows is running until the kernel says it ended (at 64 ranks, 64
+        reads at every cell's start before)."""
         if self.client is None:
             return [r.rank for r in self.ranks]
-        live = set(self.client.ids)
-        return [r.rank for r in self.ranks if r.engine_id not in live or (r.local and r.pid and not procs.alive(r.pid))]
+        live, followed = set(self.client.ids), exits.EXITS.followed()
+        return [
+            r.rank
+            for r in self.ranks
+            if r.engine_id not in live or (r.local and r.pid and r.pid not in followed and not procs.alive(r.pid))
+        ]
 
     def states(self) -> dict[int, RankNow]:
         """Each rank's state now (the board), with the deaths nobody was watching for written to it first:

@@ -20,6 +20,7 @@ import pytest
 
 from nbdist.cells.output import Sink
 from nbdist.errors import RankError, RunTimeout
+from nbdist.results import RankStatus
 from tests.helpers import run_cell, touch_code, wait_for
 
 PROOF = "z = torch.ones(1) * (dist.get_rank() + 1)\ndist.all_reduce(z)\nproof = z.item()"
@@ -190,6 +191,21 @@ def test_the_controller_keeps_no_record_and_logs_no_line_of_each_request(cluster
         text = fh.read()
     assert "submitted request" not in text and "completed on" not in text, text[-2000:]
     assert cluster.pull("1 + 1") == [2, 2]
+
+
+def test_a_traceback_a_cell_shows_itself_fails_its_rank_though_its_reply_says_ok(cluster):
+    """An ok reply is read from its metadata alone (replies.error_of: two reads of the future fewer, in each of three
+    looks at every rank's reply): what iopub said still counts. ``showtraceback()`` publishes an error while the reply
+    says ok; nbdist has always failed such a rank (ipyparallel keeps that error beside the reply), and still does."""
+    code = "try:\n    1 / 0\nexcept Exception:\n    get_ipython().showtraceback()\nafter = 1"
+    ar = cluster.view([0, 1]).execute(code, silent=False, block=True)
+    assert [md["status"] for md in ar.metadata] == ["ok", "ok"]  # the reply itself says nothing failed
+    result = cluster.run(code, sink=Sink())
+    assert [(r.status, (r.error or {}).get("ename")) for r in result.ranks] == [
+        (RankStatus.ERROR, "ZeroDivisionError")
+    ] * 2, result
+    assert cluster.pull("after") == [1, 1]
+    assert cluster.run("ok = 1", sink=Sink()).ok
 
 
 def test_noblock_returns_at_once_and_collects_later(cluster, ip, tmp_path):

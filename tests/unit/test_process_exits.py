@@ -142,3 +142,23 @@ def test_a_cell_reads_proc_only_for_the_ranks_the_kernel_named_between_its_slow_
         for proc in (living, dying):
             proc.kill()
             proc.wait()
+
+
+def test_followed_names_the_processes_whose_end_the_kernel_will_tell_until_it_has(exits):
+    """``Exits.followed``: what ``EngineSet.dead_ranks`` need not read from /proc (a process the kernel follows is
+    running until it says otherwise); nothing before the thread runs, nor after ``close``."""
+    heard = Heard()
+    a, b = _sleeper(), _sleeper()
+    try:
+        assert exits.followed() == frozenset()
+        exits.follow([a.pid, b.pid], heard)
+        assert exits.followed() == {a.pid, b.pid}
+        a.kill()
+        assert heard.event.wait(HANG_S), "the end of a followed process was never told"
+        assert exits.followed() == {b.pid}  # dropped before its listeners are told
+        assert exits.close()
+        assert exits.followed() == frozenset()
+    finally:
+        for p in (a, b):
+            p.kill()
+            p.wait()
