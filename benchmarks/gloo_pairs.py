@@ -1,0 +1,96 @@
+"""Issue 52 names gloo's lazy pairs (``TORCH_GLOO_LAZY_INIT=1``: a pair of ranks connects at its first message
+instead of every pair at the group's making) as a way to re-form a group faster. This measures it on plain torch,
+as the reference: n processes forked on this host (``OMP_NUM_THREADS=1``), a TCPStore on rank 0, the gloo group
+made, then two all-reduces of 1,000 floats; the slowest rank's time for each part, eager and lazy alternated.
+
+    python benchmarks/gloo_pairs.py [--ranks 8,32,64] [--rounds 2]
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import multiprocessing
+import os
+import socket
+import statistics
+import time
+
+os.environ.setdefault("OMP_NUM_THREADS", "1")
+
+import torch  # noqa: E402
+import torch.distributed as dist  # noqa: E402
+from _common import alternated, save  # noqa: E402
+
+HANG_S = 300
+
+
+def rank_main(rank: int, n: int, port: int, lazy: bool, answers) -> None:
+    os.environ["TORCH_GLOO_LAZY_INIT"] = "1" if lazy else "0"
+    torch.set_num_threads(1)
+    store = dist.TCPStore("127.0.0.1", port, n, rank == 0, timeout=datetime.timedelta(seconds=HANG_S))
+    tic = time.perf_counter()
+    dist.init_process_group("gloo", store=store, rank=rank, world_size=n, timeout=datetime.timedelta(seconds=HANG_S))
+    made = time.perf_counter()
+    x = torch.ones(1000)
+    dist.all_reduce(x)
+    first = time.perf_counter()
+    dist.all_reduce(x)
+    second = time.perf_counter()
+    answers.put((made - tic, first - made, second - first))
+    try:
+        dist.barrier()
+    except RuntimeError:  # a peer that left first resets its connections: after the figures, nothing to report
+        pass
+    dist.destroy_process_group()
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def one_group(n: int, lazy: bool) -> dict[str, float]:
+    ctx = multiprocessing.get_context("fork")
+    answers = ctx.Queue()
+    port = free_port()
+    procs = [ctx.Process(target=rank_main, args=(r, n, port, lazy, answers)) for r in range(n)]
+    try:
+        for p in procs:
+            p.start()
+        rows = [answers.get(timeout=HANG_S) for _ in range(n)]
+    finally:
+        for p in procs:
+            p.join(timeout=30)
+            if p.is_alive():
+                p.kill()
+                p.join()
+    made, first, second = (max(r[i] for r in rows) * 1e3 for i in range(3))
+    return {"group_made_ms": made, "first_all_reduce_ms": first, "second_all_reduce_ms": second, "both_ms": made + first}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--ranks", default="8,32,64")
+    parser.add_argument("--rounds", type=int, default=2)
+    args = parser.parse_args()
+    result: dict[str, object] = {}
+    for n in [int(x) for x in args.ranks.split(",") if x]:
+
+        rows = alternated(["eager", "lazy"], args.rounds, lambda way, n=n: one_group(n, lazy=way == "lazy"))
+        result[str(n)] = rows
+        for way, samples in rows.items():
+            med = {k: statistics.median(s[k] for s in samples) for k in samples[0]}
+            runs = ", ".join(f"{s['both_ms']:.0f}" for s in samples)
+            print(
+                f"{n:3} ranks, {way:5}: group made {med['group_made_ms']:8.0f} ms, first all-reduce "
+                f"{med['first_all_reduce_ms']:7.0f} ms, both {med['both_ms']:7.0f} ms, second all-reduce "
+                f"{med['second_all_reduce_ms']:6.0f} ms  (runs: {runs} ms)",
+                flush=True,
+            )
+    save("gloo_pairs", result)
+
+
+if __name__ == "__main__":
+    main()
