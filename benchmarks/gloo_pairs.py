@@ -12,9 +12,7 @@ from __future__ import annotations
 
 import argparse
 import datetime
-import multiprocessing
 import os
-import socket
 import statistics
 import time
 
@@ -24,11 +22,13 @@ import torch  # noqa: E402
 import torch.distributed as dist  # noqa: E402
 from _common import alternated, save  # noqa: E402
 
+from nbdist.forecast.comm import gloo_world  # noqa: E402
+
 HANG_S = 300
 WAYS = ["eager", "lazy", "eager, all arrived", "lazy, all arrived"]
 
 
-def rank_main(rank: int, n: int, port: int, way: str, answers) -> None:
+def rank_main(rank: int, port: int, answers, n: int, way: str) -> None:
     os.environ["TORCH_GLOO_LAZY_INIT"] = "1" if way.startswith("lazy") else "0"
     torch.set_num_threads(1)
     store = dist.TCPStore("127.0.0.1", port, n, rank == 0, timeout=datetime.timedelta(seconds=HANG_S))
@@ -53,27 +53,9 @@ def rank_main(rank: int, n: int, port: int, way: str, answers) -> None:
     dist.destroy_process_group()
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 def one_group(n: int, way: str) -> dict[str, float]:
-    ctx = multiprocessing.get_context("fork")
-    answers = ctx.Queue()
-    port = free_port()
-    procs = [ctx.Process(target=rank_main, args=(r, n, port, way, answers)) for r in range(n)]
-    try:
-        for p in procs:
-            p.start()
-        rows = [answers.get(timeout=HANG_S) for _ in range(n)]
-    finally:
-        for p in procs:
-            p.join(timeout=30)
-            if p.is_alive():
-                p.kill()
-                p.join()
+    """One group of ``n`` forked processes made ``way``: the slowest rank's times."""
+    rows = gloo_world(rank_main, n, (n, way), timeout=HANG_S, answers=n, start="fork")
     made, first, second = (max(r[i] for r in rows) * 1e3 for i in range(3))
     return {"group_made_ms": made, "first_all_reduce_ms": first, "second_all_reduce_ms": second, "both_ms": made + first}
 

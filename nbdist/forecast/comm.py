@@ -86,16 +86,18 @@ def _pair_rank(rank: int, port: int, queue: Any) -> None:
         dist.destroy_process_group()
 
 
-def gloo_world(target: Any, n: int, args: tuple[Any, ...] = (), timeout: float = 60.0, answers: int = 1) -> list[Any]:
-    """Start ``n`` processes (spawned) that form a gloo world on 127.0.0.1, each running ``target(rank, port, queue,
-    *args)``; the first ``answers`` things they put on the queue. Fails at once when one of them dies, and ends them
-    all, by their own handles, whatever happens."""
+def gloo_world(
+    target: Any, n: int, args: tuple[Any, ...] = (), timeout: float = 60.0, answers: int = 1, start: str = "spawn"
+) -> list[Any]:
+    """Start ``n`` processes (``start``: multiprocessing's start method) that form a gloo world on 127.0.0.1, each
+    running ``target(rank, port, queue, *args)``; the first ``answers`` things they put on the queue. Fails at once
+    when one of them dies, and ends them all, by their own handles, whatever happens."""
     import multiprocessing as mp
 
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
-    ctx = mp.get_context("spawn")
+    ctx: Any = mp.get_context(start)  # typed by its name: spawn, fork or forkserver
     queue = ctx.Queue()
     os.environ.setdefault("OMP_NUM_THREADS", "1")
     procs = [ctx.Process(target=target, args=(r, port, queue, *args), daemon=True) for r in range(n)]
