@@ -1,7 +1,7 @@
 """What the notebook reads of each rank on a cell's path, as shipped against as before (issue 52):
 
 - a cell's start asks which ranks are dead (``EngineSet.dead_ranks``): before, a read of /proc for every rank on this
-  host; now only for a process the kernel does not follow (launch/exits.py, ``Exits.followed``);
+  host; now only for a process the kernel does not follow (launch/exits.py, ``Exits.running``: one poll of their pidfds);
 - a reply is read three times (the IO thread as it comes, again once its output is in, and in ``replies.collect``):
   before, each read asked its future whether it was done, its exception and its result (a lock each); now an ok reply
   is read from its metadata alone (``replies.error_of``).
@@ -51,9 +51,9 @@ def way(before: bool) -> None:
     """Put the reads back as they were (``before``), or as shipped."""
     replies.error_of = error_of_before if before else SHIPPED
     if before:
-        exits.EXITS.followed = frozenset  # type: ignore[method-assign]  # nothing followed: every rank from /proc
+        exits.EXITS.running = frozenset  # type: ignore[method-assign]  # nothing followed: every rank from /proc
     else:
-        exits.EXITS.__dict__.pop("followed", None)
+        exits.EXITS.__dict__.pop("running", None)
 
 
 def cpu_us(fn, number: int = 300) -> float:
