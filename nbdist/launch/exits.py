@@ -60,20 +60,6 @@ class Exits:
             on_exit(pid)
         return lambda: self._listeners.pop(key, None)  # type: ignore[arg-type,return-value]
 
-    def running(self) -> frozenset[int]:
-        """The followed pids whose process is running now, asked of the kernel in one poll of their pidfds (a pidfd is
-        ready once its process ended, whether or not this thread has told it yet); empty where nothing is followed (no
-        pidfds, or no thread). Under the lock: no pidfd polled here is closed meanwhile."""
-        thread = self._thread
-        if thread is None or not thread.is_alive():
-            return frozenset()
-        poller = select.poll()
-        with self._lock:
-            for fd in self._fds.values():
-                poller.register(fd, select.POLLIN)
-            ended = {fd for fd, _ in poller.poll(0)}
-            return frozenset(pid for pid, fd in self._fds.items() if fd not in ended)
-
     def close(self) -> bool:
         """Follow nothing more: the thread ends, every pidfd is closed (an ``Exits`` of a test; ``EXITS`` lives as long
         as the process). False if the thread did not end within 5 s."""

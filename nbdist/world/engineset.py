@@ -16,7 +16,7 @@ from typing import Any
 
 from .. import compat
 from ..config import StartConfig
-from ..launch import exits, procs
+from ..launch import procs
 from ..launch.launchers import Launcher
 from ..results import RankState
 from . import registration
@@ -256,17 +256,11 @@ class EngineSet:
 
     # ------------------------------------------------------------------ state
     def dead_ranks(self) -> list[int]:
-        """Ranks whose engine process has died or left the controller. Processes the kernel follows (launch/exits.py)
-        are asked of it in one poll of their pidfds; /proc is read only for the others (before, a read for every rank:
-        1.3 ms at every cell's start at 64 ranks)."""
+        """Ranks whose engine process has died or left the controller."""
         if self.client is None:
             return [r.rank for r in self.ranks]
-        live, running = set(self.client.ids), exits.EXITS.running()
-        return [
-            r.rank
-            for r in self.ranks
-            if r.engine_id not in live or (r.local and r.pid and r.pid not in running and not procs.alive(r.pid))
-        ]
+        live = set(self.client.ids)
+        return [r.rank for r in self.ranks if r.engine_id not in live or (r.local and r.pid and not procs.alive(r.pid))]
 
     def states(self) -> dict[int, RankNow]:
         """Each rank's state now (the board), with the deaths nobody was watching for written to it first:

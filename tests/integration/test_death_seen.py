@@ -12,18 +12,14 @@ BREAK_NOW file (world/reports.py, ``break_now``). That file is what this test re
 
 from __future__ import annotations
 
-import contextlib
 import os
-import signal
 
-import psutil
 import pytest
 
 import nbdist
 from nbdist import wire
 from nbdist.cells import watch
 from nbdist.cells.output import Sink
-from nbdist.launch import procs
 from nbdist.launch.exits import EXITS
 from nbdist.world import engineset
 
@@ -78,28 +74,3 @@ def test_a_rank_killed_in_a_cell_is_released_as_a_death_and_its_replacement_join
         assert c.membership.world.master_port == port  # rank 0's store, kept
         assert c.engines.ranks[0].pid == pids[0] and c.engines.ranks[1].pid != pids[1]
         assert [float(t) for t in c.pull("t")] == [3.0, 3.0]
-
-
-def test_between_cells_a_rank_the_kernel_follows_is_not_read_from_proc_and_its_death_is_seen_at_once(monkeypatch):
-    """``dead_ranks`` (at every cell's start) asks the kernel about the processes it follows (one poll of their pidfds)
-    and reads /proc only for the others: at 64 ranks, 64 reads (1.3 ms) a cell before. A rank killed between cells is
-    named dead the moment its process is gone, as /proc said it before (the thread that tells of ends may not have
-    run yet, and the controller may not have heard), from its own read at most."""
-    reads: list[int] = []
-    alive = procs.alive
-
-    def counted(pid: int) -> bool:
-        reads.append(pid)
-        return alive(pid)
-
-    with nbdist.start(2, timeout=90, progress=lambda s: None) as c:
-        assert c.run("x = 1", sink=Sink()).ok  # the cell follows its ranks' processes, and they stay followed
-        pids = [r.pid for r in c.engines.ranks]
-        assert EXITS.running() >= set(pids)
-        monkeypatch.setattr(procs, "alive", counted)
-        assert c.dead_ranks() == [] and reads == []
-        os.kill(pids[1], signal.SIGKILL)
-        with contextlib.suppress(psutil.NoSuchProcess):  # gone already
-            psutil.Process(pids[1]).wait(HANG_S)
-        assert c.dead_ranks() == [1]
-        assert pids[0] not in reads and set(reads) <= {pids[1]}, reads

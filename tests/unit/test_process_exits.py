@@ -142,35 +142,3 @@ def test_a_cell_reads_proc_only_for_the_ranks_the_kernel_named_between_its_slow_
         for proc in (living, dying):
             proc.kill()
             proc.wait()
-
-
-def test_running_is_the_kernels_word_now_even_before_the_thread_has_told_it(exits):
-    """``Exits.running``: what ``EngineSet.dead_ranks`` need not read from /proc. It asks the kernel (one poll of the
-    pidfds), so a process that ended is not running the moment it ended, even while the thread that tells of it is
-    busy: here held in a listener, so that the third process's end is not yet told when it is asked. Nothing before
-    the thread runs, nor after ``close``."""
-    release, held = threading.Event(), threading.Event()
-
-    def holding(pid: int) -> None:
-        held.set()
-        release.wait(HANG_S)
-
-    a, b, c = _sleeper(), _sleeper(), _sleeper()
-    try:
-        assert exits.running() == frozenset()
-        exits.follow([a.pid, b.pid, c.pid], holding)
-        assert exits.running() == {a.pid, b.pid, c.pid}
-        a.kill()
-        a.wait()
-        assert held.wait(HANG_S), "the end of a followed process was never told"  # the thread is now held
-        c.kill()
-        c.wait()  # ended and reaped; the thread, held, has not told it
-        assert exits.running() == {b.pid}
-        release.set()
-        assert exits.close()
-        assert exits.running() == frozenset()
-    finally:
-        release.set()
-        for p in (a, b, c):
-            p.kill()
-            p.wait()
