@@ -29,6 +29,7 @@ from _common import medians, save, sizes_parser  # noqa: E402
 from many_ranks import cells_alternated, shown, world  # noqa: E402
 
 import nbdist  # noqa: E402
+from nbdist import compat  # noqa: E402
 from nbdist.cells import replies  # noqa: E402
 
 SHIPPED = replies.error_of
@@ -70,7 +71,7 @@ def reads(cluster: nbdist.Cluster) -> dict[str, float]:
     ar = view.execute("x = 1", silent=False, block=False)
     ar.wait()
     ar.wait_for_output()
-    children = list(ar._children)  # noqa: SLF001  # each rank's reply, as the watch reads them
+    children = compat.async_result_children(ar)  # each rank's reply, as the watch reads them
     out = {}
     out["dead_ranks_us"] = cpu_us(cluster.dead_ranks)
     for name, before in (("before", True), ("shipped", False)):
