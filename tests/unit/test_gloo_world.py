@@ -11,6 +11,7 @@ import time
 import pytest
 
 from nbdist.forecast.comm import gloo_world
+from nbdist.launch.procs import alive
 
 
 def _answers_but_the_last(rank: int, port: int, queue, n: int) -> None:
@@ -25,20 +26,12 @@ def _dies(rank: int, port: int, queue) -> None:
     time.sleep(60)
 
 
-def _alive(pid: int) -> bool:
-    try:
-        with open(f"/proc/{pid}/stat") as fh:
-            return fh.read().rsplit(")", 1)[1].split()[0] != "Z"
-    except FileNotFoundError:
-        return False
-
-
 def test_partial_gives_what_came_and_ends_the_rank_that_never_answered():
     tic = time.monotonic()
     got = gloo_world(_answers_but_the_last, 3, (3,), timeout=2.0, answers=3, start="fork", partial=True)
     assert sorted(r for r, _ in got) == [0, 1]
     assert time.monotonic() - tic < 20  # the 60 s sleeper was ended at the timeout, not given 30 s to finish
-    assert not any(_alive(pid) for _, pid in got) and not multiprocessing.active_children()
+    assert not any(alive(pid) for _, pid in got) and not multiprocessing.active_children()
 
 
 def test_without_partial_a_rank_that_never_answers_fails_the_world_naming_the_timeout():
