@@ -18,6 +18,8 @@ from collections.abc import Callable, Iterable
 from statistics import fmean
 from typing import Any
 
+from nbdist.widgets.spread import Spread
+
 # %dist_why's judge (stragglers.slow), handed in by whoever makes the store: rows by rank, world size -> a verdict
 Judge = Callable[[dict[int, list[dict[str, float]]], int], Any]
 
@@ -112,58 +114,6 @@ class Series:
             yield tuple(self._open)  # type: ignore[misc]
 
 
-class Spread:
-    """One metric over every rank, step by step: the lowest, the median, the highest value and the sum,
-    kept as the ranks report (a step counts once every rank that logs has reported it, or once
-    ``PENDING`` later steps arrived without it). At most ``max_points`` steps: past that, neighbours
-    merge pairwise (low: the lower, high: the higher, median and sum: the mean), so drawing the band
-    costs the same at 2 ranks and at 64."""
-
-    PENDING = 64  # steps a value may wait for the other ranks before its step is counted without them
-
-    __slots__ = ("max_points", "waiting", "x", "low", "mid", "high", "sum")
-
-    def __init__(self, max_points: int = 1000) -> None:
-        self.max_points = max(4, max_points)
-        self.waiting: dict[float, list[float]] = {}
-        self.x: list[float] = []
-        self.low: list[float] = []
-        self.mid: list[float] = []
-        self.high: list[float] = []
-        self.sum: list[float] = []
-
-    def add(self, x: float, y: float, ranks: int) -> None:
-        values = self.waiting.setdefault(x, [])
-        values.append(y)
-        if len(values) >= ranks:
-            self._count(x)
-        elif len(self.waiting) > self.PENDING:
-            self._count(min(self.waiting))
-
-    def _count(self, x: float) -> None:
-        values = sorted(self.waiting.pop(x))
-        n = len(values)
-        median = values[n // 2] if n % 2 else (values[n // 2 - 1] + values[n // 2]) / 2
-        if self.x and x < self.x[-1]:  # a late step: keep x order
-            return
-        self.x.append(x)
-        self.low.append(values[0])
-        self.mid.append(median)
-        self.high.append(values[-1])
-        self.sum.append(sum(values))
-        if len(self.x) > self.max_points:
-            self._merge()
-
-    def _merge(self) -> None:
-        pairs = range(0, len(self.x) - 1, 2)
-        odd = len(self.x) % 2
-        self.x = [self.x[i] for i in pairs] + (self.x[-1:] if odd else [])
-        self.low = [min(self.low[i], self.low[i + 1]) for i in pairs] + (self.low[-1:] if odd else [])
-        self.high = [max(self.high[i], self.high[i + 1]) for i in pairs] + (self.high[-1:] if odd else [])
-        self.mid = [(self.mid[i] + self.mid[i + 1]) / 2 for i in pairs] + (self.mid[-1:] if odd else [])
-        self.sum = [(self.sum[i] + self.sum[i + 1]) / 2 for i in pairs] + (self.sum[-1:] if odd else [])
-
-
 class MetricStore:
     """Every metric logged by every rank, as series keyed by (metric, rank), and each metric's spread
     over the ranks (``spreads``)."""
@@ -215,7 +165,7 @@ class MetricStore:
                 spread = self.spreads.get(key)
                 if spread is None:
                     spread = self.spreads[key] = Spread(self.max_points)
-                spread.add(x, float(value), self._expected(len(who)))
+                spread.add(x, float(value), rank, self._expected(len(who)))
 
     def _expected(self, logging: int) -> int:
         """How many values a step of a metric waits for: every rank, once two log it; one, when other ranks
@@ -245,6 +195,8 @@ class MetricStore:
         self.steps = {new[r]: x for r, x in self.steps.items() if r in new}
         self.timed_rows = {new[r]: rows for r, rows in self.timed_rows.items() if r in new}
         self.loggers = {k: {new[r] for r in who if r in new} for k, who in self.loggers.items()}
+        for spread in self.spreads.values():
+            spread.renumber(new)
         self.world = len(new)
         self.resizes.append((step, len(new)))
 

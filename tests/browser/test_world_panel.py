@@ -140,6 +140,15 @@ def test_sixteen_ranks_a_killed_rank_and_the_actions_while_a_cell_runs(tmp_path)
             assert all(r["rss_MiB"] and r["rss_MiB"] > 50 for r in world["ranks"]), world["ranks"]  # each rank's memory
             _dismiss_news(page)
             page.screenshot(path=str(ARTIFACTS / "panel-16-ranks.png"), full_page=True)
+            # the memory band (each rank's memory comes once a batch, at the rank's own step) goes on to the slowest
+            # rank's latest sample, as drawn: it stopped about 45 steps short (at 105 of rank 3's 150)
+            ends = page.evaluate(
+                "() => { const out = {}; for (const gd of document.querySelectorAll('.jp-Notebook .js-plotly-plot')) {"
+                " for (const t of (gd.data || [])) { const xs = Array.from(t.x || []);"
+                " if (xs.length && t.yaxis === 'y2') out[t.name] = Math.max(...xs); } } return out; }"
+            )
+            band = max((x for name, x in ends.items() if name.startswith("min–max")), default=-1)
+            assert band >= ends["rank 3 (slowest)"] - 15, ends  # -1: no band drawn yet
             # while the cell runs: its dashboard as a tab, then interrupt it
             page.click("#nbdist-worlds button:has-text('Dashboard')")
             page.wait_for_selector(

@@ -310,13 +310,13 @@ def test_up_to_eight_ranks_every_rank_has_its_line():
 
 
 def test_the_spread_over_ranks_stays_bounded_keeps_extremes_and_does_not_wait_forever():
-    from nbdist.widgets.store import Spread
+    from nbdist.widgets.spread import Spread
 
     spread = Spread(max_points=100)
     for step in range(100_000):
         for rank in range(4):
             spike = 50.0 if (step, rank) == (90_000, 2) else 0.0
-            spread.add(float(step), 1.0 + rank + spike, ranks=4)
+            spread.add(float(step), 1.0 + rank + spike, rank, ranks=4)
     assert len(spread.x) <= 100 and max(spread.high) == 53.0 and min(spread.low) == 1.0
     assert spread.mid[0] == 2.5 and spread.sum[0] == 10.0
 
@@ -329,8 +329,42 @@ def test_the_spread_over_ranks_stays_bounded_keeps_extremes_and_does_not_wait_fo
 
     stalled = Spread()
     for step in range(Spread.PENDING + 2):  # rank 1 died: its steps never come
-        stalled.add(float(step), 1.0, ranks=2)
+        stalled.add(float(step), 1.0, 0, ranks=2)
     assert stalled.x[:2] == [0.0, 1.0], "a step waits at most PENDING later steps"
+
+
+def test_a_metric_each_rank_samples_at_its_own_steps_is_banded_up_to_the_slowest_ranks_latest_sample():
+    """Each rank's memory comes once a batch (engine/metrics.flush), at whatever step the rank is on, so no two
+    ranks share a step. 16 ranks, each batch 7-13 steps long (rank 3's 5-10), memory
+    growing by rank and step: the band goes on to the slowest rank's latest sample (it trailed the run by
+    PENDING steps, with one rank's value in each), and at every step drawn its low, high, median and sum are
+    those of each rank's latest value at or before that step (numpy, from every sample kept here)."""
+    import numpy as np
+
+    rng = random.Random(5)
+    store = MetricStore(ranks=16)
+    samples: dict[int, list[tuple[int, float]]] = {r: [] for r in range(16)}
+    pos = dict.fromkeys(range(16), 0)
+    for _ in range(25):
+        for rank in rng.sample(range(16), 16):  # the batches arrive in no fixed order
+            want = pos[rank] + (rng.randint(5, 10) if rank == 3 else rng.randint(7, 13))
+            rows = [{"step": s, "loss": 1.0} for s in range(pos[rank] + 1, want + 1)]
+            pos[rank] = want
+            rows[-1]["memory/rss_MiB"] = 200.0 + rank + 0.1 * want
+            samples[rank].append((want, rows[-1]["memory/rss_MiB"]))
+            store.add(rank, rows)
+    spread = store.spreads["memory/rss_MiB"]
+    slowest = pos[3]
+    assert spread.x[-1] >= slowest - 1, (spread.x[-1], slowest)  # it trailed the slowest rank
+    assert len(spread.x) > 100
+    for x, low, mid, high, total in list(zip(spread.x, spread.low, spread.mid, spread.high, spread.sum, strict=True))[::17]:
+        latest = [max((s for s in samples[r] if s[0] <= x), default=None) for r in range(16)]
+        values = np.array([v for _, v in filter(None, latest)])
+        assert len(values) == 16 or x < 30, (x, len(values))  # from its first batch on, each rank counts
+        np.testing.assert_allclose([low, mid, high, total],
+                                   [values.min(), np.median(values), values.max(), values.sum()], rtol=1e-12)
+    loss = store.spreads["loss"]  # a metric logged at every step is still counted step by step, by every rank
+    assert loss.x[: slowest] == list(range(1, slowest + 1)) and set(loss.sum[: slowest]) == {16.0}
 
 
 def test_title_lines_fit_and_the_title_band_grows_with_them():
