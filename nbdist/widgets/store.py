@@ -18,7 +18,7 @@ from collections.abc import Callable, Iterable
 from statistics import fmean
 from typing import Any
 
-from nbdist.widgets.spread import Spread
+from .spread import Spread
 
 # %dist_why's judge (stragglers.slow), handed in by whoever makes the store: rows by rank, world size -> a verdict
 Judge = Callable[[dict[int, list[dict[str, float]]], int], Any]

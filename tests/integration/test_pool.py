@@ -135,9 +135,19 @@ def test_engines_outlive_a_warm_process_that_ends_and_end_with_their_cluster():
         # Every watcher thread on each engine looks once more since the server ended (engine/parentwatch.py):
         # one that took the engines for orphans would have ended them, and this cell would fail.
         looks = "from nbdist.engine import parentwatch; looks = dict(parentwatch.LOOKS)"
-        cluster.run(looks).raise_for_error()
-        first = cluster.pull("looks")
-        assert all(first), f"no watcher has looked on some engine: {first}"
+
+        def looked_once():
+            """every engine's watcher looked at least once (a watcher sleeps 0.5 s before its first look, and this
+            cell can come sooner after the engine started: CI, 2026-12-06, every engine's looks still {})"""
+            cluster.run(looks).raise_for_error()
+            return all(found := cluster.pull("looks")) and found
+
+        try:
+            first = poll(looked_once, 30, every=0.1)
+        except BaseException:  # say which threads each engine has: is there a watcher at all?
+            cluster.run("import threading; threads = sorted(t.name for t in threading.enumerate())")
+            print("each engine's threads:", cluster.pull("threads"), "looks:", cluster.pull("looks"))
+            raise
 
         def looked_again():
             """each engine's every watcher thread looked again after the warm process ended"""
