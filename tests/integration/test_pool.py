@@ -134,13 +134,14 @@ def test_engines_outlive_a_warm_process_that_ends_and_end_with_their_cluster():
         assert wait_gone([server], 5) == []
         # Every watcher thread on each engine looks once more since the server ended (engine/parentwatch.py):
         # one that took the engines for orphans would have ended them, and this cell would fail.
-        looks = "from nbdist.engine import parentwatch; looks = dict(parentwatch.LOOKS)"
+        def looks() -> list[dict[str, int]]:
+            cluster.run("from nbdist.engine import parentwatch; looks = dict(parentwatch.LOOKS)").raise_for_error()
+            return cluster.pull("looks")
 
         def looked_once():
             """every engine's watcher looked at least once (a watcher sleeps 0.5 s before its first look, and this
             cell can come sooner after the engine started: CI, 2026-12-06, every engine's looks still {})"""
-            cluster.run(looks).raise_for_error()
-            return all(found := cluster.pull("looks")) and found
+            return all(found := looks()) and found
 
         try:
             first = poll(looked_once, 30, every=0.1)
@@ -151,10 +152,7 @@ def test_engines_outlive_a_warm_process_that_ends_and_end_with_their_cluster():
 
         def looked_again():
             """each engine's every watcher thread looked again after the warm process ended"""
-            cluster.run(looks).raise_for_error()
-            return all(
-                now[name] > seen[name] for seen, now in zip(first, cluster.pull("looks"), strict=True) for name in seen
-            )
+            return all(now[name] > seen[name] for seen, now in zip(first, looks(), strict=True) for name in seen)
 
         poll(looked_again, 30, every=0.1)
         cluster.run("t = torch.ones(1); dist.all_reduce(t); v = t.item()").raise_for_error()
