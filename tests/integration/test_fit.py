@@ -4,9 +4,11 @@ process of its own) beside the same cell run for real on a 2-rank gloo world, co
 The tolerance is 10% of each rank's peak, the issue's goal: the forecast runs the same step as the ranks do
 (torch's DDP, FSDP2's fully_shard, parallelize_module; its own GPipe imitation against torch's ScheduleGPipe), so
 what differs is what fake tensors cannot hold. Tensor parallelism misses one activation here (2%: the real
-all-reduce's output, which a fake group's does not allocate). FSDP2's real peak varies from run to run: in about
-one run of six here, one block's unsharded gradients (a reduce-scatter still in flight; a fake group's completes at
-once) are alive at the peak, 6.3% more on this small model; the forecast is the run without it. How close the step time comes, on 2, 4 and 8 ranks and two models, is
+all-reduce's output, which a fake group's does not allocate). FSDP2's real peak varies from run to run: now and then
+(1 run in 30 under a loaded machine here, one rank of the two), one unit's unsharded gradients, the input of a
+reduce-scatter gloo has not yet let go of, are still alive at the peak as a temporary: 6.3% more on the MLP, 9.8% on
+the Peek model. The forecast is the run without it, so `_assert_near` takes exactly that, and nothing else, out of the
+real peak before it compares. How close the step time comes, on 2, 4 and 8 ranks and two models, is
 benchmarks/fit.py's (timing belongs in benchmarks).
 """
 
@@ -46,10 +48,7 @@ def test_each_rank_s_forecast_peak_is_what_the_real_step_holds(cluster, forecast
     )
     result.raise_for_error()
     real = cluster.pull("_fit_real")
-    for rank in (0, 1):
-        want = real[rank]["peak"]
-        got = forecast.peak(strategy, 2, rank)
-        assert abs(got / want - 1) <= TOLERANCE, (strategy, rank, got, want, forecast.option(strategy, 2).ranks)
+    _assert_near(strategy, MLP, forecast.option(strategy, 2), real)
     parts = forecast.option(strategy, 2).ranks[0]["parts"]
     whole = sum(p.numel() * 4 for p in _model().parameters())
     # what each strategy keeps of the parameters at its peak: DDP a whole copy; FSDP its half of every block's shards
@@ -63,10 +62,25 @@ def test_each_rank_s_forecast_peak_is_what_the_real_step_holds(cluster, forecast
         assert forecast.option("pp", 2).differ()
 
 
-def _model():
+def _model(source=MLP):
     ns: dict = {}
-    exec(MLP, ns)
+    exec(source, ns)
     return ns["model"]
+
+
+def _assert_near(strategy, source, option, real):
+    """Each rank's forecast peak within TOLERANCE of the real step's. For FSDP2, a reduce-scatter's input that gloo
+    let go of late (the module docstring) is taken out of the real peak first, and only when the real temporaries
+    exceed the forecast's by exactly one unit's gradients (a child of the model, as fully_shard wraps it)."""
+    units = {sum(p.numel() * p.element_size() for p in child.parameters()) for child in _model(source).children()}
+    for rank in (0, 1):
+        # a pipeline's stages differ; the other strategies' ranks are alike, and rank 0 is what is forecast
+        mine = option.ranks[rank if strategy == "pp" else 0]
+        want, got = real[rank]["peak"], mine["peak"]
+        late = real[rank]["parts"]["temporaries"] - mine["parts"]["temporaries"]
+        if strategy == "fsdp" and late in units - {0}:
+            want -= late
+        assert abs(got / want - 1) <= TOLERANCE, (strategy, rank, got, want, real[rank]["parts"], option.ranks)
 
 
 def test_the_forecast_allocates_nothing_the_size_of_the_model(cluster):
@@ -174,9 +188,7 @@ def test_a_layer_fake_tensors_cannot_follow_runs_alone_and_the_forecast_says_it_
     )
     result.raise_for_error()
     real = cluster.pull("_fit_real")
-    for rank in (0, 1):
-        want, got = real[rank]["peak"], partial.peak(strategy, 2, rank)
-        assert abs(got / want - 1) <= TOLERANCE, (strategy, rank, got, want, opt.ranks)
+    _assert_near(strategy, PEEK, opt, real)
     # its parameters are the model's: they get gradients and optimizer state like any other layer's
     if strategy == "ddp":
         whole = 3 * 257 * 256 * 4
