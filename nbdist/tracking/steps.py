@@ -8,8 +8,9 @@ cell is left out. A step a rank logs
 again inside one cell (a loop that went back to its checkpoint after a recovery) is left out: nothing is logged
 twice. Each rank's values go under ``rank{r}/``; the world's value of a step (the mean over the ranks, the sum for
 throughput, as the dashboard's headline counts them) is written once every rank of the world has logged it (a
-metric only one rank logs, such as rank 0's validation accuracy: once another rank has logged that step without
-it); a step some rank never logs (a rank killed before it sent its last rows) is written with the ranks that did,
+metric only some ranks log, such as rank 0's validation accuracy or tensor-parallel rank 0's loss of each group: once
+they have, and every other rank of the world has logged that step or a later one without it); a step some rank never
+logs (a rank killed before it sent its last rows) is written with the ranks that did,
 when a later step is complete, a resize comes or the next cell starts: each tag's steps are written in order
 (TensorBoard drops a point older than the last it read). Pure bookkeeping: ``Steps.add`` returns the
 points to write, the writer thread calls it (tracker.py).
@@ -110,6 +111,21 @@ class Steps:
                         if (earlier, key) in self.waiting:
                             out += self._world(earlier, key)
                     out += self._world(cell_step, key)
+        for key, heap in self.heads.items():  # what only other ranks log may have waited for this rank's rows alone
+            if heap and rank not in self.who.get(key, ()):
+                out += self._complete(key, heap)
+        return out
+
+    def _complete(self, key: str, heap: list[int]) -> list[Point]:
+        """The waiting steps of ``key`` that are complete now, in order, up to the first that is not."""
+        out: list[Point] = []
+        while heap:
+            values = self.waiting.get((heap[0], key))
+            if values is not None and len(values) < self._expected(self.who[key], heap[0]):
+                break
+            step = heapq.heappop(heap)
+            if values is not None:
+                out += self._world(step, key)
         return out
 
     def flush(self) -> list[Point]:
@@ -121,13 +137,14 @@ class Steps:
         return out
 
     def _expected(self, logging: set[int], cell_step: int) -> int:
-        """How many ranks' values a step of a metric waits for: every rank, once two log it; one, when another rank
-        has logged this step or a later one without it (a metric of rank 0's own, such as its validation accuracy);
-        every rank, until then (the dashboard's rule, widgets/store.py, made exact for a run that keeps each point)."""
-        if len(logging) > 1:
-            return max(len(logging), self.world)
-        alone = any(r not in logging and at >= cell_step for r, at in self.reached.items())
-        return 1 if alone else max(1, self.world)
+        """How many ranks' values a step of a metric waits for: the ranks that log it, once every other rank of the
+        world has logged this step or a later one without it; every rank of the world until then (the dashboard's
+        rule, widgets/spread.py, made exact for a run that keeps each point)."""
+        whole = max(len(logging), self.world, 1)
+        if len(logging) >= whole:
+            return whole
+        others = [at for r, at in self.reached.items() if r not in logging]
+        return len(logging) if len(logging) + len(others) >= whole and min(others) >= cell_step else whole
 
     def _world(self, cell_step: int, key: str) -> list[Point]:
         values = self.waiting.pop((cell_step, key)).values()

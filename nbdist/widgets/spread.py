@@ -6,7 +6,9 @@ is counted step by step once every rank logged the step, as before; one the rank
 their own (each rank's memory, sampled once a batch at whatever step the rank is on) is counted at
 each of those steps, with every other rank's latest value, once every rank got that far. Counted
 only at the steps where all ranks meet, such a metric met almost never, and the band trailed the
-run by ``PENDING`` steps with one rank's value in each.
+run by ``PENDING`` steps with one rank's value in each. A metric only some ranks log (rank 0's own, the last pipeline
+stage's loss, tensor-parallel rank 0 of each group) does not wait for the others: a rank whose rows went past a step
+without the metric has nothing for it there.
 """
 
 from __future__ import annotations
@@ -21,9 +23,10 @@ class Spread:
 
     A step is counted once ``ranks`` ranks have logged it or a later step, each rank with its latest
     value at or before it, or once ``PENDING`` later steps wait (a rank that stopped logging, a rank
-    far behind: its latest value counts). At most ``max_points`` steps: past that, neighbours merge
-    pairwise (low: the lower, high: the higher, median and sum: the mean), so drawing the band costs
-    the same at 2 ranks and at 64."""
+    far behind: its latest value counts). Given ``passed`` (each rank's furthest step in any of its
+    rows), a rank that logs rows but not this metric counts as there once its rows go past the step.
+    At most ``max_points`` steps: past that, neighbours merge pairwise (low: the lower, high: the
+    higher, median and sum: the mean), so drawing the band costs the same at 2 ranks and at 64."""
 
     PENDING = 64  # steps that may wait for the other ranks before the first of them is counted without them
 
@@ -46,8 +49,9 @@ class Spread:
         self.high: list[float] = []
         self.sum: list[float] = []
 
-    def add(self, x: float, y: float, rank: int, ranks: int) -> None:
-        """Rank ``rank`` logged ``y`` at step ``x``; a step is counted once ``ranks`` ranks got that far."""
+    def add(self, x: float, y: float, rank: int, ranks: int, passed: dict[int, float] | None = None) -> None:
+        """Rank ``rank`` logged ``y`` at step ``x``; a step is counted once ``ranks`` ranks got that far (those that
+        do not log this metric: once ``passed`` says their rows did)."""
         if x <= self.done:  # counted already, without this value: it holds from here on
             self._hold(rank, x, y)
         else:
@@ -61,14 +65,29 @@ class Spread:
             self.reached[rank] = x
             if self._at is not None and before < self._at <= x:
                 self._ready += 1
+        self.settle(ranks, passed)
+
+    def settle(self, ranks: int, passed: dict[int, float] | None = None) -> None:
+        """Count every waiting step that is ready (see ``add``); called by ``add``, and by whoever hears a rank that
+        does not log this metric go further."""
         while self.order:
             first = self.order[0]
             if first != self._at:
                 self._at, self._ready = first, sum(1 for r in self.reached.values() if r >= first)
-            if self._ready < ranks and len(self.order) <= self.PENDING:
-                return
+            if len(self.order) <= self.PENDING:
+                # every rank got to the step: each that logs this metric, and each of the others past it in its rows
+                logging = len(self.reached)
+                if self._ready < logging or (logging < ranks and not self._passed(first, ranks, passed)):
+                    return
             heapq.heappop(self.order)
             self._count(first)
+
+    def _passed(self, x: float, ranks: int, passed: dict[int, float] | None) -> bool:
+        """Whether the ranks that do not log this metric (``ranks`` in all) logged rows past step ``x``. ``passed``
+        holds every rank that logged a row, those that log this metric too."""
+        if passed is None or len(passed) < ranks:  # some rank has logged no row yet: it may log this metric too
+            return False
+        return all(at >= x for r, at in passed.items() if r not in self.reached)
 
     def renumber(self, new: dict[int, int]) -> None:
         """The world went on with other ranks (``new``: each remaining rank's old number -> new); a lost rank's

@@ -140,7 +140,8 @@ class MetricStore:
 
     def add(self, rank: int, rows: Iterable[dict[str, Any]]) -> None:
         for row in rows:
-            if row.get("step") is None and TIMED + "step_s" in row:
+            timed = row.get("step") is None and TIMED + "step_s" in row
+            if timed:
                 # %dist_why's rows (no step of their own; a batch's last row also carries the memory): numbered
                 # apart, so the cell's steps stay the x axis and the headline's step
                 x = float(self.timed.get(rank, 0))
@@ -165,14 +166,11 @@ class MetricStore:
                 spread = self.spreads.get(key)
                 if spread is None:
                     spread = self.spreads[key] = Spread(self.max_points)
-                spread.add(x, float(value), rank, self._expected(len(who)))
-
-    def _expected(self, logging: int) -> int:
-        """How many values a step of a metric waits for: every rank, once two log it; one, when other ranks
-        log rows without it (a metric of rank 0's own); every rank, while no other rank has logged yet."""
-        if logging > 1:
-            return max(logging, self.world)
-        return 1 if len(self.counts) > 1 else max(1, self.world)
+                # %dist_why's rows are numbered apart from the steps: there, every rank that logs is waited for
+                spread.add(x, float(value), rank, max(len(who), self.world), None if timed else self.steps)
+        for key, spread in self.spreads.items():  # a metric this rank does not log may wait for no more than its rows
+            if spread.order and rank not in spread.reached and not key.startswith(TIMED):
+                spread.settle(max(len(self.loggers[key]), self.world), self.steps)
 
     def add_runs(self, runs: dict[int, list[dict[str, Any]]]) -> None:
         """Every rank's rows of a finished run, in step order across ranks (as they arrive live)."""

@@ -367,6 +367,56 @@ def test_a_metric_each_rank_samples_at_its_own_steps_is_banded_up_to_the_slowest
     assert loss.x[: slowest] == list(range(1, slowest + 1)) and set(loss.sum[: slowest]) == {16.0}
 
 
+def test_a_metric_only_some_ranks_log_is_counted_as_soon_as_every_ranks_rows_pass_its_step():
+    """16 ranks in batches of 7-13 steps (rank 12's 6-12) arriving in random order: every rank logs the loss, ranks
+    0-7 a loss of their own (tensor-parallel rank 0 of each pair), rank 0 alone a validation figure every fifth
+    step, and every rank an evaluation every tenth. Each is counted at every step it has, up to the step that the
+    slowest rank's rows passed (its last batch holds neither of the first two), with the ranks that log it (numpy over the values logged there): the first
+    evaluation with all 16 ranks, though each rank's first batch held none. (Those that only some ranks log waited for
+    the others, who never log them, PENDING steps at every step, and trailed the run.)"""
+    import numpy as np
+
+    from nbdist.widgets.spread import Spread
+
+    rng = random.Random(11)
+    store = MetricStore(ranks=16)
+    pos = dict.fromkeys(range(16), 0)
+    logged: dict[str, dict[int, list[float]]] = {"tp0/loss": {}, "val": {}, "eval": {}}
+    def batch(rank: int, want: int) -> None:
+        rows = []
+        for step in range(pos[rank] + 1, want + 1):
+            row = {"step": step, "loss": 1.0 + 0.01 * rank}
+            if rank < 8:
+                row["tp0/loss"] = 2.0 + rank + 0.001 * step
+            if rank == 0 and step % 5 == 0:
+                row["val"] = 0.5 + 0.001 * step
+            if step % 10 == 0:
+                row["eval"] = 3.0 + rank * 0.1 + 0.001 * step
+            for key in logged:
+                if key in row:
+                    logged[key].setdefault(step, []).append(row[key])
+            rows.append(row)
+        pos[rank] = want
+        store.add(rank, rows)
+
+    for _ in range(30):
+        for rank in rng.sample(range(16), 16):
+            batch(rank, pos[rank] + (rng.randint(6, 12) if rank == 12 else rng.randint(7, 13)))
+    # the slowest rank, which logs neither rank 0's figure nor the tp0 loss, comes last, up to the others
+    batch(12, min(p for r, p in pos.items() if r != 12))
+    slowest = min(pos.values())
+    # far enough that trailing by PENDING steps would show, and no rank so far ahead that PENDING counts without rank 5
+    assert slowest > 3 * Spread.PENDING and max(pos.values()) - slowest < Spread.PENDING, pos
+    for key, every, ranks in (("tp0/loss", 1, 8), ("val", 5, 1), ("eval", 10, 16), ("loss", 1, 16)):
+        spread = store.spreads[key]
+        assert spread.x == [float(x) for x in range(every, slowest + 1, every)], (key, spread.x[-3:], slowest)
+        for x, low, mid, high, total in zip(spread.x, spread.low, spread.mid, spread.high, spread.sum, strict=True):
+            values = np.array(logged.get(key, {}).get(int(x), [1.0 + 0.01 * r for r in range(16)]))
+            assert len(values) == ranks, (key, x, len(values))
+            np.testing.assert_allclose([low, mid, high, total],
+                                       [values.min(), np.median(values), values.max(), values.sum()], rtol=1e-12)
+
+
 def test_title_lines_fit_and_the_title_band_grows_with_them():
     """The headline is wrapped at ' · ' into lines of at most TITLE_CHARS; the states come under it,
     smaller; the top margin holds every line, the legend row and the panels' titles, and the legend

@@ -325,22 +325,34 @@ def test_nbdists_event_file_is_read_by_tensorboard_with_its_own_checksums(crc, t
     assert acc.Tensors("nbdist/config/text_summary")[0].tensor_proto.string_val[0].decode().startswith("```")
 
 
-def test_a_metric_of_rank_0s_own_is_written_as_it_comes_not_when_the_cell_ends():
-    """Rank 0 logs val_acc every 5 steps, the other ranks never: once another rank has logged that step without it,
-    each of rank 0's values is the world's at once; a metric every rank logs still waits for all of them, also when
-    another rank's first batch held only nbdist's own timings."""
+def test_a_metric_only_some_ranks_log_is_written_as_it_comes_not_when_the_cell_ends():
+    """Rank 0 logs val_acc every 5 steps, ranks 0 and 1 a loss of their own (tensor-parallel rank 0's), rank 2
+    neither: once every other rank has logged a step or a later one without it, the step's value is the world's over
+    the ranks that log it, written at once; before every rank has sent a row, it may be everyone's, so it waits; a
+    metric every rank logs still waits for all of them, also when another rank's first batch held only nbdist's own
+    timings."""
     steps = Steps()
     steps.cell(3)
+
+    def rows(rank, span):
+        return [{"step": s, "loss": float(rank + 1), **({"tp0": 10.0 * (rank + 1) + s} if rank < 2 else {}),
+                 **({"val_acc": s / 10} if rank == 0 and s % 5 == 0 else {})} for s in span]
+
     assert steps.add(1, [{"step": None, "why/compute_s": 0.1}]) == []  # a timing row: not a step of rank 1's
-    rows0 = [{"step": s, "loss": 1.0, **({"val_acc": s / 10} if s % 5 == 0 else {})} for s in range(10)]
-    points = steps.add(0, rows0[:5])  # before any other rank sent a row: it may be everyone's, so it waits
-    assert "val_acc" not in _by_tag(points)
-    points += steps.add(1, [{"step": s, "loss": 2.0} for s in range(10)])
-    points += steps.add(0, rows0[5:])
-    assert _by_tag(points)["val_acc"] == [(0, 0.0), (5, 0.5)]  # written before the cell ends (no flush yet)
-    assert "loss" not in _by_tag(points)  # rank 2 has not logged it yet
-    points += steps.add(2, [{"step": s, "loss": 3.0} for s in range(10)])
-    assert _by_tag(points)["loss"] == [(s, 2.0) for s in range(10)]
+    points = steps.add(0, rows(0, range(5)))
+    points += steps.add(1, rows(1, range(10)))
+    points += steps.add(0, rows(0, range(5, 10)))
+    assert not {"val_acc", "tp0"} & set(_by_tag(points)), points  # rank 2 has sent nothing: it may log them too
+    points += steps.add(2, rows(2, range(10)))  # it logs neither: both are written now, before the cell ends
+    tags = _by_tag(points)
+    assert tags["val_acc"] == [(0, 0.0), (5, 0.5)]
+    assert tags["tp0"] == [(s, 15.0 + s) for s in range(10)]  # the mean of ranks 0 and 1
+    assert tags["loss"] == [(s, 2.0) for s in range(10)]
+    # rank 1, the last to pass step 10, logs tp0 but not val_acc: its rows complete both
+    points = steps.add(0, rows(0, range(10, 15))) + steps.add(2, rows(2, range(10, 15)))
+    assert not {"val_acc", "tp0"} & set(_by_tag(points)), points
+    tags = _by_tag(steps.add(1, rows(1, range(10, 15))))
+    assert tags["val_acc"] == [(10, 1.0)] and tags["tp0"] == [(s, 15.0 + s) for s in range(10, 15)], tags
 
 
 @pytest.mark.parametrize("kind", trackers.KINDS)
