@@ -1,9 +1,12 @@
-"""What the hub's record of every request and its log line of every message cost the controller, against nbdist's
-controller as shipped (``nbdist.engine.controller.main``: no record, warnings and errors only).
+"""What the hub's record of every request, its log line of every message and its reading of every message its queues
+pass cost the controller, against nbdist's controller as shipped (``nbdist.engine.controller.main``: no record,
+warnings and errors only, only the monitor topics it acts on: ``compat.lean_hub_monitor``).
 
-Worlds alternate, one size at a time: as shipped, and with ipyparallel's own hub settings put back (its in-memory
-DictDB, and traitlets' logger at DEBUG with the handler at INFO), written into the world's controller config as a
-profile would (it wins over the controller's defaults). Each world: a trivial cell timed as benchmarks/many_ranks.py
+Worlds alternate, one size at a time: as shipped; with the hub hearing every message again (``Hub.__init__`` as
+ipyparallel's, put back by the controller config); and with all of ipyparallel's own hub settings put back (that,
+its in-memory DictDB, and traitlets' logger at DEBUG with the handler at INFO). Each is written into the world's
+controller config as a profile would (it wins over the controller's defaults; the config is Python the controller
+runs after nbdist's own patches and before it makes its hub). Each world: a trivial cell timed as benchmarks/many_ranks.py
 times one (nbdist's cell against ``view.execute``; the notebook's and the controller's CPU), then the controller's
 resident memory before and after ``--cells`` cells in which each rank prints ``--kib`` KiB.
 
@@ -25,20 +28,28 @@ import nbdist  # noqa: E402
 from nbdist.launch import launchers  # noqa: E402
 
 SECURE = launchers.secure_controller
-IPYPARALLELS = (
+EVERY_MESSAGE = (  # ipyparallel's Hub.__init__: its monitor socket subscribed to every topic, every iopub message read
+    "from ipyparallel.controller import hub as _hub\n"
+    "_hub.Hub.__init__ = getattr(_hub.Hub.__init__, '__wrapped__', _hub.Hub.__init__)\n"
+)
+IPYPARALLELS = EVERY_MESSAGE + (
     "c.IPController.db_class = 'DictDB'\n"
     "c.IPController.logging_config = {'loggers': {'IPController': {'level': 'DEBUG'}}}\n"
 )
+HUBS = {"nbdist's (as shipped)": "", "nbdist's, every message heard": EVERY_MESSAGE, "ipyparallel's": IPYPARALLELS}
 
 
-def ipyparallels_hub(profile_dir: str) -> None:
-    SECURE(profile_dir)
-    with open(os.path.join(profile_dir, "ipcontroller_config.py"), "a") as fh:
-        fh.write(IPYPARALLELS)
+def hub_config(extra: str):
+    def secure(profile_dir: str) -> None:
+        SECURE(profile_dir)
+        with open(os.path.join(profile_dir, "ipcontroller_config.py"), "a") as fh:
+            fh.write(extra)
+
+    return secure
 
 
 def one_world(n: int, hub: str, reps: int, cells: int, kib: int) -> dict[str, float]:
-    launchers.secure_controller = ipyparallels_hub if hub == "ipyparallel's" else SECURE  # type: ignore[assignment]
+    launchers.secure_controller = hub_config(HUBS[hub])  # type: ignore[assignment]
     try:
         cluster = nbdist.start(n=n, oversubscribe=n > (os.cpu_count() or 1), timeout=300)
     finally:
@@ -62,14 +73,14 @@ def main() -> None:
     parser.add_argument("--cells", type=int, default=100)
     parser.add_argument("--kib", type=int, default=64)
     args = parser.parse_args()
-    hubs = ["nbdist's (as shipped)", "ipyparallel's"]
+    hubs = list(HUBS)
     result: dict[str, object] = {"cells": args.cells, "kib": args.kib}
     for n in [int(x) for x in args.ranks.split(",") if x]:
         rows = medians(alternated(hubs, args.rounds, lambda hub, n=n: one_world(n, hub, args.reps, args.cells, args.kib)))
         result[str(n)] = rows
         for hub, m in rows.items():
             print(
-                f"{n:3} ranks, hub {hub:22} nbdist cell {m['nbdist_cell_ms']:7.2f} ms  view.execute "
+                f"{n:3} ranks, hub {hub:29} nbdist cell {m['nbdist_cell_ms']:7.2f} ms  view.execute "
                 f"{m['view_execute_ms']:7.2f} ms  ratio {m['ratio']:.3f}  controller CPU {m['controller_cpu_ms']:6.2f} ms"
                 f"  notebook CPU {m['notebook_cpu_ms']:6.2f} ms  controller memory +{m['controller_rss_growth_mib']:.1f}"
                 f" MiB over {args.cells} cells of {args.kib} KiB a rank (then {m['controller_rss_mib']:.0f} MiB)",

@@ -27,6 +27,7 @@ from .ipyparallel_private import (
     fast_iso_dates,
     io_paused,
     launcher_popen,
+    lean_hub_monitor,
     lean_iopub,
     on_engine_registration,
     on_io_thread,
@@ -92,6 +93,11 @@ PRIVATE_APIS = (
         "ipyparallel.controller.app's time.sleep(0.25) in IPController.init_hub",
         "ipyparallel",
         "engine.controller: skip an unconditional quarter second before the controller writes its connection files",
+    ),
+    PrivateAPI(
+        "ipyparallel Hub.__init__, Hub.monitor, Hub.monitor_handlers and Hub.monitor_iopub_message",
+        "ipyparallel",
+        "engine.controller: the hub hears only the monitor topics it acts on (lean_hub_monitor)",
     ),
     PrivateAPI(
         "ipyparallel Client._send/_query_stream ('connection_request') and Client._update_engines",
@@ -162,10 +168,11 @@ PRIVATE_APIS = (
         "world.registration: engines the client missed are added on the client's IO thread, between two messages",
     ),
     PrivateAPI(
-        "ipyparallel Client._build_targets, Client.send_execute_request(message_future_hook=), DirectView._socket, "
-        "AsyncResult(client, futures, fname, targets, owner)",
+        "ipyparallel Client._build_targets, Client._send's bookkeeping (outstanding, history, _outstanding_dict, "
+        "create_message_futures, _io_loop), DirectView._socket, AsyncResult(client, futures, fname, targets, owner)",
         "ipyparallel",
-        "cells.run: a cell's requests sent as view.execute sends them, each future heard from before its request goes",
+        "cells.run: a cell's requests made as view.execute makes them, each future heard from before any is sent, all "
+        "sent in one callback of the IO thread",
     ),
     PrivateAPI(
         "ipyparallel BroadcastView._socket, Client.create_message_futures, Client._outstanding_dict, Client._futures/"
@@ -243,6 +250,7 @@ __all__ = [
     "group_sequence_number",
     "io_paused",
     "launcher_popen",
+    "lean_hub_monitor",
     "lean_iopub",
     "lightning_launch_settings",
     "lightning_script_launcher",

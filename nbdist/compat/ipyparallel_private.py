@@ -15,25 +15,74 @@ def async_result_children(ar: Any) -> list[Any]:
     return list(ar._children)
 
 
+# A cell's requests go to the IO thread this many at a time: one wake of its loop a chunk, and the first ranks' requests
+# sent while the next are made (a 256-rank cell makes its requests in about 25 ms here).
+SEND_CHUNK = 16
+
+
 def execute_heard(view: Any, code: str, heard: Callable[[int, Any], None]) -> Any:
     """``view.execute(code, silent=False, block=False)``, with ``heard(k, future)`` called for the k-th engine's request
-    (in the order of the view's targets) as its future is made, before the request goes to the IO thread to be sent
-    (ipyparallel's ``message_future_hook``): callbacks put on the future then hear every message of its reply, in
-    order, and the IO thread sends each request as soon as it is made, as ``view.execute`` does, instead of being
-    held until every request is made and the cell's watch is set up. The view's own history (``view.history``,
-    grown by every execute) is not kept; the client's is."""
+    (in the order of the view's targets) as its future is made, before the request is sent (ipyparallel's
+    ``message_future_hook``): callbacks put on the future then hear every message of its reply, in order. The
+    requests are made as ``Client.send_execute_request`` makes them (the client's outstanding requests, history and
+    each engine's outstanding set, the futures and their cleanup, as ``Client._send``), and go to the IO thread
+    ``SEND_CHUNK`` at a time, in one callback each (``_send_all``); ipyparallel hands each to the IO thread on its
+    own, a wake of its loop each, and queues each on the socket's stream, a callback more each. The view's own
+    history (``view.history``, grown by every execute) is not kept; the client's is."""
     from ipyparallel.client.asyncresult import AsyncResult
+    from ipyparallel.client.futures import multi_future
 
     client = view.client
+    if client._closed:
+        raise RuntimeError("Client cannot be used after its sockets have been closed")
+    if not isinstance(code, str):
+        raise TypeError(f"code must be text, not {type(code)}")
     idents, targets = client._build_targets(view.targets)
     metadata = {"label": view.label}
-    futures = [
-        client.send_execute_request(
-            view._socket, code, silent=False, ident=ident, metadata=metadata, message_future_hook=partial(heard, k)
-        )
-        for k, ident in enumerate(idents)
-    ]
+    content = {"code": code, "silent": False, "user_expressions": {}}
+    futures, messages = [], []
+    for k, ident in enumerate(idents):
+        msg = client.session.msg("execute_request", content=content, metadata=metadata)
+        msg_id = msg["header"]["msg_id"]
+        client.outstanding.add(msg_id)
+        client.history.append(msg_id)
+        uuid = ident.decode("utf-8")
+        if uuid in client._engines.values():
+            client._outstanding_dict[uuid].add(msg_id)  # a dead engine's request fails with EngineError
+        pair = client.create_message_futures(msg_id, msg["header"], async_result=True, label=view.label)
+        heard(k, pair[0])
+        multi_future(pair).add_done_callback(partial(_forget, client, msg_id))
+        futures.append(pair[0])
+        messages.append((ident, msg))
+        if len(messages) == SEND_CHUNK or k == len(idents) - 1:
+            client._io_loop.add_callback(partial(_send_all, client.session, view._socket, messages))
+            messages = []
     return AsyncResult(client, futures, fname="execute", targets=targets, owner=True)
+
+
+def _send_all(session: Any, stream: Any, messages: list[tuple[bytes, Any]]) -> None:
+    """On the client's IO thread: each (engine identity, message) straight on the stream's socket, signed as
+    ``Session.send`` signs it, while the stream has nothing queued before them and the socket takes a message at
+    once; from the first it does not take, the rest through the stream, as ipyparallel sends each (queued, sent as
+    the socket can take them): the IO thread never blocks on a controller that does not read. Then the stream is
+    flushed: a zmq socket's descriptor is edge-triggered, and a send on the socket can take in a reply already there
+    without the loop being told; the flush hands the stream's callbacks what is in (replies to earlier requests) and
+    sets the loop to watch the socket afresh, as the stream does after each of its own sends. Without it, a reply
+    could wait in the socket until another message came."""
+    import zmq
+
+    sock = stream.socket
+    for i, (ident, msg) in enumerate(messages):
+        if not stream.sending():
+            try:
+                sock.send_multipart(session.serialize(msg, ident), flags=zmq.NOBLOCK)
+                continue
+            except zmq.Again:
+                pass
+        for later, rest in messages[i:]:
+            session.send(stream, rest, ident=later)
+        break
+    stream.flush()
 
 
 def execute_heard_broadcast(view: Any, code: str, heard: Callable[[int, Any], None]) -> Any:
@@ -230,6 +279,48 @@ def fast_iso_dates() -> None:
 
     parse_date._nbdist = True  # type: ignore[attr-defined]
     util._parse_date = asyncresult._parse_date = hub.parse_date = parse_date
+
+
+# The monitor topics the hub of nbdist's controller hears (ipyparallel's ``Hub.monitor_handlers``): the heart
+# monitor's, the task and broadcast schedulers' (load-balanced and broadcast views), and iopub, of which it acts on an
+# engine's ``shutdown_reply`` alone. Not a direct request (``in``) nor its reply (``out``), nor the control queue's.
+HUB_TOPICS = (b"heartmonitor", b"intask", b"outtask", b"tracktask", b"inbcast", b"outbcast", b"iopub")
+
+
+def lean_hub_monitor() -> None:
+    """ipyparallel's hub hears a copy of every message its queues pass (its monitor socket subscribes to all) and
+    reads each: a direct request and its reply, to keep a record nbdist's controller does not keep (``NoDB``) and a
+    count of each engine's requests that only ``Client.queue_status`` reads; each iopub message, to act on an engine's
+    ``shutdown_reply``; each control message, to drop it. In the hub of nbdist's controller: its monitor socket
+    subscribes to ``HUB_TOPICS`` alone, so the queues' devices do not even send it the rest, and of iopub it reads
+    only a message whose header says ``shutdown_reply`` (the rest, status and output, it dropped after reading).
+    Three messages a rank a trivial cell, each verified and parsed in the controller's Python, are no longer read
+    (benchmarks/controller_cost.py). ``queue_status`` then counts no direct request: nbdist never asks it."""
+    import functools
+
+    import zmq
+    from ipyparallel.controller import hub
+
+    init = hub.Hub.__init__
+    if getattr(init, "_nbdist", False):
+        return
+
+    @functools.wraps(init)
+    def lean_init(self: Any, **kwargs: Any) -> None:
+        init(self, **kwargs)
+        sock = self.monitor.socket
+        sock.setsockopt(zmq.UNSUBSCRIBE, b"")
+        for topic in HUB_TOPICS:
+            sock.setsockopt(zmq.SUBSCRIBE, topic)
+
+        def iopub(idents: Any, msg: list) -> None:
+            if len(msg) > 1 and b"shutdown_reply" in msg[1]:  # msg: signature, header, ... after the identities
+                self.monitor_iopub_message(idents, msg)
+
+        self.monitor_handlers[b"iopub"] = iopub
+
+    lean_init._nbdist = True  # type: ignore[attr-defined]
+    hub.Hub.__init__ = lean_init  # type: ignore[method-assign]
 
 
 def skip_controller_settle_sleep() -> None:

@@ -44,6 +44,7 @@ def main() -> None:
 
     compat.skip_controller_settle_sleep()
     compat.fast_iso_dates()
+    compat.lean_hub_monitor()
     # What the hub does for every request and reply that nbdist never reads (a profile's config or a command line's
     # options still win):
     # - no record of each: ipyparallel's in-memory DictDB, which nbdist never queries, kept up to 1,024 requests and
@@ -51,6 +52,7 @@ def main() -> None:
     # - no log line of each: two a rank a cell at INFO, and a DEBUG record made for every message, which traitlets'
     #   logger (always at DEBUG; its handler filters) builds before it drops. Warnings and errors are still logged.
     # At 64 ranks they were a quarter of the controller's CPU for a trivial cell (benchmarks/controller_cost.py).
+    # And (lean_hub_monitor above) no reading of a copy of each direct request, reply and iopub message.
     controller_main(db_class="NoDB", logging_config={"loggers": {"IPController": {"level": "WARNING"}}})
 
 

@@ -193,6 +193,21 @@ def test_the_controller_keeps_no_record_and_logs_no_line_of_each_request(cluster
     assert cluster.pull("1 + 1") == [2, 2]
 
 
+def test_the_controllers_hub_reads_no_copy_of_the_cells_requests_and_replies(cluster):
+    """nbdist's controller's hub hears only the monitor topics it acts on (compat.lean_hub_monitor): not a copy of each
+    direct request and reply, nor each rank's iopub status and output. Asked how many requests each engine has
+    queued and completed, it counts none of the cells just run (ipyparallel's hub counts every one); the cells, their
+    output and a pull are as before."""
+    client = cluster.view([0, 1]).client
+    for k in range(3):
+        result = cluster.run(f"print('cell {k}')", quiet=True)
+        assert result.ok and [r.stdout for r in result.ranks] == [f"cell {k}\n"] * 2
+    assert cluster.pull("1 + 1") == [2, 2]
+    status = client.queue_status()
+    counted = {eid: (s["queue"], s["completed"]) for eid, s in status.items() if eid != "unassigned"}
+    assert counted == dict.fromkeys(client.ids, (0, 0)), status
+
+
 def test_a_traceback_a_cell_shows_itself_fails_its_rank_though_its_reply_says_ok(cluster):
     """An ok reply is read from its metadata alone (replies.error_of: two reads of the future fewer, in each of three
     looks at every rank's reply): what iopub said still counts. ``showtraceback()`` publishes an error while the reply

@@ -271,14 +271,131 @@ def test_probe_on_io_thread():
 def test_probe_execute_heard():
     from ipyparallel import Client, DirectView
     from ipyparallel.client.asyncresult import AsyncResult
+    from jupyter_client.session import Session
 
     send = inspect.getsource(Client._send)
-    assert send.index("message_future_hook(") < send.index("add_callback(_really_send)"), (
-        "ipyparallel calls message_future_hook after the request is handed to the IO thread: see compat.execute_heard"
+    for line in (  # what compat.execute_heard does for each request as ipyparallel's _send does it
+        "self.outstanding.add(msg_id)",
+        "self.history.append(msg_id)",
+        "self._outstanding_dict[ident_str].add(msg_id)",
+        "futures = self.create_message_futures(",
+        "self.results.pop(msg_id, None)",
+        "self._futures.pop(msg_id, None)",
+        "self._output_futures.pop(msg_id, None)",
+        "self.metadata.pop(msg_id, None)",
+        "multi_future(futures).add_done_callback(cleanup)",
+        "self._io_loop.add_callback(_really_send)",
+    ):
+        assert line in send, f"Client._send changed ({line!r}): see compat.execute_heard"
+    assert "content = dict(code=code, silent=bool(silent), user_expressions={})" in inspect.getsource(
+        Client.send_execute_request
     )
-    assert "message_future_hook" in inspect.signature(Client.send_execute_request).parameters
+    assert "to_send = self.serialize(msg, ident)" in inspect.getsource(Session.send)  # what _send_all signs and sends
     assert "_build_targets" in vars(Client) and "_socket" in inspect.getsource(DirectView.execute)
     assert list(inspect.signature(AsyncResult).parameters)[:5] == ["client", "children", "fname", "targets", "owner"]
+
+
+def test_execute_heards_sends_go_straight_to_the_socket_and_the_rest_through_the_stream_in_order():
+    """compat.execute_heard's requests, sent together on the IO thread (compat._send_all): straight on the socket
+    while it takes them at once; from the first it does not (no peer yet: a DEALER holds nothing then), the rest
+    through the socket's stream, queued until it can send. Every message arrives once, in order, signed."""
+    import asyncio
+
+    import zmq
+    from jupyter_client.session import Session
+    from zmq.eventloop.zmqstream import ZMQStream
+
+    from nbdist.compat.ipyparallel_private import _send_all
+
+    session, ctx = Session(key=b"secret"), zmq.Context.instance()
+
+    async def send_and_hear(connect_first: bool) -> tuple[list[int], bool]:
+        dealer, router = ctx.socket(zmq.DEALER), ctx.socket(zmq.ROUTER)
+        port = router.bind_to_random_port("tcp://127.0.0.1")
+        stream = ZMQStream(dealer)
+        try:
+            if connect_first:
+                dealer.connect(f"tcp://127.0.0.1:{port}")
+                while not dealer.poll(10, zmq.POLLOUT):  # the connection made: the socket takes a message
+                    await asyncio.sleep(0.01)
+            messages = [(b"engine-%d" % k, session.msg("execute_request", content={"k": k})) for k in range(50)]
+            _send_all(session, stream, messages)
+            queued = stream.sending()
+            if not connect_first:
+                dealer.connect(f"tcp://127.0.0.1:{port}")
+            heard: list[int] = []
+            deadline = time.monotonic() + 20  # a message lost would wait for ever
+            while len(heard) < len(messages):
+                assert time.monotonic() < deadline, heard
+                if router.poll(10):
+                    frames = router.recv_multipart()
+                    idents, msg = session.feed_identities(frames[1:])  # the first is the dealer's own identity
+                    assert idents == [b"engine-%d" % len(heard)]
+                    heard.append(session.deserialize(msg)["content"]["k"])  # checks the signature
+                else:
+                    await asyncio.sleep(0.01)
+            return heard, queued
+        finally:
+            stream.close(linger=0)
+            router.close(linger=0)
+
+    assert asyncio.run(send_and_hear(connect_first=True)) == (list(range(50)), False)  # all straight on the socket
+    assert asyncio.run(send_and_hear(connect_first=False)) == (list(range(50)), True)  # all through the stream
+
+
+def test_replies_that_come_while_execute_heard_sends_are_all_heard():
+    """compat._send_all sends on the socket itself, under the stream that also reads the replies (the client's mux
+    socket): a zmq socket's descriptor is edge-triggered, and a send can take in a reply without the loop being told,
+    so the stream is flushed after. Here a peer answers each request at once, for 30 rounds of 64 requests, and every
+    answer must reach the stream's callback (without the flush, the 2nd round's answers waited in the socket)."""
+    import asyncio
+    import threading
+
+    import zmq
+    from jupyter_client.session import Session
+    from zmq.eventloop.zmqstream import ZMQStream
+
+    from nbdist.compat.ipyparallel_private import _send_all
+
+    session, ctx = Session(key=b"secret"), zmq.Context.instance()
+    router = ctx.socket(zmq.ROUTER)
+    port = router.bind_to_random_port("tcp://127.0.0.1")
+    stop = threading.Event()
+
+    def echo() -> None:  # the controller's side: each request answered as it comes
+        while not stop.is_set():
+            if router.poll(10):
+                router.send_multipart(router.recv_multipart())
+
+    async def rounds() -> list[int]:
+        dealer = ctx.socket(zmq.DEALER)
+        dealer.connect(f"tcp://127.0.0.1:{port}")
+        stream, heard = ZMQStream(dealer), []
+        stream.on_recv(lambda frames: heard.append(1))
+        try:
+            while not dealer.poll(10, zmq.POLLOUT):
+                await asyncio.sleep(0.01)
+            counts = []
+            for r in range(30):
+                _send_all(session, stream, [(b"e%d" % k, session.msg("execute_request", content={})) for k in range(64)])
+                deadline = time.monotonic() + 10  # an answer not heard waits for ever
+                while len(heard) < 64 * (r + 1) and time.monotonic() < deadline:
+                    await asyncio.sleep(0.001)
+                counts.append(len(heard))
+                if len(heard) < 64 * (r + 1):
+                    break
+            return counts
+        finally:
+            stream.close(linger=0)
+
+    thread = threading.Thread(target=echo, daemon=True)
+    thread.start()
+    try:
+        assert asyncio.run(rounds()) == [64 * (r + 1) for r in range(30)]
+    finally:
+        stop.set()
+        thread.join(5)
+        router.close(linger=0)
 
 
 def test_probe_execute_heard_broadcast():
@@ -393,8 +510,9 @@ def test_probe_fast_iso_dates(monkeypatch):
 
 
 def test_nbdists_controller_reads_dates_with_datetime_before_it_starts(monkeypatch):
-    """``python -m nbdist.engine.controller`` applies compat.fast_iso_dates before ipyparallel's controller starts
-    (its hub reads every request's and reply's dates), and starts it with nbdist's hub settings (what they do:
+    """``python -m nbdist.engine.controller`` applies compat.fast_iso_dates and compat.lean_hub_monitor before
+    ipyparallel's controller starts (its hub reads every request's and reply's dates; it need not hear most of them),
+    and starts it with nbdist's hub settings (what they do:
     tests/integration/test_cells.py)."""
     from ipyparallel import util
     from ipyparallel.client import asyncresult
@@ -402,15 +520,99 @@ def test_nbdists_controller_reads_dates_with_datetime_before_it_starts(monkeypat
 
     from nbdist.engine import controller, parentwatch
 
-    for module, name in ((util, "_parse_date"), (asyncresult, "_parse_date"), (hub, "parse_date"), (app, "time")):
+    patched = ((util, "_parse_date"), (asyncresult, "_parse_date"), (hub, "parse_date"), (app, "time"), (hub.Hub, "__init__"))
+    for module, name in patched:
         monkeypatch.setattr(module, name, getattr(module, name))
-    seen: list[tuple[bool, dict]] = []
+    seen: list[tuple[bool, bool, dict]] = []
     monkeypatch.setattr(parentwatch, "watch_parent", lambda on_exit: None)
-    monkeypatch.setattr(app, "main", lambda **kw: seen.append((getattr(hub.parse_date, "_nbdist", False), kw)))
+    monkeypatch.setattr(
+        app,
+        "main",
+        lambda **kw: seen.append(
+            (getattr(hub.parse_date, "_nbdist", False), getattr(hub.Hub.__init__, "_nbdist", False), kw)
+        ),
+    )
     controller.main()
     hub_settings = {"db_class": "NoDB", "logging_config": {"loggers": {"IPController": {"level": "WARNING"}}}}
-    assert seen == [(True, hub_settings)]
+    assert seen == [(True, True, hub_settings)]  # dates read with datetime; a hub that hears what it acts on
     assert app.IPController(**hub_settings).db_class.__name__ == "NoDB"  # names ipyparallel takes
+
+
+def test_probe_lean_hub_monitor(monkeypatch):
+    """A real hub on inproc sockets, its monitor fed as ipyparallel's queues feed it (a topic frame, then the signed
+    message): made after compat.lean_hub_monitor, it hears the heart monitor, the task and broadcast schedulers and,
+    of iopub, an engine's ``shutdown_reply`` alone; a direct request and reply (``in``, ``out``) and the control
+    queue's never reach it, nor an iopub status or stream. The hub made before the patch heard them all."""
+    import asyncio
+
+    import zmq
+    from ipyparallel.controller import hub
+    from jupyter_client.session import Session
+    from zmq.eventloop.zmqstream import ZMQStream
+
+    source = inspect.getsource(hub.Hub.__init__)
+    assert "self.monitor.on_recv(self.dispatch_monitor_traffic)" in source and "b'iopub': self.monitor_iopub_message" in source
+    assert "if handler is not None:" in inspect.getsource(hub.Hub.dispatch_monitor_traffic)
+    monkeypatch.setattr(hub.Hub, "__init__", hub.Hub.__init__)  # put back after the test
+    heard: list[tuple[bytes, str]] = []
+
+    def record(topic: bytes):
+        def handler(self, idents, msg):
+            heard.append((topic, self.session.deserialize(msg)["header"]["msg_type"]))
+
+        return handler
+
+    for name, topic in (("save_queue_request", b"in"), ("save_queue_result", b"out"), ("save_task_request", b"intask"),
+                        ("save_broadcast_result", b"outbcast"), ("monitor_iopub_message", b"iopub"),
+                        ("heartmonitor_message", b"heartmonitor")):
+        monkeypatch.setattr(hub.Hub, name, record(topic))
+    control = []
+    monkeypatch.setattr(hub, "_passer", lambda *a: control.append(a))
+    sent = [(b"in", "execute_request"), (b"incontrol", "abort_request"), (b"out", "execute_reply"),
+            (b"iopub", "status"), (b"iopub", "stream"), (b"intask", "apply_request"), (b"outcontrol", "abort_reply"),
+            (b"iopub", "shutdown_reply"), (b"outbcast", "apply_reply")]
+
+    async def feed(lean: bool) -> list[tuple[bytes, str]]:
+        if lean:
+            compat.lean_hub_monitor()
+            compat.lean_hub_monitor()  # once, however often it is called
+        heard.clear()
+        control.clear()
+        ctx, session = zmq.Context.instance(), Session(key=b"k")
+        url = f"inproc://monitor-{lean}"
+        sub, query, resubmit = ctx.socket(zmq.SUB), ctx.socket(zmq.ROUTER), ctx.socket(zmq.DEALER)
+        sub.setsockopt(zmq.SUBSCRIBE, b"")  # as ipyparallel's controller makes it
+        sub.bind(url)
+        pub = ctx.socket(zmq.PUB)
+        pub.connect(url)
+        streams = [ZMQStream(sub), ZMQStream(query), ZMQStream(resubmit)]
+        made = hub.Hub(session=session, monitor=streams[0], query=streams[1], resubmit=streams[2], db=None)
+
+        def send(topic: bytes, msg_type: str) -> None:
+            pub.send_multipart([topic, *session.serialize(session.msg(msg_type, content={}), ident=b"engine")])
+
+        try:
+            while not heard:  # until the subscription is through (a heart monitor's message is heard both ways)
+                send(b"heartmonitor", "hello")
+                await asyncio.sleep(0.01)
+            for topic, msg_type in sent:
+                send(topic, msg_type)
+            send(b"heartmonitor", "last")
+            for _ in range(500):  # one socket, in order: once the last is heard, all the rest were
+                if heard[-1] == (b"heartmonitor", "last"):
+                    break
+                await asyncio.sleep(0.01)
+            return [h for h in heard if h[0] != b"heartmonitor"] + [(b"control", str(len(control)))]
+        finally:
+            for stream in streams:
+                stream.close(linger=0)
+            pub.close(linger=0)
+            del made
+
+    everything = asyncio.run(feed(lean=False))
+    assert everything == [(t, m) for t, m in sent if b"control" not in t] + [(b"control", "2")]
+    assert asyncio.run(feed(lean=True)) == [(b"intask", "apply_request"), (b"iopub", "shutdown_reply"),
+                                            (b"outbcast", "apply_reply"), (b"control", "0")]
 
 
 def test_probe_controller_engines():
