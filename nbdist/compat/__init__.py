@@ -171,8 +171,8 @@ PRIVATE_APIS = (
         "ipyparallel Client._build_targets, Client._send's bookkeeping (outstanding, history, _outstanding_dict, "
         "create_message_futures, _io_loop), DirectView._socket, AsyncResult(client, futures, fname, targets, owner)",
         "ipyparallel",
-        "cells.run: a cell's requests made as view.execute makes them, each future heard from before any is sent, all "
-        "sent in one callback of the IO thread",
+        "cells.run: a cell's requests made as view.execute makes them, each future heard from before its request is "
+        "sent, and sent SEND_CHUNK at a time in one callback of the IO thread",
     ),
     PrivateAPI(
         "ipyparallel BroadcastView._socket, Client.create_message_futures, Client._outstanding_dict, Client._futures/"

@@ -293,7 +293,7 @@ def lean_hub_monitor() -> None:
     count of each engine's requests that only ``Client.queue_status`` reads; each iopub message, to act on an engine's
     ``shutdown_reply``; each control message, to drop it. In the hub of nbdist's controller: its monitor socket
     subscribes to ``HUB_TOPICS`` alone, so the queues' devices do not even send it the rest, and of iopub it reads
-    only a message whose header says ``shutdown_reply`` (the rest, status and output, it dropped after reading).
+    only a message whose header says ``shutdown_reply`` (a status or an output, ipyparallel's hub read only to drop).
     Three messages a rank a trivial cell, each verified and parsed in the controller's Python, are no longer read
     (benchmarks/controller_cost.py). ``queue_status`` then counts no direct request: nbdist never asks it."""
     import functools
