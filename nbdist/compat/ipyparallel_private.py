@@ -30,7 +30,6 @@ def execute_heard(view: Any, code: str, heard: Callable[[int, Any], None]) -> An
     own, a wake of its loop each, and queues each on the socket's stream, a callback more each. The view's own
     history (``view.history``, grown by every execute) is not kept; the client's is."""
     from ipyparallel.client.asyncresult import AsyncResult
-    from ipyparallel.client.futures import multi_future
 
     client = view.client
     if client._closed:
@@ -43,16 +42,9 @@ def execute_heard(view: Any, code: str, heard: Callable[[int, Any], None]) -> An
     futures, messages = [], []
     for k, ident in enumerate(idents):
         msg = client.session.msg("execute_request", content=content, metadata=metadata)
-        msg_id = msg["header"]["msg_id"]
-        client.outstanding.add(msg_id)
-        client.history.append(msg_id)
-        uuid = ident.decode("utf-8")
-        if uuid in client._engines.values():
-            client._outstanding_dict[uuid].add(msg_id)  # a dead engine's request fails with EngineError
-        pair = client.create_message_futures(msg_id, msg["header"], async_result=True, label=view.label)
-        heard(k, pair[0])
-        multi_future(pair).add_done_callback(partial(_forget, client, msg_id))
-        futures.append(pair[0])
+        client.history.append(msg["header"]["msg_id"])
+        futures.append(_awaited(client, msg["header"]["msg_id"], msg["header"], ident.decode("utf-8"), view.label))
+        heard(k, futures[-1])
         messages.append((ident, msg))
         if len(messages) == SEND_CHUNK or k == len(idents) - 1:
             client._io_loop.add_callback(partial(_send_all, client.session, view._socket, messages))
@@ -93,7 +85,6 @@ def execute_heard_broadcast(view: Any, code: str, heard: Callable[[int, Any], No
     ipyparallel's, each engine's future leaves the client's caches once its reply and output are in (a direct request's
     do, in ``Client._send``), and the request's own, to which nothing replies, at once."""
     from ipyparallel.client.asyncresult import AsyncResult
-    from ipyparallel.client.futures import multi_future
 
     client = view.client
     idents, targets = client._build_targets(view.targets)
@@ -103,18 +94,27 @@ def execute_heard_broadcast(view: Any, code: str, heard: Callable[[int, Any], No
 
     def made(request: Any) -> None:
         for k, uuid in enumerate(uuids):
-            sub = f"{request.msg_id}_{uuid}"
-            pair = client.create_message_futures(sub, request.header, async_result=True)
-            multi_future(pair).add_done_callback(partial(_forget, client, sub))
-            client.outstanding.add(sub)
-            client._outstanding_dict[uuid].add(sub)  # a dead engine's request fails with EngineError, as a direct one
-            heard(k, pair[0])
-            futures.append(pair[0])
+            futures.append(_awaited(client, f"{request.msg_id}_{uuid}", request.header, uuid))
+            heard(k, futures[-1])
 
     request = client.send_execute_request(view._socket, code, silent=False, metadata=metadata, message_future_hook=made)
     client.outstanding.discard(request.msg_id)
     _forget(client, request.msg_id)
     return AsyncResult(client, futures, fname="execute", targets=targets, owner=True)
+
+
+def _awaited(client: Any, msg_id: str, header: Any, uuid: str, label: str | None = None) -> Any:
+    """The client's bookkeeping of a request to the engine ``uuid`` that a reply will answer, as ``Client._send`` keeps
+    it: outstanding (and, while the engine is registered, among that engine's: a dead engine's request fails with
+    EngineError), its reply and output futures, and their cleanup once both are in. Returns the reply's future."""
+    from ipyparallel.client.futures import multi_future
+
+    client.outstanding.add(msg_id)
+    if uuid in client._engines.values():
+        client._outstanding_dict[uuid].add(msg_id)
+    pair = client.create_message_futures(msg_id, header, async_result=True, label=label)
+    multi_future(pair).add_done_callback(partial(_forget, client, msg_id))
+    return pair[0]
 
 
 def _forget(client: Any, msg_id: str, done: Any = None) -> None:
