@@ -16,17 +16,22 @@ exit record.
 
 from __future__ import annotations
 
+import atexit
 import glob
 import hashlib
 import json
 import os
+import shutil
 import struct
 import tempfile
 import time
 
 KINDS = ("tensorboard", "mlflow", "wandb", "trackio")
 HANG_S = 60.0  # a run's writes not done by then: a hang
-TRACKIO_DIR = os.environ.setdefault("TRACKIO_DIR", tempfile.mkdtemp(prefix="nbdist-trackio-"))
+if "TRACKIO_DIR" not in os.environ:  # a folder this process made, removed when it exits
+    os.environ["TRACKIO_DIR"] = tempfile.mkdtemp(prefix="nbdist-trackio-")
+    atexit.register(shutil.rmtree, os.environ["TRACKIO_DIR"], True)
+TRACKIO_DIR = os.environ["TRACKIO_DIR"]
 
 
 def place(kind: str, folder) -> dict[str, str]:

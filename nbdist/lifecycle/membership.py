@@ -10,6 +10,7 @@ recovery and grow (this folder) are handed a Membership and call down into it.
 
 from __future__ import annotations
 
+import atexit
 import os
 import shutil
 import tempfile
@@ -92,6 +93,11 @@ class Membership:
         self.startup["total"] = time.perf_counter() - tic
         self.running = True
         self.keep()
+        if self.keeper is None:
+            # The kernel's own exit (a page's shutdown, a notebook run to its end) ends this world as %dist_stop
+            # does: its engines, controller and jobs by id, and its directory. ipyparallel's own hook at exit ends
+            # only the processes, and the controller, ended by a signal, cannot clean up behind the kernel.
+            atexit.register(self.stop)
         pointers.point(self.workdir)  # this kernel's world, for the world panel and pages opened later
 
     def adopt(self, record: kept.Record) -> None:
@@ -111,6 +117,7 @@ class Membership:
     def stop(self) -> None:
         """Stop every engine and the controller this world started (by pid), remove its files."""
         self.running = False
+        atexit.unregister(self.stop)
         if self.keeper is not None:
             self.keeper.forget()
             self.keeper = None

@@ -85,7 +85,7 @@ import nbdist, nbdist.launch.pool, json
 from nbdist.config import default_threads
 nbdist.launch.pool.warm(3, default_threads(2))  # two serve the engines, one stays warm
 c = nbdist.start(n=2)
-print(json.dumps(c.pids() + nbdist.launch.pool.pids()))
+print(json.dumps([c.pids() + nbdist.launch.pool.pids(), c.membership.workdir]))
 """
 
 
@@ -98,15 +98,42 @@ def test_fault5_engines_and_controller_end_with_the_kernel():
         reply = kc.execute_interactive(KERNEL_CODE, timeout=120, output_hook=lambda m: outputs.append(m))
         assert reply["content"]["status"] == "ok"
         text = "".join(m["content"].get("text", "") for m in outputs if m["msg_type"] == "stream")
-        pids = json.loads(text.strip().splitlines()[-1])
+        pids, workdir = json.loads(text.strip().splitlines()[-1])
         assert len(pids) >= 5  # controller, its heart monitor, two engines, one warm process
         assert all(psutil.pid_exists(p) for p in pids)
         kernel_pid = km.provisioner.pid
         os.kill(kernel_pid, signal.SIGKILL)
         left = wait_gone(pids, 60)  # ipyparallel alone leaves them running for minutes
         assert left == [], f"processes outlived the kernel: {left}"
+        assert not os.path.exists(workdir), "the controller removes the world's directory the kernel cannot"
     finally:
         kc.stop_channels()
+        km.cleanup_resources()
+
+
+def test_fault5_a_kernel_shut_down_as_a_page_shuts_it_down_ends_its_world_and_removes_its_directory():
+    """The Jupyter server ends a kernel (a page's shutdown, a notebook run to its end) with a shutdown request: the
+    kernel exits through its own exit hooks, not by a signal. The world ends with it as %dist_stop ends it, and
+    its directory (transcripts, the ranks' steps, the controller's profile) goes too. The SIGKILL test above is the
+    other way a kernel ends."""
+    from jupyter_client.manager import start_new_kernel
+
+    km, kc = start_new_kernel(kernel_name="python3", env={**os.environ, "OMP_NUM_THREADS": "1"})
+    outputs: list[dict] = []
+    try:
+        code = "import nbdist, json\nc = nbdist.start(n=2)\nprint(json.dumps([c.pids(), c.membership.workdir]))"
+        reply = kc.execute_interactive(code, timeout=120, output_hook=lambda m: outputs.append(m))
+        assert reply["content"]["status"] == "ok", reply["content"]
+        text = "".join(m["content"].get("text", "") for m in outputs if m["msg_type"] == "stream")
+        pids, workdir = json.loads(text.strip().splitlines()[-1])
+        assert os.path.isdir(os.path.join(workdir, "profile")) and all(psutil.pid_exists(p) for p in pids)
+        km.shutdown_kernel(now=False)  # what DELETE /api/kernels/<id> does
+        assert wait_gone(pids, 60) == [], "processes outlived the kernel"
+        assert not os.path.exists(workdir), f"the world's directory outlived the kernel: {os.listdir(workdir)}"
+    finally:
+        kc.stop_channels()
+        if km.has_kernel:
+            km.shutdown_kernel(now=True)
         km.cleanup_resources()
 
 

@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import ast
+import glob
 import os
 import pathlib
 import re
+import tempfile
 
 import nbformat
 import psutil
@@ -116,12 +118,15 @@ def _execute(
     assert all(not c.get("outputs") for c in nb.cells if c.cell_type == "code"), "commit notebooks without outputs"
     assert "widgets" not in nb.metadata, "commit notebooks without widget state"
     before = {p.pid for p in psutil.Process().children(recursive=True)}
+    files = set(glob.glob(os.path.join(tempfile.gettempdir(), "nbdist-*")))
     # timeout: a cell that runs 4 minutes hangs (every notebook runs in about 3 minutes in all)
     client = NotebookClient(nb, timeout=240, kernel_name="python3", resources={"metadata": {"path": str(tmp_path)}})
     client.execute()
     theirs = {c.pid for pid in others if psutil.pid_exists(pid) for c in psutil.Process(pid).children(recursive=True)}
     left = {p.pid for p in psutil.Process().children(recursive=True)} - before - theirs
     assert not [p for p in left if psutil.pid_exists(p)], "the notebook must stop its cluster"
+    # nor files: what it wrote in the temporary folder (checkpoints, jobs' folders, the world's own) is removed
+    assert set(glob.glob(os.path.join(tempfile.gettempdir(), "nbdist-*"))) - files == set()
     return nb, stream_text(nb)
 
 
