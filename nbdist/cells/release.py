@@ -171,8 +171,10 @@ def stuck(running: list[int], now: dict[int, dict], before: dict[int, dict | Non
     rank -> its report, a silent rank missing) and the last look's (``before``: rank -> report, None when it was
     silent; empty at the first look). Stuck: still in a collective (its watcher shut the group's connections and it
     did not come out), idle at the very same place as at the last look (its main thread used no CPU in between), or
-    silent at both looks. A rank whose cell is over, that reports from somewhere new, or that works (unwinding,
-    formatting its traceback on a loaded machine, sending its reply) is stopping: it is left to finish."""
+    silent at both looks; or, at any look, waiting in backward (DDP's all-reduce) with its main thread idle since its
+    watcher shut the group's connections. A rank whose cell is over, that reports from somewhere new, or that works
+    (unwinding, formatting its traceback on a loaded machine, sending its reply) is stopping: it is left to
+    finish."""
     out = []
     for r in running:
         mine = now.get(r)
@@ -185,7 +187,23 @@ def stuck(running: list[int], now: dict[int, dict], before: dict[int, dict | Non
         last = before.get(r)
         if mine.get("in_collective") or (last is not None and _place(last) == _place(mine) and not _worked(last, mine)):
             out.append(r)
+        elif _backward_idle_since_break(mine):
+            out.append(r)
     return out
+
+
+def _backward_idle_since_break(report: dict) -> bool:
+    """In backward, its main thread idle since the watcher shut the group's connections: DDP's all-reduce waits in
+    C++ (no torch.distributed frame, so not ``in_collective``) on a send gloo never tells of. When a peer's watcher
+    shut their connection while this rank was still sending to it, gloo queues the failed write and tells every
+    other waiting operation of the broken pair, not that one: it waits for the group's timeout (30 minutes by
+    default). Seen at 64 ranks on 2 cores in about a third of the recoveries (benchmarks/recovery_scale.py), each
+    ended only at the second look, 6 s after the release. A rank still computing its backward since the break used
+    its core, and is left to the two looks."""
+    stack = report.get("stack") or [""]
+    at_break = report.get("broke_cpu_s")
+    in_engine = "torch/autograd/" in stack[-1].replace("\\", "/")  # the innermost Python frame: into autograd's C++
+    return in_engine and at_break is not None and not _worked({"cpu_s": at_break}, report)
 
 
 WORKING_CPU_S = 0.02  # CPU a rank's main thread uses between two looks when it works (a waiting one: none)

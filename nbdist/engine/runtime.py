@@ -330,6 +330,7 @@ def _write_report(reason: str) -> None:
         "debugging": STATE.debugging,
         "cpu_s": _main_thread_cpu(),  # a rank that works uses its core; one that waits does not (cells/release.py)
         "broke": STATE.broke,  # the watcher's last break of the group (cells/watch.py says it of a rank it ends)
+        "broke_cpu_s": STATE.broke_cpu if STATE.broke is not None else None,  # its main thread's CPU at the break
     }
     if frame is not None and busy:
         report.update(where(frame))
@@ -393,5 +394,6 @@ def _watch(rsock: socket.socket, wsock: socket.socket, previous: int) -> None:
                     _write_report("interrupt")
                     if STATE.pg_fds or STATE.backend == "nccl":
                         group.abort_world()
+                        STATE.broke_cpu = _main_thread_cpu()  # what it used since tells a wait from work
         except Exception:  # the watcher must survive anything
             traceback.print_exc(file=sys.__stderr__)

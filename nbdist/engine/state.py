@@ -21,6 +21,7 @@ class RankSide:
     control_of: Any = None  # the default group they belong to (a rebuilt world makes new ones)
     aborted: bool = False
     broke: tuple[int, int, float] | None = None  # the watcher's last break: connections shut, of how many, when
+    broke_cpu: float | None = None  # the main thread's CPU seconds right after that break (cells/release.py, stuck)
     busy_since: float | None = None  # monotonic time the running cell began; None between cells
     cell: int = 0  # cells run so far
     main_ident: int | None = None  # the main thread, whose stack %dist_where reads

@@ -350,6 +350,16 @@ def test_a_release_between_the_cells_code_and_its_post_cell_hook_is_ignored(clus
     )
 
 
+def _rank_1_ended(cluster, capsys, code: str):
+    """Run ``code`` (rank 0 raises, rank 1 stays in the cell after the release): the result, and the line nbdist
+    said as it ended rank 1 (where it was last seen, what its watcher did)."""
+    r = cluster.run(code, timeout=HANG_S)
+    said = capsys.readouterr().out
+    assert r[1].status == "dead" and r[0].status == "error", (r[0].status, r[1].status)
+    assert "nbdist: ending rank 1, which did not stop after the release (in its cell): " in said, said
+    return r, said.split("nbdist: ending rank 1, which did not stop after the release (in its cell): ", 1)[1].splitlines()[0]
+
+
 @pytest.mark.parametrize(
     ("handler", "broke"),
     [
@@ -363,21 +373,45 @@ def test_a_stuck_rank_that_is_ended_is_named_with_where_it_was_last_seen(cluster
     sees what held it (before: "did not stop after an interrupt; nbdist ended it", and nothing more); and whether its
     watcher broke its group: a rank that ignores SIGINT altogether never lets its watcher hear it, one whose handler
     does nothing does, and a rank that stays put with its connections shut waits on something else."""
-    r = cluster.run(
+    r, line = _rank_1_ended(
+        cluster,
+        capsys,
         "import signal, time\n"
         "if dist.get_rank() == 1:\n"
         f"    signal.signal(signal.SIGINT, {handler})\n"
         "    while True:\n"
         "        time.sleep(0.2)\n"
         "raise RuntimeError('rank 0 gives up')\n",
-        timeout=HANG_S,
     )
-    said = capsys.readouterr().out
-    assert r[1].status == "dead" and r[0].status == "error", (r[0].status, r[1].status)
-    assert "nbdist: ending rank 1, which did not stop after the release (in its cell): " in said, said
-    assert "in <module>" in said.split("nbdist: ending rank 1", 1)[1].splitlines()[0], said
-    assert re.search(broke + "$", said.split("nbdist: ending rank 1", 1)[1].splitlines()[0]), said
+    assert "in <module>" in line, line
+    assert re.search(broke + "$", line), line
     assert "did not stop after an interrupt (last seen in <module>, " in r[1].error["evalue"], r[1].error
+    cluster.restart([1])
+    assert_usable(cluster)
+
+
+def test_a_rank_waiting_in_backward_after_its_group_broke_is_ended_at_the_first_look(cluster, capsys):
+    """DDP's all-reduce can wait in autograd's C++ on a send gloo never tells of (cells/release.py): its connections
+    shut, the rank still waits, for the group's timeout. Here rank 1's DDP waits on a comm hook's future that never
+    completes, the same wait seen from the rank: in backward, its main thread idle since its watcher broke the
+    group. nbdist ends it at its first look after the release, not at the second (one escalation later), and says
+    where it waited."""
+    from nbdist.cells.release import ESCALATE_S
+
+    _, line = _rank_1_ended(
+        cluster,
+        capsys,
+        "from torch.nn.parallel import DistributedDataParallel as DDP\n"
+        "model = DDP(torch.nn.Linear(4, 1))\n"
+        "if dist.get_rank() == 0:\n"
+        "    raise RuntimeError('rank 0 gives up')\n"
+        "model.register_comm_hook(None, lambda state, bucket: torch.futures.Future())  # never completes\n"
+        "model(torch.ones(2, 4)).sum().backward()\n",
+    )
+    assert line.startswith("graph.py:") and "in _engine_run_backward" in line.split(" <- ")[0], line
+    found = re.search(r"; its watcher shut [1-9]\d* of its group's \d+ connections (\d+\.\d) s before it was last seen$", line)
+    assert found, line
+    assert float(found.group(1)) < ESCALATE_S, f"ended at a later look than the first after the release: {line}"
     cluster.restart([1])
     assert_usable(cluster)
 

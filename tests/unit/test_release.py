@@ -195,6 +195,26 @@ def test_after_a_release_only_the_stuck_ranks_are_ended_never_one_that_is_slow_t
     assert stuck([1, 2, 4, 5, 6], second, {r: second.get(r) for r in [1, 2, 4, 5, 6]}) == [1, 2, 4, 5, 6]
 
 
+def test_a_rank_in_backward_idle_since_its_watcher_broke_the_group_is_ended_at_the_first_look():
+    """DDP's all-reduce waits in autograd's C++ on a send gloo never tells of (cells/release.py): the rank's main
+    thread used no CPU since its watcher shut the group's connections. One that computed since, one whose group was
+    never broken, one idle since the break but not in backward, and one in a Python frame of its own backward (a
+    custom Function's, computing) are left to the two looks."""
+    broke = (40, 189, 1000.0)
+    first = {
+        0: {**_at(5, cpu=1.004), "broke": broke, "broke_cpu_s": 1.0},  # 4 ms of CPU since: a wait
+        1: {**_at(5, cpu=1.5), "broke": broke, "broke_cpu_s": 1.0},  # computing its backward since the break
+        2: _at(5, cpu=1.0),  # the group never broken on this rank (no CPU at a break to compare)
+        3: {**_at(5, stack=("<cell>:5 in <module>",), cpu=1.0), "broke": broke, "broke_cpu_s": 1.0},  # a line of its own
+        4: {
+            **_at(5, stack=("torch/autograd/graph.py:989 in _engine_run_backward", "<cell>:2 in backward"), cpu=1.0),
+            "broke": broke,
+            "broke_cpu_s": 1.0,
+        },  # in a custom Function's backward: its own code, not the C++ wait
+    }
+    assert stuck([0, 1, 2, 3, 4], first, {}) == [0]
+
+
 def test_a_release_is_not_replaced_by_a_later_reason(clock):
     p = policy(clock, grace=1.0, timeout=1.5)
     p.observe(failed=True, finished=True)
