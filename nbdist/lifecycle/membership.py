@@ -97,7 +97,7 @@ class Membership:
             # The kernel's own exit (a page's shutdown, a notebook run to its end) ends this world as %dist_stop
             # does: its engines, controller and jobs by id, and its directory. ipyparallel's own hook at exit ends
             # only the processes, and the controller, ended by a signal, cannot clean up behind the kernel.
-            atexit.register(self.stop)
+            atexit.register(self.stop_at_exit, os.getpid())
         pointers.point(self.workdir)  # this kernel's world, for the world panel and pages opened later
 
     def adopt(self, record: kept.Record) -> None:
@@ -117,7 +117,7 @@ class Membership:
     def stop(self) -> None:
         """Stop every engine and the controller this world started (by pid), remove its files."""
         self.running = False
-        atexit.unregister(self.stop)
+        atexit.unregister(self.stop_at_exit)
         if self.keeper is not None:
             self.keeper.forget()
             self.keeper = None
@@ -127,6 +127,12 @@ class Membership:
             pointers.unpoint(self.workdir)
             shutil.rmtree(self.workdir, ignore_errors=True)
             self.workdir = ""
+
+    def stop_at_exit(self, pid: int) -> None:
+        """``stop``, in the process that started the world only: a child forked from the kernel (``os.fork`` in a
+        cell) inherits the exit hooks, and its exit must not end its parent's world."""
+        if os.getpid() == pid:
+            self.stop()
 
     # ------------------------------------------------------------------ changes to who is in it
 
