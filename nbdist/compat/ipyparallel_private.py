@@ -278,6 +278,7 @@ def fast_iso_dates() -> None:
         return original(s)
 
     parse_date._nbdist = True  # type: ignore[attr-defined]
+    parse_date.__wrapped__ = original  # type: ignore[attr-defined]  # functools' name for what a wrapper wraps
     util._parse_date = asyncresult._parse_date = hub.parse_date = parse_date
 
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import os
 import socket
+import threading
 from typing import Any
 
 from .state import STATE
@@ -33,6 +34,41 @@ def control_group(purpose: str) -> Any:
         STATE.update(control=groups, control_of=dist.group.WORLD)
         STATE.pg_fds = {**STATE.pg_fds, **added(before, tcp_connections())}
     return groups[purpose]
+
+
+def wait(work: Any) -> None:
+    """Wait, on the main thread, for a collective of nbdist's own groups started with ``async_op`` (the preemption
+    flags): as ``work.wait()``, but a signal still reaches the thread. gloo's wait is C++ that no signal
+    interrupts, and it can last the group's timeout (30 minutes by default) where the world broke while this rank
+    was sending (cells/release.py): a rank there could not stop at the release's interrupt, and nbdist ended it, 6 s
+    later (64 ranks on 2 cores: 1 recovery in 4). A work not yet complete is therefore waited for on a thread of its
+    own (``aside``); the main thread waits for that thread, which a KeyboardInterrupt ends."""
+    if work.is_completed():
+        work.wait()  # at once, or the collective's error
+        return
+    done, failed = aside(work)
+    done.wait()
+    if failed:
+        raise failed[0]
+
+
+def aside(work: Any) -> tuple[threading.Event, list[BaseException]]:
+    """Wait for ``work`` on a thread of its own: an event set when the wait ends, and the error it raised, if any.
+    A caller that stops waiting (an interrupt, its world replaced) leaves the thread waiting until the old group's
+    connections break or its timeout passes; a gloo send or receive is waited for once only, so the thread's wait
+    is the only one."""
+    done, failed = threading.Event(), []
+
+    def run() -> None:
+        try:
+            work.wait()
+        except BaseException as exc:  # noqa: BLE001 - said by the waiting caller
+            failed.append(exc)
+        finally:
+            done.set()
+
+    threading.Thread(target=run, name="nbdist-wait", daemon=True).start()
+    return done, failed
 
 
 Ends = tuple[tuple[str, int], tuple[str, int]]  # a TCP connection's local and remote (address, port)

@@ -178,16 +178,16 @@ def _exchange(start_next: bool) -> tuple[list[int], bool]:
     if not (dist.is_available() and dist.is_initialized()) or dist.get_world_size() == 1:
         EXCHANGE.countdown = 1
         return ([0] if asked() else []), bool(PREEMPT.resize)
-    from .control import control_group
+    from . import control
 
-    group, size, now = control_group("preempt"), dist.get_world_size(), time.perf_counter()
+    group, size, now = control.control_group("preempt"), dist.get_world_size(), time.perf_counter()
     signalled: list[int] = []
     resize = False
     work, buf, of = EXCHANGE.work, EXCHANGE.buf, EXCHANGE.group
     EXCHANGE.work = EXCHANGE.buf = EXCHANGE.group = None
     every = 1
     if work is not None and of is group:  # an exchange of another world (rebuilt since) is dropped
-        work.wait()
+        control.wait(work)  # a signal still reaches this thread: gloo's own wait can outlast a broken world
         values = buf.tolist()
         signalled = [r for r, f in enumerate(values[:size]) if f]
         per_step = values[size] / 1e6  # the slowest rank's seconds per step, as every rank reads it

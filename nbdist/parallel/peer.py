@@ -334,21 +334,11 @@ def _waited(work: Any, generation: int) -> bool:
     """Wait for a send or receive until it completes (True) or its world is replaced (False); a broken
     world raises. Looked at in bounded steps: an exchange between two living ranks of a broken world never
     completes, and must not hold the sender thread when the rebuilt world needs it. The wait itself is
-    gloo's untimed one, on a thread of its own: a gloo wait given a timeout closes every connection of the
+    gloo's untimed one, on a thread of its own (control.aside): a gloo wait given a timeout closes every connection of the
     group when it times out ("Application timeout caused pair closure"), so with 0.5 s waits a part that
     took longer to leave (a loaded machine, a large part) broke the world, and the next step failed with
     "could not leave its part with its buddy" (32 ranks on 2 cores, twice in 30 recoveries)."""
-    done, failed = threading.Event(), []
-
-    def wait() -> None:
-        try:
-            work.wait()
-        except BaseException as exc:  # said by the sender thread below, if it still waits for it
-            failed.append(exc)
-        finally:
-            done.set()
-
-    threading.Thread(target=wait, name="nbdist-peer-wait", daemon=True).start()
+    done, failed = control.aside(work)
     while not done.wait(WAIT_STEP_S):
         if generation != KEPT.generation:
             return False  # the thread waits on until the old world's connections break or its timeout

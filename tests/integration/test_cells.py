@@ -416,6 +416,42 @@ def test_a_rank_waiting_in_backward_after_its_group_broke_is_ended_at_the_first_
     assert_usable(cluster)
 
 
+def test_a_rank_waiting_for_the_preemption_flags_after_its_group_broke_stops_at_the_release(cluster, capsys):
+    """The preemption flags' exchange (engine/preempt.py) is waited for at a loop's step boundary, on the main
+    thread; gloo can leave that wait going for the group's timeout once the world broke (cells/release.py), and
+    its wait is C++, which holds the release's interrupt. At 64 ranks a living rank sat there and nbdist ended it, 6 s
+    after the release. Here rank 1's exchange never completes, with a wait that holds signals the same way (a torch
+    Future's): rank 1 must stop at the interrupt by itself, its process kept, and no rank be ended."""
+    r = cluster.run(
+        "import time\n"
+        "from nbdist.parallel import shard\n"
+        "class _Never:  # the exchange as gloo can leave it: the collective ran, the wait goes on\n"
+        "    def __init__(self, work): self.work = work\n"
+        "    def is_completed(self): return False\n"
+        "    def wait(self): torch.futures.Future().wait()\n"
+        "_real = dist.all_reduce\n"
+        "if dist.get_rank() == 1:\n"
+        "    dist.all_reduce = lambda *a, async_op=False, **k: (\n"
+        "        _Never(_real(*a, async_op=True, **k)) if async_op else _real(*a, **k))\n"
+        "try:\n"
+        "    for step, (x,) in shard(torch.utils.data.TensorDataset(torch.arange(64.0)), batch_size=2).steps(8):\n"
+        "        if dist.get_rank() == 0:\n"
+        "            raise RuntimeError('rank 0 gives up')\n"
+        "        time.sleep(0.05)\n"
+        "finally:\n"
+        "    dist.all_reduce = _real\n",
+        timeout=HANG_S,
+    )
+    said = capsys.readouterr().out
+    assert "nbdist: ending rank" not in said, said
+    assert r[0].status == "error" and r[1].status == "interrupted", (r[0].status, r[1].status, said)
+    plain = re.sub(r"\x1b\[[0-9;]*m", "", "\n".join(r[1].error["traceback"]))
+    assert r[1].error["ename"] == "KeyboardInterrupt" and "in _exchange" in plain, plain  # reached in the wait
+    assert re.search(r"engine/control\.py:\d+, in wait", plain), plain
+    assert cluster.dead_ranks() == []
+    assert_usable(cluster)
+
+
 def test_fault3_ctrl_c_reaches_ranks_blocked_in_collectives(cluster, tmp_path):
     here = tmp_path / "in-collective"
 
