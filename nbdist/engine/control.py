@@ -10,6 +10,8 @@ from __future__ import annotations
 import os
 import socket
 import threading
+from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
 from .state import STATE
@@ -27,10 +29,87 @@ def control_group(purpose: str) -> Any:
     watcher shuts down to release a blocked rank (``abort_world``)."""
     import torch.distributed as dist
 
+    return _kept(purpose, lambda: dist.new_group(backend="gloo"))
+
+
+@dataclass(frozen=True, slots=True)
+class Pair:
+    """One side of an exchange between two ranks: its group, and the other rank's number in that group."""
+
+    group: Any
+    other: int
+
+
+def pair_groups(purpose: str, to: int, source: int) -> tuple[Pair, Pair]:
+    """Two-rank gloo groups for one of nbdist's own uses in which a rank talks to two others only (``"peer"``: its
+    part to its buddy, its source's part to it): (this rank with ``to``, ``source`` with this rank), one group when
+    the two are the same rank. A group of every rank (``control_group``) connects each rank to all the others: at 64
+    ranks on 2 cores, 0.37-0.56 s of a rebuilt world's first step; a pair connects two.
+
+    Made on first use, once per world, by every rank at the same point (its buddy and its source are each making
+    theirs). Made directly on the store of the world nbdist formed, under keys of that forming, rather than with
+    ``new_group(ranks, use_local_synchronization=True)``: torch names such a group by the ranks and by how many groups
+    the process has, which a fresh rank and a living one do not share. Both pairs are made at once, on a thread
+    each: one after the other, the pairs around a ring wait on each other for ever (each rank's first is its
+    neighbour's second). A world nbdist did not form (no store of its own) gets one group of every rank instead, as
+    both pairs. Their connections join those the watcher shuts down (``abort_world``)."""
+    return _kept(purpose, lambda: _pairs(purpose, to, source))
+
+
+def _pairs(purpose: str, to: int, source: int) -> tuple[Pair, Pair]:
+    import datetime
+
+    import torch.distributed as dist
+
+    rank = dist.get_rank()
+    if STATE.store is None or STATE.forming is None:
+        group = dist.new_group(backend="gloo")
+        return Pair(group, to), Pair(group, source)
+    prefix, timeout = STATE.forming
+    made: dict[int, Any] = {}
+    failed: list[BaseException] = []
+
+    def make(other: int) -> None:
+        low, high = sorted((rank, other))
+        store = dist.PrefixStore(f"{prefix}{purpose}/{low}-{high}/", STATE.store)
+        try:
+            made[other] = dist.ProcessGroupGloo(store, int(rank == high), 2, datetime.timedelta(seconds=timeout))
+        except BaseException as exc:  # noqa: BLE001 - raised below, on the asking thread
+            failed.append(exc)
+
+    threads = [threading.Thread(target=make, args=(other,), name="nbdist-pair", daemon=True) for other in {to, source}]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    if failed:
+        raise failed[0]
+    return Pair(made[to], int(to > rank)), Pair(made[source], int(source > rank))
+
+
+def pair_max(pairs: tuple[Pair, Pair], value: int) -> tuple[int, int]:
+    """For each of ``pairs``, the larger of ``value`` and the other rank's: both asked at once, since each other rank
+    may be asking its own other pair first (one answer, twice, where the two pairs are one group)."""
+    import torch
+    import torch.distributed as dist
+
+    opts = dist.AllreduceOptions()
+    opts.reduceOp = dist.ReduceOp(dist.ReduceOp.MAX)
+    asked = {id(pair.group): (pair.group, torch.tensor([value], dtype=torch.int64)) for pair in pairs}
+    for work in [group.allreduce([tensor], opts) for group, tensor in asked.values()]:
+        work.wait()
+    first, second = (int(asked[id(pair.group)][1].item()) for pair in pairs)
+    return first, second
+
+
+def _kept(purpose: str, make: Callable[[], Any]) -> Any:
+    """This world's groups for ``purpose``, made (``make``) on first use; their connections recorded for the watcher."""
+    import torch.distributed as dist
+
     groups = STATE.control if STATE.control_of is dist.group.WORLD else {}
     if purpose not in groups:
         before = tcp_connections()
-        groups[purpose] = dist.new_group(backend="gloo")
+        groups[purpose] = make()
         STATE.update(control=groups, control_of=dist.group.WORLD)
         STATE.pg_fds = {**STATE.pg_fds, **added(before, tcp_connections())}
     return groups[purpose]

@@ -111,7 +111,7 @@ def join_world(
         timeout=datetime.timedelta(seconds=pg_timeout),
         **kwargs,
     )
-    STATE.update(backend=backend, aborted=False)
+    STATE.update(backend=backend, aborted=False, forming=(prefix, pg_timeout))
     probe = torch.tensor([float(rank + 1)], device=device)
     dist.all_reduce(probe)
     STATE.pg_fds = control.added(before, control.tcp_connections())
@@ -152,7 +152,7 @@ def leave_world() -> None:
             hosted.destroy_world()
     except Exception:  # a broken group may refuse a clean destroy; drop it anyway
         pass
-    STATE.update(pg_fds={}, backend=None, control={}, control_of=None)
+    STATE.update(pg_fds={}, backend=None, control={}, control_of=None, forming=None)
     preempt.reset()
 
 

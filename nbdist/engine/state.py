@@ -19,6 +19,7 @@ class RankSide:
     pg_fds: dict[int, Any] = field(default_factory=dict)  # the groups' TCP sockets: fd -> its two ends (shut by the watcher)
     control: dict[str, Any] = field(default_factory=dict)  # control.control_group(purpose): nbdist's own gloo groups
     control_of: Any = None  # the default group they belong to (a rebuilt world makes new ones)
+    forming: tuple[str, float] | None = None  # the world nbdist formed: its keys' prefix in the store, its groups' timeout
     aborted: bool = False
     broke: tuple[int, int, float] | None = None  # the watcher's last break: connections shut, of how many, when
     broke_cpu: float | None = None  # the main thread's CPU seconds right after that break (cells/release.py, stuck)

@@ -11,8 +11,8 @@ What a checkpoint would hold comes in two parts, kept as training goes:
   takes its own at the step boundaries of any loop over a ``shard`` loader (``boundary``: before a batch
   is read, where an optimizer stepped since the last one, and as each pass begins). A dead rank's must have left
   its process in time: at every ``optimizer.step()`` each rank sends it, without waiting, to its *buddy*
-  (``buddy``: a rank of another host where there is one) over nbdist's own gloo group
-  (``control.control_group("peer")``, never a GPU), which keeps the last one received. It is taken just
+  (``buddy``: a rank of another host where there is one) over a gloo group of the two ranks alone
+  (``control.pair_groups("peer")``, never a GPU), which keeps the last one received. It is taken just
   before the step, when the batch is read and the backward done: what the next step begins with, as long
   as nothing draws random numbers between ``optimizer.step()`` and the next batch.
 
@@ -91,7 +91,7 @@ class Kept:
     saved_state: dict[str, str] = field(default_factory=dict)  # the last save_checkpoint's state= names: key -> name
     saved_extra: str | None = None  # and its extra= dict's name
     exchange: tuple[Any, int, Any, int] | None = None  # in flight: (receive, from, the send not waited for, generation)
-    group: Any = None  # the gloo group of the last exchange
+    group: Any = None  # the pair groups of the last exchange (control.pair_groups)
     capacity_of: Any = None  # the group the buffers below were agreed in
     out: torch.Tensor | None = None
     into: torch.Tensor | None = None
@@ -248,28 +248,29 @@ def _after_step(optimizer: Any, args: Any, kwargs: Any) -> None:
 def _send(index: int, exact: bool, data: bytes, wait: bool) -> threading.Event:
     """Hand an exchange to this rank's sender thread: gloo's point-to-point calls take about 1.5 ms each on
     the 2-core CI machine beside a training step (benchmarks/recovery.py), and the boundary's need not be
-    waited for. The group is taken here, on the training thread: a new one is a collective of every rank."""
+    waited for. The groups are taken here, on the training thread: new ones are made by every rank at once."""
     sender = KEPT.sender
     if sender is None or not sender.is_alive():
         sender = threading.Thread(target=_sender, args=(KEPT.queue,), name="nbdist-peer", daemon=True)
         KEPT.sender = sender
         sender.start()
-    group = control.control_group("peer")
-    if group is not KEPT.group:  # a world rebuilt since the last exchange (a release, a restart)
-        KEPT.group, KEPT.generation, KEPT.exchange = group, KEPT.generation + 1, None
+    rank, size = dist.get_rank(), dist.get_world_size()
+    pairs = control.pair_groups("peer", buddy(rank, size), source_of(rank, size))
+    if pairs is not KEPT.group:  # a world rebuilt since the last exchange (a release, a restart)
+        KEPT.group, KEPT.generation, KEPT.exchange = pairs, KEPT.generation + 1, None
     done = threading.Event()
-    KEPT.queue.put((KEPT.generation, group, index, exact, data, wait, done))
+    KEPT.queue.put((KEPT.generation, pairs, index, exact, data, wait, done))
     KEPT.last_sent = done
     return done
 
 
 def _sender(items: queue.Queue) -> None:
     while True:
-        generation, group, index, exact, data, wait, done = items.get()
+        generation, pairs, index, exact, data, wait, done = items.get()
         try:
             if generation != KEPT.generation:  # of a world or loop since replaced: dropped
                 raise RuntimeError("an exchange of a world since rebuilt")
-            _exchange(group, generation, index, exact, data, wait)
+            _exchange(pairs, generation, index, exact, data, wait)
         except Exception as exc:  # the world broke: what was in flight stays as it is for hold()
             KEPT.failed, KEPT.why = (
                 done,
@@ -301,30 +302,36 @@ def buddy(rank: int, size: int) -> int:
     return (rank + offset) % size
 
 
-def _exchange(group: Any, generation: int, index: int, exact: bool, data: bytes, wait: bool) -> None:
+def source_of(rank: int, size: int) -> int:
+    """The rank whose part ``rank`` keeps (``rank`` is its buddy)."""
+    return next(r for r in range(size) if buddy(r, size) == rank)
+
+
+def _exchange(
+    pairs: tuple[control.Pair, control.Pair], generation: int, index: int, exact: bool, data: bytes, wait: bool
+) -> None:
     """Finish the last exchange (keep the part it brought), then send this one to the buddy; ``wait`` until
     it has left. Every rank sends at the same points (each boundary, each step), so sends and receives pair.
-    One buffer each way per world, agreed in size at the first exchange: a header (length, index, exact)
-    and the part."""
+    One buffer each way per world, agreed in size at the first exchange by the two ranks of each pair (``pairs``:
+    this rank and its buddy, its source and this rank): a header (length, index, exact) and the part."""
     rank, size = dist.get_rank(), dist.get_world_size()
+    to, came = pairs
     finish(wait=True)
     if generation != KEPT.generation:
         raise RuntimeError("an exchange of a world since rebuilt")
-    if KEPT.capacity_of is not group:  # first exchange in this world: agree on a size
-        need = torch.tensor([len(data) + HEADER], dtype=torch.int64)
-        dist.all_reduce(need, op=dist.ReduceOp.MAX, group=group)
-        room = int(need.item()) * 2 + SLACK
-        KEPT.capacity_of = group
-        KEPT.out, KEPT.into = torch.zeros(room, dtype=torch.uint8), torch.zeros(room, dtype=torch.uint8)
+    if KEPT.capacity_of is not pairs:  # first exchange in this world: agree on sizes
+        out_room, in_room = (most * 2 + SLACK for most in control.pair_max(pairs, len(data) + HEADER))
+        KEPT.capacity_of = pairs
+        KEPT.out, KEPT.into = torch.zeros(out_room, dtype=torch.uint8), torch.zeros(in_room, dtype=torch.uint8)
     out, into = KEPT.out, KEPT.into
     assert out is not None and into is not None
     fits = len(data) + HEADER <= out.numel()  # else the buddy learns that it holds nothing for this point
     out[:HEADER].view(torch.int64).copy_(torch.tensor([len(data) if fits else -1, index, int(exact)]))
     if fits:
         out.numpy()[HEADER : HEADER + len(data)] = np.frombuffer(data, dtype=np.uint8)
-    source = next(r for r in range(size) if buddy(r, size) == rank)
-    sent = group.send([out], buddy(rank, size), 0)  # the group's own ranks: every rank is in it
-    got = group.recv([into], source, 0)
+    sent = to.group.send([out], to.other, 0)  # the group's own numbers for the ranks
+    got = came.group.recv([into], came.other, 0)
+    source = source_of(rank, size)
     if wait and sent is not None and not _waited(sent, generation):  # a gloo send is waited for once only
         raise RuntimeError("the world was rebuilt while this rank's part was leaving")
     KEPT.exchange = (got, source, None if wait else sent, generation)
