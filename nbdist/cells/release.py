@@ -20,10 +20,11 @@ The rules (docs/faults.md, rows 2, 3 and 10):
 * Ctrl-C releases at once (``INTERRUPT``);
 * while a rank is in its debugger (``paused``: a person at a pdb prompt, cells/pdbrelay.py) nothing
   is released, and the time spent there does not count toward the grace, timeout or watchdog;
-* a release ``escalate`` seconds old is looked at (``CHECK``): the ranks still running that are stuck (still in a
-  collective after their watcher shut the group's connections, or silent to two looks in a row) are killed, and
-  those that answer from elsewhere (unwinding, formatting their traceback on a loaded machine, sending their
-  reply) are left to finish and looked at again ``escalate`` seconds later; ``last_resort`` seconds after the
+* a release ``first_look`` seconds old is looked at (``CHECK``), and again every ``escalate`` seconds: the ranks
+  still running that are stuck (``stuck``: waiting where their watcher's break should have woken them, their main
+  thread idle since; still in a collective at a later look; at the very same place with no CPU used between two
+  looks; silent to two looks in a row) are killed, and those that answer from elsewhere (unwinding, formatting
+  their traceback on a loaded machine, sending their reply) are left to finish; ``last_resort`` seconds after the
   release, whatever still runs is killed, once. A rank that is only slow to answer is never ended for it.
 """
 
@@ -35,7 +36,8 @@ from enum import Enum
 
 from ..results import Release
 
-ESCALATE_S = 3.0  # after a release, seconds between looks at the ranks that did not stop (the stuck are killed)
+FIRST_LOOK_S = 1.0  # after a release, seconds before the first look at the ranks that did not stop
+ESCALATE_S = 3.0  # then, seconds between looks (the stuck are killed)
 LAST_RESORT_S = 30.0  # after a release, seconds before every rank still running is killed, stuck or not
 
 
@@ -57,6 +59,7 @@ class ReleasePolicy:
         watchdog: float | None,
         timeout: float | None,
         escalate: float = ESCALATE_S,
+        first_look: float = FIRST_LOOK_S,
         last_resort: float = LAST_RESORT_S,
         clock: Callable[[], float] = time.perf_counter,
         started: float | None = None,
@@ -66,6 +69,7 @@ class ReleasePolicy:
         self.death_grace = death_grace
         self.watchdog = watchdog
         self.escalate = escalate
+        self.first_look = first_look
         self.last_resort = last_resort
         self.checked_at: float | None = None  # the last look at the ranks that did not stop after the release
         self.clock = clock
@@ -140,7 +144,8 @@ class ReleasePolicy:
         if now - self.released_at > self.last_resort:
             self.killed = True
             return Action.KILL
-        if now - (self.checked_at or self.released_at) > self.escalate:
+        between = self.first_look if self.checked_at is None else self.escalate
+        if now - (self.checked_at or self.released_at) > between:
             self.checked_at = now
             return Action.CHECK
         return Action.WAIT
@@ -169,12 +174,12 @@ class ReleasePolicy:
 def stuck(running: list[int], now: dict[int, dict], before: dict[int, dict | None]) -> list[int]:
     """Of the ranks still running after a release, those to end (``CHECK``), from this look's reports (``now``:
     rank -> its report, a silent rank missing) and the last look's (``before``: rank -> report, None when it was
-    silent; empty at the first look). Stuck: still in a collective (its watcher shut the group's connections and it
-    did not come out), idle at the very same place as at the last look (its main thread used no CPU in between), or
-    silent at both looks; or, at any look, waiting in backward (DDP's all-reduce) with its main thread idle since its
-    watcher shut the group's connections. A rank whose cell is over, that reports from somewhere new, or that works
-    (unwinding, formatting its traceback on a loaded machine, sending its reply) is stopping: it is left to
-    finish."""
+    silent; empty at the first look). Stuck, at any look: waiting in a collective, or in backward (DDP's all-reduce),
+    with its main thread idle since its watcher shut the group's connections (``_idle_since_break``). At a later
+    look: still in a collective whatever its CPU, idle at the very same place as at the last look (its main thread
+    used no CPU in between), or silent at both looks. A rank whose cell is over, that reports from somewhere new, or
+    that works (unwinding, formatting its traceback on a loaded machine, sending its reply) is stopping: it is left
+    to finish."""
     out = []
     for r in running:
         mine = now.get(r)
@@ -185,25 +190,35 @@ def stuck(running: list[int], now: dict[int, dict], before: dict[int, dict | Non
         if not mine.get("busy", True):
             continue
         last = before.get(r)
-        if mine.get("in_collective") or (last is not None and _place(last) == _place(mine) and not _worked(last, mine)):
+        waiting = bool(mine.get("in_collective")) or _in_backward(mine)
+        if waiting and _idle_since_break(mine):
             out.append(r)
-        elif _backward_idle_since_break(mine):
+        elif r in before and (mine.get("in_collective") or (last is not None and _same_and_idle(last, mine))):
             out.append(r)
     return out
 
 
-def _backward_idle_since_break(report: dict) -> bool:
-    """In backward, its main thread idle since the watcher shut the group's connections: DDP's all-reduce waits in
-    C++ (no torch.distributed frame, so not ``in_collective``) on a send gloo never tells of. When a peer's watcher
-    shut their connection while this rank was still sending to it, gloo queues the failed write and tells every
-    other waiting operation of the broken pair, not that one: it waits for the group's timeout (30 minutes by
-    default). Seen at 64 ranks on 2 cores in about a third of the recoveries (benchmarks/recovery_scale.py), each
-    ended only at the second look, 6 s after the release. A rank still computing its backward since the break used
-    its core, and is left to the two looks."""
+def _in_backward(report: dict) -> bool:
+    """Its innermost Python frame is autograd's call into C++: the backward computes, or waits there for DDP's
+    all-reduce (no torch.distributed frame, so not ``in_collective``). That wait can be on a send gloo never tells
+    of: when a peer's watcher shut their connection while this rank was still sending, gloo queues the failed write
+    and tells every other waiting operation of the broken pair, not that one, which waits for the group's timeout
+    (30 minutes by default). Seen at 64 ranks on 2 cores in a quarter to a third of the recoveries
+    (benchmarks/recovery_scale.py). A Python frame of its own backward (a custom Function) is its own code."""
     stack = report.get("stack") or [""]
+    return "torch/autograd/" in stack[-1].replace("\\", "/")
+
+
+def _idle_since_break(report: dict) -> bool:
+    """Its main thread used no CPU since its watcher shut the group's connections, which wakes any wait on them with
+    an error: one woken unwinds, and uses its core. The first look comes ``FIRST_LOOK_S`` after the release, the
+    break ``abort_after`` (0.3 s) after it: a wait seen idle since, 0.7 s on, was not woken."""
     at_break = report.get("broke_cpu_s")
-    in_engine = "torch/autograd/" in stack[-1].replace("\\", "/")  # the innermost Python frame: into autograd's C++
-    return in_engine and at_break is not None and not _worked({"cpu_s": at_break}, report)
+    return at_break is not None and not _worked({"cpu_s": at_break}, report)
+
+
+def _same_and_idle(last: dict, mine: dict) -> bool:
+    return _place(last) == _place(mine) and not _worked(last, mine)
 
 
 WORKING_CPU_S = 0.02  # CPU a rank's main thread uses between two looks when it works (a waiting one: none)

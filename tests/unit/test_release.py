@@ -6,7 +6,7 @@ import types
 
 import pytest
 
-from nbdist.cells.release import LAST_RESORT_S, Action, ReleasePolicy, stuck
+from nbdist.cells.release import FIRST_LOOK_S, LAST_RESORT_S, Action, ReleasePolicy, stuck
 from nbdist.results import Release
 
 
@@ -151,14 +151,18 @@ def test_ranks_that_do_not_stop_are_looked_at_every_escalation_and_killed_once_a
     p.observe(failed=True, finished=True)
     clock.advance(0.6)
     assert p.observe(failed=True, finished=True) is Action.RELEASE
-    clock.advance(2.9)
+    clock.advance(FIRST_LOOK_S - 0.1)
     assert p.observe(failed=True, finished=True) is Action.WAIT
     clock.advance(0.2)
     assert p.observe(failed=True, finished=True) is Action.CHECK  # the stuck are ended, the slow left be
     assert p.observe(failed=True, finished=True) is Action.WAIT
+    clock.advance(2.9)
+    assert p.observe(failed=True, finished=True) is Action.WAIT  # the next look an escalation after the first
+    clock.advance(0.2)
+    assert p.observe(failed=True, finished=True) is Action.CHECK
     clock.advance(3.1)
-    assert p.observe(failed=True, finished=True) is Action.CHECK  # and looked at again an escalation later
-    clock.advance(LAST_RESORT_S - 6.0)
+    assert p.observe(failed=True, finished=True) is Action.CHECK  # and so on
+    clock.advance(LAST_RESORT_S - 7.0)  # the release 30.3 s old
     assert p.observe(failed=True, finished=True) is Action.KILL  # whatever still runs, stuck or not
     clock.advance(10.0)
     assert p.observe(failed=True, finished=True) is Action.WAIT  # killed once, not again
@@ -171,8 +175,11 @@ def _at(line, stack=("torch/autograd/graph.py:989 in _engine_run_backward",), co
 
 def test_after_a_release_only_the_stuck_ranks_are_ended_never_one_that_is_slow_to_stop():
     running = [0, 1, 2, 3, 4, 5]
+    broke = {"broke": (40, 189, 1000.0), "broke_cpu_s": 1.0}
     first = {
-        0: _at(5, collective=True),  # still in a collective after its watcher shut the connections: stuck
+        0: {**_at(5, collective=True), **broke},  # still in a collective, idle since its watcher shut the connections
+        7: _at(5, collective=True, cpu=0.5),  # in a collective, its group not broken (no CPU at a break): a later look
+        8: {**_at(5, collective=True, cpu=1.5), **broke},  # in a collective, but working since the break: likewise
         1: _at(5),  # in backward, waiting: looked at again
         2: _at(None, stack=("IPython/core/ultratb.py:1200 in format",)),  # formatting its traceback: stopping
         3: _at(None, busy=False),  # its cell is over, its reply on the way
@@ -180,9 +187,10 @@ def test_after_a_release_only_the_stuck_ranks_are_ended_never_one_that_is_slow_t
         5: _at(7, stack=("<cell>:7 in <module>",)),  # a loop of its own at one line
         6: _at(None, stack=("IPython/core/ultratb.py:1200 in format",)),
     }
-    running = [*running, 6]
+    running = [*running, 6, 7, 8]
     assert stuck(running, first, {}) == [0]
     before = {r: first.get(r) for r in running}
+    assert stuck([7, 8], first, before) == [7, 8]  # still in the collective at the next look: stuck
     second = {
         1: _at(5),  # the very same place and no CPU used since: waiting, stuck
         2: _at(None, stack=("IPython/core/ultratb.py:1350 in structured_traceback",)),  # moved on: stopping
