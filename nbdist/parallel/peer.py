@@ -297,14 +297,17 @@ def own_part(with_extra: bool) -> bytes:
 def buddy(rank: int, size: int) -> int:
     """The rank that keeps ``rank``'s part: one of another host where ranks are placed host by host
     (LOCAL_WORLD_SIZE apart), so a lost host does not take its ranks' parts along; else the next rank."""
-    local = int(os.environ.get("LOCAL_WORLD_SIZE", "1") or 1)
-    offset = local if 0 < local < size else 1
-    return (rank + offset) % size
+    return (rank + _offset(size)) % size
 
 
 def source_of(rank: int, size: int) -> int:
     """The rank whose part ``rank`` keeps (``rank`` is its buddy)."""
-    return next(r for r in range(size) if buddy(r, size) == rank)
+    return (rank - _offset(size)) % size
+
+
+def _offset(size: int) -> int:
+    local = int(os.environ.get("LOCAL_WORLD_SIZE", "1") or 1)
+    return local if 0 < local < size else 1
 
 
 def _exchange(

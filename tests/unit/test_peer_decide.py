@@ -75,3 +75,16 @@ def test_mypy_finds_a_misspelt_field_of_the_message():
     code = "from nbdist.wire import Holding\nsaid = Holding(0)\nprint(said.dnoe, said.done + 1)\n"
     out, _, status = api.run(["--config-file=", "--no-incremental", "--follow-imports=silent", "-c", code])
     assert status == 1 and 'has no attribute "dnoe"' in out and out.count("error:") == 1, out
+
+
+def test_a_rank_keeps_the_part_of_the_rank_whose_buddy_it_is(monkeypatch):
+    """``source_of`` (whose part a rank keeps) is ``buddy``'s inverse, whatever the ranks a host holds: the two pairs
+    a rank makes for the exchange (engine/control.pair_groups) must be its buddy's and its source's."""
+    from nbdist.parallel.peer import buddy, source_of
+
+    for local in ("1", "2", "3", "4", ""):
+        monkeypatch.setenv("LOCAL_WORLD_SIZE", local)
+        for size in range(2, 40):
+            keepers = [buddy(r, size) for r in range(size)]
+            assert sorted(keepers) == list(range(size)), (local, size)  # every part has one keeper
+            assert [source_of(keeper, size) for keeper in keepers] == list(range(size)), (local, size)
