@@ -1,32 +1,32 @@
 """nbdist's own process groups on a rank: gloo groups beside the training's, one per purpose.
 
 ``world`` records the connections of the groups it forms so the watcher can shut them down
-(``group.abort_world``); the groups made here join that list. Nothing here imports the rest of
-the engine but its state, so ``preempt`` and ``parallel.checkpoint`` can use it from below.
+(``group.abort_world``); the groups made here join that list (``connections``). Nothing here imports the
+rest of the engine but its state, so ``preempt`` and ``parallel.checkpoint`` can use it from below.
 """
 
 from __future__ import annotations
 
-import os
-import socket
 import threading
+import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
+from .connections import added, tcp_connections
 from .state import STATE
 
 
 def control_group(purpose: str) -> Any:
-    """A gloo group of every rank for one of nbdist's own uses (``"preempt"``: the preemption flags;
-    ``"checkpoint"``: checkpoint writes in the background): its collectives never pair with the
-    training's, run beside them, and never touch a GPU.
+    """A gloo group of every rank for one of nbdist's own uses (``"checkpoint"``: checkpoint writes in the
+    background; ``"preempt"``, the preemption flags, in a world nbdist did not form: ``start_flight``): its
+    collectives never pair with the training's, run beside them, and never touch a GPU.
 
     One group per purpose, because each is used from one thread: collectives on one group must come
     in the same order on every rank, which two threads sharing a group cannot promise. Made on first
     use, once per world; like any ``new_group``, every rank must ask at the same point of its program
-    (the first preemption point, the first asynchronous save). Its connections join those the
-    watcher shuts down to release a blocked rank (``abort_world``)."""
+    (the first asynchronous save). Its connections join those the watcher shuts down to release a
+    blocked rank (``abort_world``)."""
     import torch.distributed as dist
 
     return _kept(purpose, lambda: dist.new_group(backend="gloo"))
@@ -68,10 +68,11 @@ def _pairs(purpose: str, to: int, source: int) -> tuple[Pair, Pair]:
     prefix, timeout = STATE.forming
     made: dict[int, Any] = {}
     failed: list[BaseException] = []
+    shared = polled(dist.group.WORLD, timeout)
 
     def make(other: int) -> None:
         low, high = sorted((rank, other))
-        store = dist.PrefixStore(f"{prefix}{purpose}/{low}-{high}/", STATE.store)
+        store = dist.PrefixStore(f"{prefix}{purpose}/{low}-{high}/", shared)
         try:
             made[other] = dist.ProcessGroupGloo(store, int(rank == high), 2, datetime.timedelta(seconds=timeout))
         except BaseException as exc:  # noqa: BLE001 - raised below, on the asking thread
@@ -91,28 +92,194 @@ def pair_max(pairs: tuple[Pair, Pair], value: int) -> tuple[int, int]:
     """For each of ``pairs``, the larger of ``value`` and the other rank's: both asked at once, since each other rank
     may be asking its own other pair first (one answer, twice, where the two pairs are one group)."""
     import torch
-    import torch.distributed as dist
 
-    opts = dist.AllreduceOptions()
-    opts.reduceOp = dist.ReduceOp(dist.ReduceOp.MAX)
     asked = {id(pair.group): (pair.group, torch.tensor([value], dtype=torch.int64)) for pair in pairs}
-    for work in [group.allreduce([tensor], opts) for group, tensor in asked.values()]:
+    for work in [start_max(group, tensor) for group, tensor in asked.values()]:
         work.wait()
     first, second = (int(asked[id(pair.group)][1].item()) for pair in pairs)
     return first, second
 
 
-def _kept(purpose: str, make: Callable[[], Any]) -> Any:
-    """This world's groups for ``purpose``, made (``make``) on first use; their connections recorded for the watcher."""
+def start_max(group: Any, tensor: Any) -> Any:
+    """Start an all-reduce (MAX) of ``tensor`` in place on ``group``, without waiting: its work. Called on the group
+    itself, which works for a group torch registered (``new_group``) and for one made directly (``pair_groups``,
+    ``start_flight``), which ``dist.all_reduce`` refuses."""
     import torch.distributed as dist
 
-    groups = STATE.control if STATE.control_of is dist.group.WORLD else {}
-    if purpose not in groups:
-        before = tcp_connections()
-        groups[purpose] = make()
-        STATE.update(control=groups, control_of=dist.group.WORLD)
-        STATE.pg_fds = {**STATE.pg_fds, **added(before, tcp_connections())}
-    return groups[purpose]
+    opts = dist.AllreduceOptions()
+    opts.reduceOp = dist.ReduceOp(dist.ReduceOp.MAX)
+    return group.allreduce([tensor], opts)
+
+
+@dataclass(slots=True)
+class Flight:
+    """An all-reduce (MAX) on one of nbdist's own groups of every rank, started and not read yet (``start_flight``;
+    read with ``result``)."""
+
+    tensor: Any
+    world: Any  # dist.group.WORLD when it started: a flight of a world left since is dropped, never waited for
+    work: Any = None
+    ready: threading.Event | None = None  # where its group is made for it on a thread: set once made and started
+    failed: list[BaseException] = field(default_factory=list)
+
+
+def start_flight(purpose: str, tensor: Any) -> Flight:
+    """Start an all-reduce (MAX) of ``tensor`` on this world's group of every rank for ``purpose`` (``"preempt"``),
+    as ``control_group`` makes it, and go on: the caller reads it later (``result``), at the same point on every
+    rank, as it started it.
+
+    In a world nbdist formed, a group not made yet is made on a thread, directly on the world's store under this
+    forming's keys (as ``pair_groups``), and the all-reduce started there once it is made; the caller goes on at once.
+    Made in the caller's way, every rank made it before its first step could begin: at 64 ranks on 2 cores 0.3-0.4 s
+    of a rebuilt world's first step, which its ranks now spend on the step while the group forms. A flight started
+    while another flight's group is still being made starts after it, on every rank in the same order, as
+    collectives must. Elsewhere (a world nbdist did not form) the group is made here (``control_group``)."""
+    import torch.distributed as dist
+
+    world = dist.group.WORLD
+    with _LOCK:
+        group = STATE.control.get(purpose) if STATE.control_of is world else None
+        making = _MAKING.get(purpose)
+    if group is None and STATE.store is not None and STATE.forming is not None:
+        flight = Flight(tensor, world, ready=threading.Event())
+        before = making[1] if making is not None and making[0] is world else None
+        thread = threading.Thread(
+            target=_make_and_start, args=(purpose, flight, STATE.forming, before), name="nbdist-group", daemon=True
+        )
+        _MAKING[purpose] = (world, thread)
+        thread.start()
+        return flight
+    return Flight(tensor, world, start_max(group if group is not None else control_group(purpose), tensor))
+
+
+def result(flight: Flight) -> list[int]:
+    """A flight's values, once every rank's are in, waited for as ``wait`` waits (a signal still reaches the main
+    thread): first for the thread making its group, if any, then for the all-reduce. The collective's error, or the
+    group's (a rank that never came to make it: the world's timeout), is raised here."""
+    if flight.ready is not None:
+        flight.ready.wait()
+        if flight.failed:
+            raise flight.failed[0]
+    wait(flight.work)
+    return list(flight.tensor.tolist())
+
+
+def _make_and_start(purpose: str, flight: Flight, forming: tuple[str, float], before: threading.Thread | None) -> None:
+    """On a thread of its own: make this world's group for ``purpose`` (after ``before``, another flight's making,
+    ends), then start the flight's all-reduce on it."""
+    import datetime
+
+    import torch.distributed as dist
+
+    try:
+        if before is not None:
+            before.join()
+        prefix, timeout = forming
+
+        def make() -> Any:
+            store = dist.PrefixStore(f"{prefix}{purpose}/", polled(flight.world, timeout))
+            rank, size = dist.get_rank(), dist.get_world_size()
+            return dist.ProcessGroupGloo(store, rank, size, datetime.timedelta(seconds=timeout))
+
+        flight.work = start_max(_kept(purpose, make, flight.world), flight.tensor)
+    except BaseException as exc:  # noqa: BLE001 - raised where the flight is read
+        flight.failed.append(exc)
+    finally:
+        flight.ready.set()  # type: ignore[union-attr]
+
+
+def _kept(purpose: str, make: Callable[[], Any], world: Any = None) -> Any:
+    """This world's groups for ``purpose``, made (``make``) on first use; their connections recorded for the watcher.
+    ``world``: the world the group is for (made on another thread: not recorded if that world was left meanwhile)."""
+    import torch.distributed as dist
+
+    world = dist.group.WORLD if world is None else world
+    with _LOCK:
+        if STATE.control_of is world and purpose in STATE.control:
+            return STATE.control[purpose]
+    before = tcp_connections()
+    group = make()
+    made = added(before, tcp_connections())
+    with _LOCK:
+        if world is dist.group.WORLD:
+            groups = STATE.control if STATE.control_of is world else {}
+            STATE.update(control={**groups, purpose: group}, control_of=world)
+            STATE.pg_fds = {**STATE.pg_fds, **made}
+    return group
+
+
+POLL_S = 0.02  # the longest a polled store waits between two looks for a key
+
+
+def polled(world: Any, timeout: float) -> Any:
+    """The world's store (``STATE.store``) for making a group on a thread: its waits look for the keys (``check``)
+    again and again instead of waiting for them, and give up once ``world`` is left or broken. A torch store client
+    serves one request at a time, and a wait holds it until its keys come or its timeout passes: a thread waiting
+    there for a rank that died would hold every other use of the store on this rank (the next forming's included)
+    for the group's timeout, 30 minutes by default. Looked at, it is held one round trip at a time.
+
+    One per world and store, kept while they are this rank's: torch calls a store written in Python for as long as
+    the Python object lives, and a group keeps only torch's side of it."""
+    inner = STATE.store
+    with _LOCK:
+        if not (_POLLED and _POLLED[0] is world and _POLLED[1] is inner):
+            _POLLED[:] = [world, inner, _polled_type()(inner, world, timeout)]
+        return _POLLED[2]
+
+
+def _polled_type() -> type:
+    """The class of ``polled``'s stores, made once torch is imported (a class made per call would be freed only by
+    the garbage collector, with the connection it holds)."""
+    if _POLLED_TYPE:
+        return _POLLED_TYPE[0]
+    import datetime
+
+    import torch.distributed as dist
+
+    class Polled(dist.Store):  # type: ignore[misc]
+        def __init__(self, inner: Any, world: Any, timeout: float) -> None:
+            super().__init__()
+            self.inner, self.world, self.patience = inner, world, timeout
+
+        def set(self, key: str, value: Any) -> None:
+            self.inner.set(key, value)
+
+        def get(self, key: str) -> Any:
+            self.wait([key])
+            return self.inner.get(key)
+
+        def add(self, key: str, value: int) -> int:
+            return int(self.inner.add(key, value))
+
+        def check(self, keys: list[str]) -> bool:
+            return bool(self.inner.check(keys))
+
+        def wait(self, keys: list[str], wait_s: datetime.timedelta | None = None) -> None:
+            end = time.monotonic() + (self.patience if wait_s is None else wait_s.total_seconds())
+            pause = 0.001
+            while not self.inner.check(keys):
+                if self.world is not dist.group.WORLD or STATE.aborted:
+                    raise RuntimeError("nbdist: the world was left or broken while one of its groups was being made")
+                if time.monotonic() > end:
+                    raise TimeoutError(f"nbdist: store keys {keys} did not come within {self.patience:.0f} s")
+                time.sleep(pause)
+                pause = min(POLL_S, pause * 2)
+
+    _POLLED_TYPE.append(Polled)
+    return Polled
+
+
+def forget() -> None:
+    """This rank left its world (``group.leave_world``): the world's polled store and its makers' record go with it."""
+    with _LOCK:
+        _POLLED.clear()
+        _MAKING.clear()
+
+
+_LOCK = threading.Lock()  # STATE's groups and their connections: written by the main thread and a group's maker
+_POLLED: list[Any] = []  # [world, store, the polled store over it] (``polled``)
+_POLLED_TYPE: list[type] = []
+_MAKING: dict[str, tuple[Any, threading.Thread]] = {}  # purpose -> (its world, the last thread made to make its group)
 
 
 def wait(work: Any) -> None:
@@ -148,94 +315,3 @@ def aside(work: Any) -> tuple[threading.Event, list[BaseException]]:
 
     threading.Thread(target=run, name="nbdist-wait", daemon=True).start()
     return done, failed
-
-
-Ends = tuple[tuple[str, int], tuple[str, int]]  # a TCP connection's local and remote (address, port)
-
-
-def tcp_connections() -> dict[int, Ends]:
-    """This process's connected TCP sockets: file descriptor -> its two ends, asked of each socket among its own file
-    descriptors. (psutil reads the host's whole table, /proc/net/tcp, to find a process's own: 74 ms against 3 ms
-    for a rank's 130 sockets among 4,000 on the host, and at 64 ranks every rank reads it at once, three times in a
-    recovery.)"""
-    try:
-        fds = [int(name) for name in os.listdir("/proc/self/fd")]
-    except OSError:  # no /proc (not Linux)
-        return _from_psutil()
-    found = {}
-    for fd in fds:
-        try:
-            if not os.readlink(f"/proc/self/fd/{fd}").startswith("socket:"):
-                continue
-        except OSError:  # closed since
-            continue
-        ends = ends_of(fd)
-        if ends is not None:
-            found[fd] = ends
-    return found
-
-
-def ends_of(fd: int) -> Ends | None:
-    """The two ends of the connected TCP socket ``fd``; None when ``fd`` is no such socket (closed, another kind)."""
-    try:
-        sock = socket.socket(fileno=fd)
-    except OSError:
-        return None
-    try:
-        return _ends(sock)
-    finally:
-        sock.detach()  # the fd stays open: it is the group's
-
-
-def shut(fd: int, ends: Ends) -> bool:
-    """Shut both ways the TCP connection ``fd`` if it still has these ends (else the number was closed and given to
-    another socket since: not the group's any more); whether it was shut."""
-    try:
-        sock = socket.socket(fileno=fd)
-    except OSError:
-        return False
-    try:
-        if _ends(sock) != ends:
-            return False
-        sock.shutdown(socket.SHUT_RDWR)
-        return True
-    except OSError:
-        return False
-    finally:
-        sock.detach()
-
-
-def _ends(sock: socket.socket) -> Ends | None:
-    if sock.type != socket.SOCK_STREAM or sock.family not in (socket.AF_INET, socket.AF_INET6):
-        return None
-    try:
-        return tuple(sock.getsockname()[:2]), tuple(sock.getpeername()[:2])  # type: ignore[return-value]
-    except OSError:  # not connected
-        return None
-
-
-def _from_psutil() -> dict[int, Ends]:
-    import psutil
-
-    return {
-        c.fd: (tuple(c.laddr), tuple(c.raddr))  # type: ignore[misc]
-        for c in psutil.Process().net_connections("tcp")
-        if c.status == psutil.CONN_ESTABLISHED and c.fd >= 0 and c.raddr
-    }
-
-
-def added(before: dict[int, Ends], after: dict[int, Ends]) -> dict[int, Ends]:
-    """The connections a process group made: new since ``before``, and not to a peer this process was connected to
-    already. The engine's own sockets (ipyparallel's, through zmq's I/O thread) can connect again at any moment, to
-    the controller's ports they had before; one that did so while a group formed is not the group's, and shutting
-    it would lose the rank's reply to the cell (it happened: 'its cell over, no reply sent'). On the rank that serves
-    the rendezvous store, the ranks' connections to it come while the group forms; they are the store's, which
-    outlives the group (group.join_world), and shutting them would break every rank's next forming."""
-    known = {ends[1] for ends in before.values()}
-    served = STATE.store_at[1] if STATE.store_at is not None and STATE.store_at[2] else None
-    return {
-        fd: ends
-        for fd, ends in after.items()
-        # new: a number an earlier socket had (closed while the group formed) counts by its ends
-        if before.get(fd) != ends and ends[1] not in known and ends[0][1] != served  # nor the store's: outlives it
-    }

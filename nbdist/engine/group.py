@@ -17,7 +17,7 @@ from typing import Any
 
 from .. import compat
 from ..launch import net
-from . import collectives, control, gpu, hosted, launched, preempt
+from . import collectives, connections, control, gpu, hosted, launched, preempt
 from .state import STATE
 
 
@@ -96,7 +96,7 @@ def join_world(
         STATE.store_at = (master_addr, port, False)
     store = PrefixStore(prefix, STATE.store) if prefix else STATE.store
     arrive(store, rank, world_size, timeout)
-    before = control.tcp_connections()
+    before = connections.tcp_connections()
     kwargs: dict[str, Any] = {}
     device = torch.device("cpu")
     if backend == "nccl":
@@ -114,7 +114,7 @@ def join_world(
     STATE.update(backend=backend, aborted=False, forming=(prefix, pg_timeout))
     probe = torch.tensor([float(rank + 1)], device=device)
     dist.all_reduce(probe)
-    STATE.pg_fds = control.added(before, control.tcp_connections())
+    STATE.pg_fds = connections.added(before, connections.tcp_connections())
     return float(probe.item())
 
 
@@ -153,6 +153,7 @@ def leave_world() -> None:
     except Exception:  # a broken group may refuse a clean destroy; drop it anyway
         pass
     STATE.update(pg_fds={}, backend=None, control={}, control_of=None, forming=None)
+    control.forget()
     preempt.reset()
 
 
@@ -205,6 +206,6 @@ def abort_world() -> str:
             return "nccl abort"
         except Exception as exc:  # pragma: no cover - GPU only
             return f"nccl abort failed: {exc}"
-    closed = sum(control.shut(fd, ends) for fd, ends in STATE.pg_fds.items())
+    closed = sum(connections.shut(fd, ends) for fd, ends in STATE.pg_fds.items())
     STATE.broke = (closed, len(STATE.pg_fds), time.time())  # said when the rank is ended for not stopping
     return f"closed {closed} gloo connections"

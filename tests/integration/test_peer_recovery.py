@@ -221,12 +221,12 @@ def test_a_part_slower_to_leave_than_a_look_still_leaves_and_the_exchange_group_
 
 
 PAIRS = """
-from nbdist.engine import control
+from nbdist.engine import connections, control
 from nbdist.parallel.peer import buddy, source_of
-_before = control.tcp_connections()
+_before = connections.tcp_connections()
 _r, _n = dist.get_rank(), dist.get_world_size()
 _to, _came = control.pair_groups("peer", buddy(_r, _n), source_of(_r, _n))
-_made = control.added(_before, control.tcp_connections())
+_made = connections.added(_before, connections.tcp_connections())
 _got = torch.zeros(1, dtype=torch.int64)
 _sent = _to.group.send([torch.tensor([_r])], _to.other, 0)
 _came.group.recv([_got], _came.other, 0).wait()

@@ -1,4 +1,4 @@
-"""The TCP connections a rank finds among its own file descriptors (engine/control.py): what the watcher shuts to
+"""The TCP connections a rank finds among its own file descriptors (engine/connections.py): what the watcher shuts to
 release a rank from a blocked collective, so they must be exactly the process's connected TCP sockets. psutil's
 reading of the host's table is the reference."""
 
@@ -9,7 +9,7 @@ import socket
 import psutil
 import pytest
 
-from nbdist.engine import control
+from nbdist.engine import connections
 
 
 def _psutil() -> dict:
@@ -50,20 +50,20 @@ def test_the_connections_are_those_psutil_finds_in_the_hosts_table(sockets):
     udp.connect(("127.0.0.1", 9))  # connected, but not TCP
     unconnected = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
     sockets += [udp, unconnected]
-    found = control.tcp_connections()
+    found = connections.tcp_connections()
     assert found == _psutil()
     assert {s.fileno() for s in sockets[1:11]} <= set(found)  # the ten IPv4 ends
     for other in (sockets[0], udp, unconnected):
-        assert other.fileno() not in found and control.ends_of(other.fileno()) is None
+        assert other.fileno() not in found and connections.ends_of(other.fileno()) is None
 
 
 def test_a_closed_descriptor_has_no_ends_and_stays_closed(sockets):
     _pairs(socket.AF_INET, "127.0.0.1", 1, sockets)
     client = sockets[1]
-    fd, ends = client.fileno(), control.tcp_connections()[client.fileno()]
-    assert control.ends_of(fd) == ends == (client.getsockname(), client.getpeername())
+    fd, ends = client.fileno(), connections.tcp_connections()[client.fileno()]
+    assert connections.ends_of(fd) == ends == (client.getsockname(), client.getpeername())
     client.close()
-    assert control.ends_of(fd) is None
+    assert connections.ends_of(fd) is None
 
 
 def _listener(made: list[socket.socket]) -> socket.socket:
@@ -81,11 +81,11 @@ def test_a_group_connection_on_a_file_number_an_earlier_socket_had_is_the_groups
     first, second = _listener(sockets), _listener(sockets)
     early = socket.create_connection(first.getsockname())
     sockets.append(first.accept()[0])
-    before = control.tcp_connections()
+    before = connections.tcp_connections()
     number = early.fileno()
     early.close()
     late = socket.create_connection(second.getsockname())  # the lowest free number: the one just freed
     sockets.extend([late, second.accept()[0]])
     assert late.fileno() == number  # what the test is about; the kernel gives the lowest free number
-    new = control.added(before, control.tcp_connections())
+    new = connections.added(before, connections.tcp_connections())
     assert new.get(number) == (late.getsockname(), late.getpeername()), new
