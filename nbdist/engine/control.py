@@ -240,12 +240,14 @@ def _polled_type() -> type:
         def __init__(self, inner: Any, world: Any, timeout: float) -> None:
             super().__init__()
             self.inner, self.world, self.patience = inner, world, timeout
+            self.came: set[str] = set()  # keys found (gloo waits for a key, then gets it: one look, not two)
 
         def set(self, key: str, value: Any) -> None:
             self.inner.set(key, value)
 
         def get(self, key: str) -> Any:
-            self.wait([key])
+            if key not in self.came:
+                self.wait([key])
             return self.inner.get(key)
 
         def add(self, key: str, value: int) -> int:
@@ -264,6 +266,7 @@ def _polled_type() -> type:
                     raise TimeoutError(f"nbdist: store keys {keys} did not come within {self.patience:.0f} s")
                 time.sleep(pause)
                 pause = min(POLL_S, pause * 2)
+            self.came.update(keys)  # only ever added to: a key is set once (a forming's prefix is its own)
 
     _POLLED_TYPE.append(Polled)
     return Polled
