@@ -10,7 +10,7 @@ from __future__ import annotations
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 from .connections import added, tcp_connections
@@ -18,15 +18,15 @@ from .state import STATE
 
 
 def control_group(purpose: str) -> Any:
-    """A gloo group of every rank for one of nbdist's own uses (``"checkpoint"``: checkpoint writes in the
-    background; ``"preempt"``, the preemption flags, in a world nbdist did not form: ``start_flight``): its
-    collectives never pair with the training's, run beside them, and never touch a GPU.
+    """A gloo group of every rank for one of nbdist's own uses (``"preempt"``: the preemption flags;
+    ``"checkpoint"``: checkpoint writes in the background): its collectives never pair with the
+    training's, run beside them, and never touch a GPU.
 
     One group per purpose, because each is used from one thread: collectives on one group must come
     in the same order on every rank, which two threads sharing a group cannot promise. Made on first
     use, once per world; like any ``new_group``, every rank must ask at the same point of its program
-    (the first asynchronous save). Its connections join those the watcher shuts down to release a
-    blocked rank (``abort_world``)."""
+    (the first preemption point, the first asynchronous save). Its connections join those the
+    watcher shuts down to release a blocked rank (``abort_world``)."""
     import torch.distributed as dist
 
     return _kept(purpose, lambda: dist.new_group(backend="gloo"))
@@ -102,8 +102,8 @@ def pair_max(pairs: tuple[Pair, Pair], value: int) -> tuple[int, int]:
 
 def start_max(group: Any, tensor: Any) -> Any:
     """Start an all-reduce (MAX) of ``tensor`` in place on ``group``, without waiting: its work. Called on the group
-    itself, which works for a group torch registered (``new_group``) and for one made directly (``pair_groups``,
-    ``start_flight``), which ``dist.all_reduce`` refuses."""
+    itself, which works for a group torch registered (``new_group``) and for one made directly (``pair_groups``),
+    which ``dist.all_reduce`` refuses."""
     import torch.distributed as dist
 
     opts = dist.AllreduceOptions()
@@ -111,89 +111,11 @@ def start_max(group: Any, tensor: Any) -> Any:
     return group.allreduce([tensor], opts)
 
 
-@dataclass(slots=True)
-class Flight:
-    """An all-reduce (MAX) on one of nbdist's own groups of every rank, started and not read yet (``start_flight``;
-    read with ``result``)."""
-
-    tensor: Any
-    world: Any  # dist.group.WORLD when it started: a flight of a world left since is dropped, never waited for
-    work: Any = None
-    ready: threading.Event | None = None  # where its group is made for it on a thread: set once made and started
-    failed: list[BaseException] = field(default_factory=list)
-
-
-def start_flight(purpose: str, tensor: Any) -> Flight:
-    """Start an all-reduce (MAX) of ``tensor`` on this world's group of every rank for ``purpose`` (``"preempt"``),
-    as ``control_group`` makes it, and go on: the caller reads it later (``result``), at the same point on every
-    rank, as it started it.
-
-    In a world nbdist formed, a group not made yet is made on a thread, directly on the world's store under this
-    forming's keys (as ``pair_groups``), and the all-reduce started there once it is made; the caller goes on at once.
-    Made in the caller's way, every rank made it before its first step could begin: at 64 ranks on 2 cores 0.3-0.4 s
-    of a rebuilt world's first step, which its ranks now spend on the step while the group forms. A flight started
-    while another flight's group is still being made starts after it, on every rank in the same order, as
-    collectives must. Elsewhere (a world nbdist did not form) the group is made here (``control_group``)."""
+def _kept(purpose: str, make: Callable[[], Any]) -> Any:
+    """This world's groups for ``purpose``, made (``make``) on first use; their connections recorded for the watcher."""
     import torch.distributed as dist
 
     world = dist.group.WORLD
-    with _LOCK:
-        group = STATE.control.get(purpose) if STATE.control_of is world else None
-        making = _MAKING.get(purpose)
-    if group is None and STATE.store is not None and STATE.forming is not None:
-        flight = Flight(tensor, world, ready=threading.Event())
-        before = making[1] if making is not None and making[0] is world else None
-        thread = threading.Thread(
-            target=_make_and_start, args=(purpose, flight, STATE.forming, before), name="nbdist-group", daemon=True
-        )
-        _MAKING[purpose] = (world, thread)
-        thread.start()
-        return flight
-    return Flight(tensor, world, start_max(group if group is not None else control_group(purpose), tensor))
-
-
-def result(flight: Flight) -> list[int]:
-    """A flight's values, once every rank's are in, waited for as ``wait`` waits (a signal still reaches the main
-    thread): first for the thread making its group, if any, then for the all-reduce. The collective's error, or the
-    group's (a rank that never came to make it: the world's timeout), is raised here."""
-    if flight.ready is not None:
-        flight.ready.wait()
-        if flight.failed:
-            raise flight.failed[0]
-    wait(flight.work)
-    return list(flight.tensor.tolist())
-
-
-def _make_and_start(purpose: str, flight: Flight, forming: tuple[str, float], before: threading.Thread | None) -> None:
-    """On a thread of its own: make this world's group for ``purpose`` (after ``before``, another flight's making,
-    ends), then start the flight's all-reduce on it."""
-    import datetime
-
-    import torch.distributed as dist
-
-    try:
-        if before is not None:
-            before.join()
-        prefix, timeout = forming
-
-        def make() -> Any:
-            store = dist.PrefixStore(f"{prefix}{purpose}/", polled(flight.world, timeout))
-            rank, size = dist.get_rank(), dist.get_world_size()
-            return dist.ProcessGroupGloo(store, rank, size, datetime.timedelta(seconds=timeout))
-
-        flight.work = start_max(_kept(purpose, make, flight.world), flight.tensor)
-    except BaseException as exc:  # noqa: BLE001 - raised where the flight is read
-        flight.failed.append(exc)
-    finally:
-        flight.ready.set()  # type: ignore[union-attr]
-
-
-def _kept(purpose: str, make: Callable[[], Any], world: Any = None) -> Any:
-    """This world's groups for ``purpose``, made (``make``) on first use; their connections recorded for the watcher.
-    ``world``: the world the group is for (made on another thread: not recorded if that world was left meanwhile)."""
-    import torch.distributed as dist
-
-    world = dist.group.WORLD if world is None else world
     with _LOCK:
         if STATE.control_of is world and purpose in STATE.control:
             return STATE.control[purpose]
@@ -216,7 +138,9 @@ def polled(world: Any, timeout: float) -> Any:
     again and again instead of waiting for them, and give up once ``world`` is left or broken. A torch store client
     serves one request at a time, and a wait holds it until its keys come or its timeout passes: a thread waiting
     there for a rank that died would hold every other use of the store on this rank (the next forming's included)
-    for the group's timeout, 30 minutes by default. Looked at, it is held one round trip at a time.
+    for the group's timeout, 30 minutes by default; and the two pairs ``pair_groups`` makes at once, on one client,
+    could hold each other, each thread's wait holding the client the other needs to publish its address, which the
+    other rank of its pair waits for. Looked at, it is held one round trip at a time.
 
     One per world and store, kept while they are this rank's: torch calls a store written in Python for as long as
     the Python object lives, and a group keeps only torch's side of it."""
@@ -273,16 +197,14 @@ def _polled_type() -> type:
 
 
 def forget() -> None:
-    """This rank left its world (``group.leave_world``): the world's polled store and its makers' record go with it."""
+    """This rank left its world (``group.leave_world``): the world's polled store goes with it."""
     with _LOCK:
         _POLLED.clear()
-        _MAKING.clear()
 
 
 _LOCK = threading.Lock()  # STATE's groups and their connections: written by the main thread and a group's maker
 _POLLED: list[Any] = []  # [world, store, the polled store over it] (``polled``)
 _POLLED_TYPE: list[type] = []
-_MAKING: dict[str, tuple[Any, threading.Thread]] = {}  # purpose -> (its world, the last thread made to make its group)
 
 
 def wait(work: Any) -> None:

@@ -9,10 +9,9 @@ together and end the cell with ``Preempted``. The ranks that were signalled then
 the others stay for ``--max-restarts`` or ``%dist_restart``.
 
 The agreement costs the steps nothing measurable. An exchange (an all_reduce of one flag per
-rank) runs on nbdist's own gloo group of every rank (``control.start_flight("preempt")``: on the CPU,
-beside the training's collectives, never a GPU synchronisation), is started without waiting and read
-at the next exchange, when it has long finished. The group itself is made as the world's first
-exchange starts, on a thread, while the first step runs. Exchanges happen
+rank) runs on nbdist's own gloo group (``control.control_group("preempt")``: on the CPU, beside
+the training's collectives, never a GPU synchronisation), is started without waiting
+(``async_op``) and read at the next exchange, when it has long finished. Exchanges happen
 every ``k`` points, ``k`` chosen so that they are about ``PERIOD`` seconds apart: each one
 also carries every rank's time per step since the last, combined with MAX, so every rank
 reads the same numbers and computes the same next ``k`` (a collective must come at the same
@@ -66,13 +65,15 @@ class Exchange:
     """The flag exchange in flight, and when the next starts: ``countdown`` points from now (``calls`` of them
     since the last exchange began at ``since``, a perf_counter time)."""
 
-    flight: Any = None  # control.Flight
+    work: Any = None
+    buf: Any = None
+    group: Any = None
     countdown: int = 1
     since: float | None = None
     calls: int = 0
 
     def clear(self) -> None:
-        self.flight = self.since = None
+        self.work = self.buf = self.group = self.since = None
         self.countdown, self.calls = 1, 0
 
 
@@ -179,13 +180,15 @@ def _exchange(start_next: bool) -> tuple[list[int], bool]:
         return ([0] if asked() else []), bool(PREEMPT.resize)
     from . import control
 
-    size, now = dist.get_world_size(), time.perf_counter()
+    group, size, now = control.control_group("preempt"), dist.get_world_size(), time.perf_counter()
     signalled: list[int] = []
     resize = False
-    flight, EXCHANGE.flight = EXCHANGE.flight, None
+    work, buf, of = EXCHANGE.work, EXCHANGE.buf, EXCHANGE.group
+    EXCHANGE.work = EXCHANGE.buf = EXCHANGE.group = None
     every = 1
-    if flight is not None and flight.world is dist.group.WORLD:  # one of another world (rebuilt since) is dropped
-        values = control.result(flight)  # a signal reaches this thread: gloo's wait can outlast a broken world
+    if work is not None and of is group:  # an exchange of another world (rebuilt since) is dropped
+        control.wait(work)  # a signal still reaches this thread: gloo's own wait can outlast a broken world
+        values = buf.tolist()
         signalled = [r for r, f in enumerate(values[:size]) if f]
         per_step = values[size] / 1e6  # the slowest rank's seconds per step, as every rank reads it
         resize = bool(values[size + 1])
@@ -196,7 +199,8 @@ def _exchange(start_next: bool) -> tuple[list[int], bool]:
         buf[dist.get_rank()] = int(asked())
         buf[size] = int(1e6 * (now - since) / calls) if since is not None and calls else 0
         buf[size + 1] = int(PREEMPT.resize)
-        EXCHANGE.flight = control.start_flight("preempt", buf)
+        work = control.start_max(group, buf)
+        EXCHANGE.work, EXCHANGE.buf, EXCHANGE.group = work, buf, group
         EXCHANGE.since, EXCHANGE.calls, EXCHANGE.countdown = now, every, every
     else:
         EXCHANGE.since, EXCHANGE.calls, EXCHANGE.countdown = None, 0, 1

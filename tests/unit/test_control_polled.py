@@ -65,13 +65,18 @@ def test_a_group_made_on_a_thread_for_a_rank_that_never_comes_leaves_the_store_t
     assert failed and "left or broken" in str(failed[0]), failed
 
 
-def test_a_group_made_on_a_thread_is_made_once_every_rank_came(store):
-    """Both ranks of a real two-rank group, each on a thread, through the polled store: made, and they all-reduce."""
+def test_two_groups_made_at_once_on_one_client_do_not_hold_each_other(store):
+    """Both ranks of a real two-rank group, each on a thread of this process, through one polled store client, the
+    second 0.3 s after the first: made, and they all-reduce. ``pair_groups`` makes a rank's two pairs so, at once on
+    one client; a thread whose wait held the client (for the other rank's address) would keep the other thread from
+    publishing its own, which the other rank of its pair waits for: here rank 0 would wait, holding the client, for
+    the address rank 1 cannot publish, until the group's timeout."""
     import torch
 
     made: dict[int, object] = {}
 
     def make(rank: int) -> None:
+        time.sleep(0.3 * rank)
         made[rank] = dist.ProcessGroupGloo(
             dist.PrefixStore("pair/", control.polled(dist.group.WORLD, TIMEOUT_S)), rank, 2, datetime.timedelta(seconds=TIMEOUT_S)
         )
