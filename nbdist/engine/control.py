@@ -115,26 +115,20 @@ def _kept(purpose: str, make: Callable[[], Any]) -> Any:
     """This world's groups for ``purpose``, made (``make``) on first use; their connections recorded for the watcher."""
     import torch.distributed as dist
 
-    world = dist.group.WORLD
-    with _LOCK:
-        if STATE.control_of is world and purpose in STATE.control:
-            return STATE.control[purpose]
-    before = tcp_connections()
-    group = make()
-    made = added(before, tcp_connections())
-    with _LOCK:
-        if world is dist.group.WORLD:
-            groups = STATE.control if STATE.control_of is world else {}
-            STATE.update(control={**groups, purpose: group}, control_of=world)
-            STATE.pg_fds = {**STATE.pg_fds, **made}
-    return group
+    groups = STATE.control if STATE.control_of is dist.group.WORLD else {}
+    if purpose not in groups:
+        before = tcp_connections()
+        groups[purpose] = make()
+        STATE.update(control=groups, control_of=dist.group.WORLD)
+        STATE.pg_fds = {**STATE.pg_fds, **added(before, tcp_connections())}
+    return groups[purpose]
 
 
 POLL_S = 0.02  # the longest a polled store waits between two looks for a key
 
 
 def polled(world: Any, timeout: float) -> Any:
-    """The world's store (``STATE.store``) for making a group on a thread: its waits look for the keys (``check``)
+    """The world's store (``STATE.store``) for making groups on threads (``pair_groups``): its waits look for the keys (``check``)
     again and again instead of waiting for them, and give up once ``world`` is left or broken. A torch store client
     serves one request at a time, and a wait holds it until its keys come or its timeout passes: a thread waiting
     there for a rank that died would hold every other use of the store on this rank (the next forming's included)
@@ -145,10 +139,9 @@ def polled(world: Any, timeout: float) -> Any:
     One per world and store, kept while they are this rank's: torch calls a store written in Python for as long as
     the Python object lives, and a group keeps only torch's side of it."""
     inner = STATE.store
-    with _LOCK:
-        if not (_POLLED and _POLLED[0] is world and _POLLED[1] is inner):
-            _POLLED[:] = [world, inner, _polled_type()(inner, world, timeout)]
-        return _POLLED[2]
+    if not (_POLLED and _POLLED[0] is world and _POLLED[1] is inner):
+        _POLLED[:] = [world, inner, _polled_type()(inner, world, timeout)]
+    return _POLLED[2]
 
 
 def _polled_type() -> type:
@@ -198,11 +191,9 @@ def _polled_type() -> type:
 
 def forget() -> None:
     """This rank left its world (``group.leave_world``): the world's polled store goes with it."""
-    with _LOCK:
-        _POLLED.clear()
+    _POLLED.clear()
 
 
-_LOCK = threading.Lock()  # STATE's groups and their connections: written by the main thread and a group's maker
 _POLLED: list[Any] = []  # [world, store, the polled store over it] (``polled``)
 _POLLED_TYPE: list[type] = []
 
