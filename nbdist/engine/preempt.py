@@ -8,14 +8,13 @@ boundary (``point``, which ``ShardedLoader.steps`` calls once per step) to run t
 together and end the cell with ``Preempted``. The ranks that were signalled then leave;
 the others stay for ``--max-restarts`` or ``%dist_restart``.
 
-The agreement costs the steps nothing measurable. An exchange (an all_reduce of one flag per
-rank) runs on nbdist's own gloo group (``control.control_group("preempt")``: on the CPU, beside
-the training's collectives, never a GPU synchronisation), is started without waiting
-(``async_op``) and read at the next exchange, when it has long finished. Exchanges happen
-every ``k`` points, ``k`` chosen so that they are about ``PERIOD`` seconds apart: each one
-also carries every rank's time per step since the last, combined with MAX, so every rank
-reads the same numbers and computes the same next ``k`` (a collective must come at the same
-point on every rank). Every rank therefore acts at the same step, at most about two periods
+The agreement costs the steps nothing measurable. An exchange (engine/flags.py: each rank's
+flag, over the world's store, or an all-reduce on nbdist's own gloo group where nbdist did not
+form the world; on the CPU, never a GPU synchronisation) is said without waiting and read at the
+next exchange, when every rank has long said its part. Exchanges happen every ``k`` points, ``k``
+chosen so that they are about ``PERIOD`` seconds apart: each one also carries every rank's time
+per step since the last, so every rank reads the same numbers and computes the same next ``k``
+(an exchange must come at the same point on every rank). Every rank therefore acts at the same step, at most about two periods
 after the signal, well inside the grace. ``settle`` (the end of a ``steps()`` loop) reads the
 exchange in flight without starting another.
 
@@ -62,18 +61,20 @@ class Preemption:
 
 @dataclass(slots=True)
 class Exchange:
-    """The flag exchange in flight, and when the next starts: ``countdown`` points from now (``calls`` of them
-    since the last exchange began at ``since``, a perf_counter time)."""
+    """The flag exchange in flight (``pending``, of the world ``of``: flags.world()), and when the next starts:
+    ``countdown`` points from now (``calls`` of them since the last exchange began at ``since``, a perf_counter
+    time). ``index`` counts the exchanges said in world ``of``; it goes on across loops and a resize asked, so no
+    two exchanges of one world share their keys in its store."""
 
-    work: Any = None
-    buf: Any = None
-    group: Any = None
+    pending: Any = None
+    of: Any = None
+    index: int = 0
     countdown: int = 1
     since: float | None = None
     calls: int = 0
 
     def clear(self) -> None:
-        self.work = self.buf = self.group = self.since = None
+        self.pending = self.since = None
         self.countdown, self.calls = 1, 0
 
 
@@ -161,6 +162,7 @@ def reset() -> None:
     """Forget the exchange in flight and exchange at the next point (the world was rebuilt: every rank
     starts counting afresh, whatever point each had reached when the old world broke)."""
     EXCHANGE.clear()
+    EXCHANGE.of, EXCHANGE.index = None, 0  # the world left: nothing of it is kept (its group, if it had one)
     PREEMPT.resize = False  # asked of the world that was: the new one has its size
 
 
@@ -172,44 +174,35 @@ def settle(step: int | None = None) -> None:
 def _exchange(start_next: bool) -> tuple[list[int], bool]:
     """The ranks the previous exchange found signalled, and whether it found a resize asked; then
     (``start_next``) start the next one."""
-    import torch
     import torch.distributed as dist
 
     if not (dist.is_available() and dist.is_initialized()) or dist.get_world_size() == 1:
         EXCHANGE.countdown = 1
         return ([0] if asked() else []), bool(PREEMPT.resize)
-    from . import control
+    from . import flags
 
-    group, size, now = control.control_group("preempt"), dist.get_world_size(), time.perf_counter()
-    signalled: list[int] = []
-    resize = False
-    work, buf, of = EXCHANGE.work, EXCHANGE.buf, EXCHANGE.group
-    EXCHANGE.work = EXCHANGE.buf = EXCHANGE.group = None
-    every = 1
-    if work is not None and of is group:  # an exchange of another world (rebuilt since) is dropped
-        control.wait(work)  # a signal still reaches this thread: gloo's own wait can outlast a broken world
-        values = buf.tolist()
-        signalled = [r for r, f in enumerate(values[:size]) if f]
-        per_step = values[size] / 1e6  # the slowest rank's seconds per step, as every rank reads it
-        resize = bool(values[size + 1])
-        every = max(1, min(MAX_EVERY, int(PERIOD / per_step))) if per_step > 0 else 1
+    of, now = flags.world(), time.perf_counter()
+    if EXCHANGE.of is not of:  # a world rebuilt since: its exchange in flight is dropped, and its count starts afresh
+        EXCHANGE.clear()
+        EXCHANGE.of, EXCHANGE.index = of, 0
+    pending, EXCHANGE.pending = EXCHANGE.pending, None
+    said = pending.read() if pending is not None else flags.Said([], 0.0, False)
+    every = max(1, min(MAX_EVERY, int(PERIOD / said.per_step))) if said.per_step > 0 else 1
     if start_next:
         since, calls = EXCHANGE.since, EXCHANGE.calls
-        buf = torch.zeros(size + 2, dtype=torch.int64)
-        buf[dist.get_rank()] = int(asked())
-        buf[size] = int(1e6 * (now - since) / calls) if since is not None and calls else 0
-        buf[size + 1] = int(PREEMPT.resize)
-        work = control.start_max(group, buf)
-        EXCHANGE.work, EXCHANGE.buf, EXCHANGE.group = work, buf, group
+        per_step_us = int(1e6 * (now - since) / calls) if since is not None and calls else 0
+        EXCHANGE.pending = flags.start(of, EXCHANGE.index, asked(), per_step_us, PREEMPT.resize)
+        EXCHANGE.index += 1
         EXCHANGE.since, EXCHANGE.calls, EXCHANGE.countdown = now, every, every
     else:
         EXCHANGE.since, EXCHANGE.calls, EXCHANGE.countdown = None, 0, 1
-    return signalled, resize
+    return said.signalled, said.resize
 
 
 def _act(signalled: list[int], resize: bool, step: int | None) -> None:
     if resize and not signalled:
-        reset()  # the exchange in flight still carries the flag: never read
+        EXCHANGE.clear()  # the exchange in flight still carries the flag: never read (its index is not said again)
+        PREEMPT.resize = False
         raise Resizing(
             f"the world changes size at step {step}: every rank stopped here, and the cell runs again once it has."
         )

@@ -417,30 +417,19 @@ def test_a_rank_waiting_in_backward_after_its_group_broke_is_ended_at_the_first_
     assert_usable(cluster)
 
 
-def test_a_rank_waiting_for_the_preemption_flags_after_its_group_broke_stops_at_the_release(cluster, capsys):
-    """The preemption flags' exchange (engine/preempt.py) is waited for at a loop's step boundary, on the main
-    thread; gloo can leave that wait going for the group's timeout once the world broke (cells/release.py), and
-    its wait is C++, which holds the release's interrupt. At 64 ranks a living rank sat there and nbdist ended it, 6 s
-    after the release. Here rank 1's exchange never completes, with a wait that holds signals the same way (a torch
-    Future's): rank 1 must stop at the interrupt by itself, its process kept, and no rank be ended."""
+def test_a_rank_waiting_for_the_preemption_flags_stops_at_the_release(cluster, capsys):
+    """The preemption flags (engine/preempt.py, engine/flags.py) are read at a loop's step boundary, on the main
+    thread, once every rank said its part. Rank 0 fails at its first step, having said its part of the first exchange
+    only; rank 1 goes on and waits at a later boundary for the part rank 0 never says. It must stop at the release's
+    interrupt by itself, its process kept, and no rank be ended. (Over a gloo all-reduce that wait was C++, which
+    holds the interrupt: at 64 ranks nbdist ended a living rank there, 6 s after the release.)"""
     r = cluster.run(
         "import time\n"
-        "from nbdist.engine import control\n"
         "from nbdist.parallel import shard\n"
-        "class _Never:  # the exchange as gloo can leave it: the collective ran, the wait goes on\n"
-        "    def __init__(self, work): self.work = work\n"
-        "    def is_completed(self): return False\n"
-        "    def wait(self): torch.futures.Future().wait()\n"
-        "_real = control.start_max\n"
-        "if dist.get_rank() == 1:\n"
-        "    control.start_max = lambda group, tensor: _Never(_real(group, tensor))\n"
-        "try:\n"
-        "    for step, (x,) in shard(torch.utils.data.TensorDataset(torch.arange(64.0)), batch_size=2).steps(8):\n"
-        "        if dist.get_rank() == 0:\n"
-        "            raise RuntimeError('rank 0 gives up')\n"
-        "        time.sleep(0.05)\n"
-        "finally:\n"
-        "    control.start_max = _real\n",
+        "for step, (x,) in shard(torch.utils.data.TensorDataset(torch.arange(64.0)), batch_size=2).steps(8):\n"
+        "    if dist.get_rank() == 0:\n"
+        "        raise RuntimeError('rank 0 gives up')\n"
+        "    time.sleep(0.05)\n",
         timeout=HANG_S,
     )
     said = capsys.readouterr().out
@@ -448,7 +437,7 @@ def test_a_rank_waiting_for_the_preemption_flags_after_its_group_broke_stops_at_
     assert r[0].status == "error" and r[1].status == "interrupted", (r[0].status, r[1].status, said)
     plain = re.sub(r"\x1b\[[0-9;]*m", "", "\n".join(r[1].error["traceback"]))
     assert r[1].error["ename"] == "KeyboardInterrupt" and "in _exchange" in plain, plain  # reached in the wait
-    assert re.search(r"engine/control\.py:\d+, in wait", plain), plain
+    assert re.search(r"engine/flags\.py:\d+, in OverStore\.read", plain), plain
     assert cluster.dead_ranks() == []
     assert_usable(cluster)
 
