@@ -23,6 +23,7 @@ from typing import Any
 from .state import STATE
 
 POLL_S = 0.02  # the longest a read waits between two looks at the count
+NEWS = 1 << 24  # the count of ranks with news, kept in the same key as the count of ranks (up to 16,777,215 ranks)
 
 
 @dataclass(frozen=True, slots=True)
@@ -51,11 +52,12 @@ class OverStore:
         if news:
             self.store.append(self.key("news"), news)
         self.store.add(self.key("time"), per_step_us)
-        self.store.add(self.key("count"), 1)  # last: a rank that reads the count whole reads every part before it
+        # last, and counting the ranks with news above NEWS: a rank that reads the count whole reads every part before it
+        self.store.add(self.key("count"), 1 + (NEWS if news else 0))
 
     def read(self) -> Said:
         deadline, pause = time.monotonic() + self.timeout, 0.001
-        while (came := int(self.store.add(self.key("count"), 0))) < self.size:
+        while (came := (count := int(self.store.add(self.key("count"), 0))) % NEWS) < self.size:
             if STATE.aborted or STATE.forming is None or STATE.forming[0] != self.prefix:
                 raise RuntimeError(
                     f"nbdist: the world broke while rank {self.rank} waited for the preemption flags "
@@ -69,9 +71,9 @@ class OverStore:
             time.sleep(pause)  # a signal reaches this thread here: the release's interrupt stops the wait
             pause = min(POLL_S, pause * 2)
         total = int(self.store.get(self.key("time")))
-        news = self.store.get(self.key("news")).decode() if self.store.check([self.key("news")]) else ""
-        if self.rank == 0 and self.index:  # every rank read the exchange before: each said this one after it
-            for name in ("count", "time", "news"):
+        news = self.store.get(self.key("news")).decode() if count >= NEWS else ""
+        if self.rank == self.index % self.size and self.index:  # a rank a turn (the store's load spread); every
+            for name in ("count", "time", "news"):  # rank read the exchange before: each said this one after it
                 self.store.delete_key(self.key(name, self.index - 1))
         parts = [p for p in news.split(",") if p]
         signalled = sorted({int(p[1:]) for p in parts if p.startswith("s")})
