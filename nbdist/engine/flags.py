@@ -5,7 +5,7 @@ Each rank says whether it was sent SIGTERM, its time per step since the last exc
 asked to change size. Where nbdist formed the world (``STATE.forming``), the exchange goes over the world's own store,
 under the forming's keys: a count of the ranks that said their part, the sum of their times per step, and a line
 naming the ranks signalled and any resize, written only when there is one. A rank's part is two requests to the
-store, a read three; nothing is made first. Before, the exchange was an all-reduce on a gloo group of every rank,
+store, a read two (three where there is news); nothing is made first. Before, the exchange was an all-reduce on a gloo group of every rank,
 made at a world's first step boundary by every rank at once: at 64 ranks on 2 cores that was 0.3-0.4 s of a rebuilt
 world's first step, and 63 more connections on every rank. A world nbdist did not form (no store of its own) still
 gets that group (``control.control_group("preempt")``).
