@@ -5,7 +5,7 @@ Each rank says whether it was sent SIGTERM, its time per step since the last exc
 asked to change size. Where nbdist formed the world (``STATE.forming``), the exchange goes over the world's own store,
 under the forming's keys: a count of the ranks that said their part, the sum of their times per step, and a line
 naming the ranks signalled and any resize, written only when there is one. A rank's part is two requests to the
-store, a read two (three where there is news); nothing is made first. Before, the exchange was an all-reduce on a gloo group of every rank,
+store, a read one (the count and the sum together; two where there is news); nothing is made first. Before, the exchange was an all-reduce on a gloo group of every rank,
 made at a world's first step boundary by every rank at once: at 64 ranks on 2 cores that was 0.3-0.4 s of a rebuilt
 world's first step, and 63 more connections on every rank. A world nbdist did not form (no store of its own) still
 gets that group (``control.control_group("preempt")``).
@@ -57,7 +57,8 @@ class OverStore:
 
     def read(self) -> Said:
         deadline, pause = time.monotonic() + self.timeout, 0.001
-        while (came := (count := int(self.store.add(self.key("count"), 0))) % NEWS) < self.size:
+        keys = [self.key("count"), self.key("time")]  # both there: this rank said its part (one request for both)
+        while (came := (count := int((got := self.store.multi_get(keys))[0])) % NEWS) < self.size:
             if STATE.aborted or STATE.forming is None or STATE.forming[0] != self.prefix:
                 raise RuntimeError(
                     f"nbdist: the world broke while rank {self.rank} waited for the preemption flags "
@@ -70,7 +71,7 @@ class OverStore:
                 )
             time.sleep(pause)  # a signal reaches this thread here: the release's interrupt stops the wait
             pause = min(POLL_S, pause * 2)
-        total = int(self.store.get(self.key("time")))
+        total = int(got[1])  # read with a whole count: every rank's time was added before its count
         news = self.store.get(self.key("news")).decode() if count >= NEWS else ""
         if self.rank == self.index % self.size and self.index:  # a rank a turn (the store's load spread); every
             for name in ("count", "time", "news"):  # rank read the exchange before: each said this one after it

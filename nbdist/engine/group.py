@@ -68,8 +68,11 @@ def join_world(
     ``restarts``: how many times the world was restarted (torchrun's TORCHELASTIC_RESTART_COUNT).
     ``prefix``: this forming's keys in the store. A rank keeps its connection to the store while the store's
     address stays the same, so a world formed again (a rank replaced, the world shrunk or grown) connects only
-    its new ranks to it: 64 ranks connecting at once left a few unanswered for 5 s (torch's store accepting late,
-    as measured on this 2-core machine)."""
+    its new ranks to it. Each new connection costs a reverse DNS lookup of the store's address: torch names the
+    socket's peer as it makes it (c10d's ``formatSockAddr``), and connects by IPv6 first, so 127.0.0.1 is looked up as
+    ::ffff:127.0.0.1, which /etc/hosts does not answer; where the DNS server drops queries under load (this machine's
+    does), a lookup waits 5 s, and 64 ranks connecting at once left a few waiting that long (docs/scaling.md,
+    session 44)."""
     import torch
     import torch.distributed as dist
     from torch.distributed import PrefixStore, TCPStore

@@ -12,7 +12,8 @@ The agreement costs the steps nothing measurable. An exchange (engine/flags.py: 
 flag, over the world's store, or an all-reduce on nbdist's own gloo group where nbdist did not
 form the world; on the CPU, never a GPU synchronisation) is said without waiting and read at the
 next exchange, when every rank has long said its part. Exchanges happen every ``k`` points, ``k``
-chosen so that they are about ``PERIOD`` seconds apart: each one also carries every rank's time
+chosen so that they are about ``period(size)`` seconds apart (PERIOD; longer in worlds of hundreds of ranks, whose
+parts rank 0's store serves in turn): each one also carries every rank's time
 per step since the last, so every rank reads the same numbers and computes the same next ``k``
 (an exchange must come at the same point on every rank). Every rank therefore acts at the same step, at most about two periods
 after the signal, well inside the grace. ``settle`` (the end of a ``steps()`` loop) reads the
@@ -81,6 +82,8 @@ class Exchange:
 PREEMPT = Preemption()
 EXCHANGE = Exchange()
 PERIOD = 0.5  # seconds between exchanges, about (the signal is acted on within about two)
+PERIOD_RANKS = 256  # from this many ranks the period grows with the world (``period``), up to LONGEST_PERIOD
+LONGEST_PERIOD = 2.0
 MAX_EVERY = 100_000  # points between exchanges at most
 
 
@@ -148,6 +151,21 @@ def asked() -> bool:
     return PREEMPT.asked is not None
 
 
+def period(size: int) -> float:
+    """About how many seconds apart a world of ``size`` ranks exchanges its flags: PERIOD, and from PERIOD_RANKS
+    ranks on, longer in proportion, up to LONGEST_PERIOD. Rank 0's store serves every rank's part and read in turn,
+    on one thread, so an exchange's cost to it grows with the ranks (benchmarks/store_load.py: 12-17 ms of its CPU at
+    256 ranks, 61-80 ms at 1,024); a longer period keeps its share of that thread's time at 256 ranks' (about 3% of a
+    core) up to 1,024 ranks. A signal is still acted on within about two periods, well inside a grace."""
+    return min(LONGEST_PERIOD, PERIOD * max(1.0, size / PERIOD_RANKS))
+
+
+def steps_between(per_step: float, size: int) -> int:
+    """How many step boundaries apart the next exchange comes, from the ranks' time per step (every rank reads the
+    same, so every rank computes the same number)."""
+    return max(1, min(MAX_EVERY, int(period(size) / per_step))) if per_step > 0 else 1
+
+
 def point(step: int | None = None) -> None:
     """A step boundary: if any rank was sent SIGTERM, run the hooks on every rank and raise Preempted.
 
@@ -187,7 +205,7 @@ def _exchange(start_next: bool) -> tuple[list[int], bool]:
         EXCHANGE.of, EXCHANGE.index = of, 0
     pending, EXCHANGE.pending = EXCHANGE.pending, None
     said = pending.read() if pending is not None else flags.Said([], 0.0, False)
-    every = max(1, min(MAX_EVERY, int(PERIOD / said.per_step))) if said.per_step > 0 else 1
+    every = steps_between(said.per_step, dist.get_world_size())
     if start_next:
         since, calls = EXCHANGE.since, EXCHANGE.calls
         per_step_us = int(1e6 * (now - since) / calls) if since is not None and calls else 0

@@ -4,7 +4,7 @@ Every rank must read what the ranks said alike, and as the all-reduce on a real 
 (the exchange a world nbdist did not form still uses): the ranks signalled and the resize asked, the same; the time per
 step, the ranks' mean over the store against the slowest's over the group. A read before every rank said its part
 waits, in Python: an interrupt reaches it, and it ends with an error once the world breaks. The store does not grow
-with the exchanges."""
+with the exchanges. A world of hundreds of ranks exchanges less often (engine/preempt.py's ``period``)."""
 
 from __future__ import annotations
 
@@ -123,3 +123,13 @@ def test_the_store_does_not_grow_with_the_exchanges(clients):
             part.read()
         sizes.append(server.num_keys())
     assert max(sizes) <= sizes[0], sizes  # the keys of one exchange (the first had a line of news), no more
+
+
+def test_a_world_of_hundreds_of_ranks_exchanges_less_often_so_its_store_serves_no_more_than_at_256_ranks():
+    from nbdist.engine import preempt
+
+    # 10 ms a step: an exchange each 50 steps (0.5 s) up to 256 ranks; then in proportion to the ranks, up to 2 s
+    sizes = (2, 64, 256, 512, 1024, 4096)
+    assert [preempt.steps_between(0.01, n) for n in sizes] == [50, 50, 50, 100, 200, 200]
+    assert [preempt.steps_between(5.0, n) for n in sizes] == [1] * 6  # a step longer than the period: every boundary
+    assert preempt.steps_between(0.0, 1024) == 1  # no time said yet (the first exchange): the next boundary
