@@ -37,6 +37,7 @@ import psutil
 from _common import save
 from many_ranks import controller_of, fit  # controller_of reads any holder of pids(): an EngineSet here
 
+from nbdist import compat
 from nbdist.cells import run as cellrun
 from nbdist.cells.run import execute
 from nbdist.config import RunConfig, StartConfig
@@ -75,17 +76,22 @@ class StubLauncher(LocalLauncher):
         pass
 
 
-def nbdist_cell(engines: EngineSet, code: str, broadcast: bool = False) -> str:
+def nbdist_cell(engines: EngineSet, code: str, broadcast: bool = False, counted: bool = True) -> str:
     """nbdist's cell on every rank, as ``cluster.run`` sends it (default output: folded, kept for a later page);
-    ``broadcast``: as one request through the controller's broadcast schedulers."""
+    ``broadcast``: as one request through the controller's broadcast schedulers; ``counted=False``: each rank ends its
+    output with an idle status, as before the count in its reply (``compat.execute_heard``)."""
     out = io.StringIO()
     ranks = [r.rank for r in engines.ranks]
     saved, cellrun.BROADCAST_FROM = cellrun.BROADCAST_FROM, (1 if broadcast else 10**9)
+    heard = compat.execute_heard
+    if not counted:
+        compat.execute_heard = functools.partial(heard, counted=False)
     try:
         with contextlib.redirect_stdout(out), contextlib.redirect_stderr(out):
             result = execute(engines, code, RunConfig(ranks=ranks), grace=5.0, watchdog=None, on_done=lambda r, k: [])
     finally:
         cellrun.BROADCAST_FROM = saved
+        compat.execute_heard = heard
     result.raise_for_error()  # type: ignore[union-attr]  # blocking: a RunResult
     return out.getvalue()
 
@@ -123,6 +129,7 @@ def measure(n: int, reps: int) -> dict[str, Any]:
             broadcast = engines.client.broadcast_view(targets=ids)
             kinds = {
                 "nbdist_cell_ms": lambda: nbdist_cell(engines, TRIVIAL),
+                "nbdist_cell_idle_ms": lambda: nbdist_cell(engines, TRIVIAL, counted=False),
                 "nbdist_broadcast_cell_ms": lambda: nbdist_cell(engines, TRIVIAL, broadcast=True),
                 "view_execute_ms": lambda: direct.execute(TRIVIAL, block=True),
                 "broadcast_execute_ms": lambda: broadcast.execute(TRIVIAL, block=True),
@@ -202,15 +209,17 @@ def main() -> None:
         cpu, ctl = row["notebook_cpu"], row["controller_cpu"]
         print(
             f"{n:>4} stub ranks: start {row['start_s']:.1f} s; trivial cell: nbdist {row['nbdist_cell_ms']:.1f} ms "
-            f"(broadcast {row['nbdist_broadcast_cell_ms']:.1f}), DirectView.execute {row['view_execute_ms']:.1f} ms "
+            f"(idle as before {row['nbdist_cell_idle_ms']:.1f}; broadcast {row['nbdist_broadcast_cell_ms']:.1f}), DirectView.execute {row['view_execute_ms']:.1f} ms "
             f"({row['nbdist_cell_ms'] / row['view_execute_ms']:.2f}x), BroadcastView.execute "
             f"{row['broadcast_execute_ms']:.1f} ms; raw ipyparallel: DirectView.execute {row['raw_view_execute_ms']:.1f} ms, "
             f"coalescing apply {row['raw_coalescing_apply_ms']:.1f} ms; one print on "
             f"every rank: nbdist {row['nbdist_print_folded_ms']:.1f} ms (broadcast "
             f"{row['nbdist_broadcast_print_folded_ms']:.1f}; {row['folded_lines']}/{row['folded_lines_broadcast']} "
             f"line), DirectView {row['view_execute_print_ms']:.1f} ms; notebook CPU a trivial cell: nbdist "
-            f"{cpu['nbdist_cell_ms']:.1f} ms (broadcast {cpu['nbdist_broadcast_cell_ms']:.1f}), DirectView "
-            f"{cpu['view_execute_ms']:.1f} ms; controller CPU: nbdist {ctl['nbdist_cell_ms']:.1f} ms (broadcast "
+            f"{cpu['nbdist_cell_ms']:.1f} ms (idle as before {cpu['nbdist_cell_idle_ms']:.1f}; broadcast "
+            f"{cpu['nbdist_broadcast_cell_ms']:.1f}), DirectView "
+            f"{cpu['view_execute_ms']:.1f} ms; controller CPU: nbdist {ctl['nbdist_cell_ms']:.1f} ms (idle as before "
+            f"{ctl['nbdist_cell_idle_ms']:.1f}; broadcast "
             f"{ctl['nbdist_broadcast_cell_ms']:.1f}), DirectView {ctl['view_execute_ms']:.1f} ms; an engine {row['engine_uss_mib']:.0f} MiB of its own",
             flush=True,
         )

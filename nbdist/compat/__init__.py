@@ -1,6 +1,6 @@
 """Every private API of another project that nbdist relies on, in one package: one module per project it adapts
-(``ipyparallel_private``, ``ipython_private``, ``torch_private``, ``lightning_private``, ``numba_private``, and
-Python's own, ``python_private``), re-exported here, so ``compat.name`` is the one way in.
+(``ipyparallel_private``, ``ipykernel_private``, ``ipython_private``, ``torch_private``, ``lightning_private``,
+``numba_private``, and Python's own, ``python_private``), re-exported here, so ``compat.name`` is the one way in.
 
 Each accessor names what it reaches into, where nbdist uses it, and the versions it was
 checked against (``CHECKED``). ``tests/unit/test_compat.py`` probes every entry of
@@ -15,9 +15,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from .ipykernel_private import OUTPUT_COUNT, add_control_handler, lean_iopub
 from .ipyparallel_private import (
     UNREADABLE,
-    add_control_handler,
     add_engines,
     async_result_children,
     controller_engines,
@@ -28,7 +28,6 @@ from .ipyparallel_private import (
     io_paused,
     launcher_popen,
     lean_hub_monitor,
-    lean_iopub,
     on_engine_registration,
     on_io_thread,
     route_run_command,
@@ -147,9 +146,11 @@ PRIVATE_APIS = (
         "world.engineset: a message the notebook's client cannot unpack is dropped, not fatal to its stream",
     ),
     PrivateAPI(
-        "ipykernel Kernel._publish_status, Kernel._publish_execute_input",
+        "ipykernel Kernel._publish_status, Kernel._publish_execute_input, Kernel.get_parent, Session.send (wrapped on "
+        "the instance); ipyparallel Client._queue_handlers['execute_reply'] (wrapped), Client._output_futures",
         "ipyparallel",
-        "engine.runtime: an engine publishes no busy status and no echo of the cell's code, which nbdist never reads",
+        "engine.runtime: an engine publishes no busy status and no echo of the cell's code, which nbdist never reads, "
+        "and ends a cell's output with a count in its reply instead of an idle status (execute_heard counts)",
     ),
     PrivateAPI(
         "ipyparallel util._parse_date, util.ISO8601_PAT, util._ensure_tzinfo, client.asyncresult._parse_date, "
@@ -231,6 +232,7 @@ __all__ = [
     "CHECKED",
     "PRIVATE_APIS",
     "PrivateAPI",
+    "OUTPUT_COUNT",
     "UNREADABLE",
     "abort_process_group",
     "add_control_handler",

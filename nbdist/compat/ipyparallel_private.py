@@ -9,6 +9,8 @@ from collections.abc import Callable, Iterator
 from functools import partial
 from typing import Any
 
+from .ipykernel_private import OUTPUT_COUNT
+
 
 def async_result_children(ar: Any) -> list[Any]:
     """The per-engine futures of a multi-engine AsyncResult, in the order of its targets."""
@@ -20,7 +22,7 @@ def async_result_children(ar: Any) -> list[Any]:
 SEND_CHUNK = 16
 
 
-def execute_heard(view: Any, code: str, heard: Callable[[int, Any], None]) -> Any:
+def execute_heard(view: Any, code: str, heard: Callable[[int, Any], None], counted: bool = True) -> Any:
     """``view.execute(code, silent=False, block=False)``, with ``heard(k, future)`` called for the k-th engine's request
     (in the order of the view's targets) as its future is made, before the request is sent (ipyparallel's
     ``message_future_hook``): callbacks put on the future then hear every message of its reply, in order. The
@@ -28,7 +30,13 @@ def execute_heard(view: Any, code: str, heard: Callable[[int, Any], None]) -> An
     each engine's outstanding set, the futures and their cleanup, as ``Client._send``), and go to the IO thread
     ``SEND_CHUNK`` at a time, in one callback each (``_send_all``); ipyparallel hands each to the IO thread on its
     own, a wake of its loop each, and queues each on the socket's stream, a callback more each. The view's own
-    history (``view.history``, grown by every execute) is not kept; the client's is."""
+    history (``view.history``, grown by every execute) is not kept; the client's is.
+
+    Each request asks its rank to end its output with a count rather than an ``idle`` status (``OUTPUT_COUNT``, see
+    ``lean_iopub``): its output future is done once the reply said how many messages came and that many were heard
+    (``_OutputHeard``, after ``heard``'s callbacks); a reply that says no count leaves it to the ``idle``, as before.
+    ``counted=False``: no request asks, and each rank ends its output with its ``idle`` (benchmarks/cell_messages.py
+    measures both)."""
     from ipyparallel.client.asyncresult import AsyncResult
 
     client = view.client
@@ -37,19 +45,66 @@ def execute_heard(view: Any, code: str, heard: Callable[[int, Any], None]) -> An
     if not isinstance(code, str):
         raise TypeError(f"code must be text, not {type(code)}")
     idents, targets = client._build_targets(view.targets)
-    metadata = {"label": view.label}
+    metadata = {"label": view.label, OUTPUT_COUNT: True} if counted else {"label": view.label}
     content = {"code": code, "silent": False, "user_expressions": {}}
+    counts = _output_counts(client) if counted else None
     futures, messages = [], []
     for k, ident in enumerate(idents):
         msg = client.session.msg("execute_request", content=content, metadata=metadata)
         client.history.append(msg["header"]["msg_id"])
         futures.append(_awaited(client, msg["header"]["msg_id"], msg["header"], ident.decode("utf-8"), view.label))
         heard(k, futures[-1])
+        if counts is not None:
+            counts[msg["header"]["msg_id"]] = _OutputHeard(client, msg["header"]["msg_id"], futures[-1])
         messages.append((ident, msg))
         if len(messages) == SEND_CHUNK or k == len(idents) - 1:
             client._io_loop.add_callback(partial(_send_all, client.session, view._socket, messages))
             messages = []
     return AsyncResult(client, futures, fname="execute", targets=targets, owner=True)
+
+
+class _OutputHeard:
+    """What the notebook heard of one request's output, where its rank counts it (``OUTPUT_COUNT``): every iopub
+    message of the request but its status, and the count its reply said. Both are read on the client's IO thread."""
+
+    __slots__ = ("client", "heard", "msg_id", "said")
+
+    def __init__(self, client: Any, msg_id: str, future: Any) -> None:
+        self.client, self.msg_id, self.heard, self.said = client, msg_id, 0, -1
+        future.iopub_callbacks.append(self.hear)  # last: the message is handed on before the output may be done
+
+    def hear(self, msg: Any) -> None:
+        if msg["header"]["msg_type"] != "status":
+            self.heard += 1
+            if self.said >= 0:
+                self.check()
+
+    def check(self) -> None:
+        """The output is all in once the reply said its count and that many messages were heard."""
+        if self.heard >= self.said:
+            output = self.client._output_futures.get(self.msg_id)
+            if output is not None and not output.done():
+                output.set_result(None)
+
+
+def _output_counts(client: Any) -> dict[str, _OutputHeard]:
+    """The requests whose output is counted, by msg_id, until their reply comes; the first time, the client's
+    handler of execute replies is wrapped to read the count a reply says (``Client._queue_handlers``)."""
+    counts: dict[str, _OutputHeard] | None = getattr(client, "_nbdist_output_counts", None)
+    if counts is None:
+        counts = client._nbdist_output_counts = {}
+        handle = client._queue_handlers["execute_reply"]
+
+        def handled(msg: Any) -> None:
+            handle(msg)
+            counted = counts.pop(msg["parent_header"].get("msg_id"), None)
+            said = (msg.get("metadata") or {}).get(OUTPUT_COUNT)
+            if counted is not None and isinstance(said, int):
+                counted.said = said
+                counted.check()
+
+        client._queue_handlers["execute_reply"] = handled
+    return counts
 
 
 def _send_all(session: Any, stream: Any, messages: list[tuple[bytes, Any]]) -> None:
@@ -186,30 +241,6 @@ def send_control(client: Any, engine_id: int, msg_type: str, content: dict[str, 
     """Send one engine a ``msg_type`` message on its control channel (signed; its control thread takes it while a
     cell runs); a future whose result is the list of replies (one)."""
     return client._send_control_request([engine_id], msg_type, content, block=False)
-
-
-def add_control_handler(kernel: Any, msg_type: str, handler: Any) -> None:
-    """On an engine: have its kernel's control thread call ``handler(stream, idents, msg)`` for ``msg_type``."""
-    kernel.control_handlers[msg_type] = handler
-
-
-def lean_iopub(kernel: Any) -> None:
-    """On an engine: its kernel no longer publishes, on iopub, the ``busy`` status before each request it handles nor
-    the ``execute_input`` echo of each cell's code (ipykernel's ``Kernel._publish_status`` and
-    ``_publish_execute_input``). nbdist's client reads neither: a rank is busy from the moment its cell is sent, the
-    code is the notebook's own, and the ``idle`` status, which still comes, ends a request's output. Two of a trivial
-    cell's five messages a rank, each one read by the controller and the notebook (benchmarks/cell_messages.py)."""
-    if kernel is None or getattr(kernel, "_nbdist_lean_iopub", False):
-        return
-    status = kernel._publish_status
-
-    def publish_status(state: str, channel: str, parent: Any = None) -> None:
-        if state != "busy":
-            status(state, channel, parent)
-
-    kernel._publish_status = publish_status
-    kernel._publish_execute_input = lambda code, parent, execution_count: None
-    kernel._nbdist_lean_iopub = True
 
 
 def controller_engines(client: Any, timeout: float) -> dict[int, str]:

@@ -136,12 +136,13 @@ def test_rich_display_and_results_come_back_per_rank(cluster):
     assert r[0].result["data"]["text/plain"] == "0" and r[1].result["data"]["text/plain"] == "2"
 
 
-def test_a_rank_sends_a_cells_output_and_its_end_but_no_busy_status_and_no_echo_of_its_code(cluster):
+def test_a_rank_sends_a_cells_output_and_a_count_of_it_but_no_status_and_no_echo_of_its_code(cluster):
     """An engine's kernel publishes neither its busy status nor the execute_input echo of each cell's code, which
-    nbdist never reads (compat.lean_iopub; ipykernel publishes both: test_compat's probe); what the cell printed, its
-    value and its error still come, in order, and the idle status still ends each rank's output. What a rank printed
-    may come in more than one stream message (ipykernel sends what was written so far every 0.2 s: under load, 'hi'
-    and its newline have come apart), so consecutive stream messages count as one, and their text must be whole."""
+    nbdist never reads, and ends a cell's output with a count in its reply, not an idle status (compat.lean_iopub;
+    ipykernel publishes all three: test_compat's probe); what the cell printed, its value and its error still come, in
+    order, and the output is in once the count was heard. What a rank printed may come in more than one stream message
+    (ipykernel sends what was written so far every 0.2 s: under load, 'hi' and its newline have come apart), so
+    consecutive stream messages count as one, and their text must be whole."""
     import itertools
 
     from nbdist import compat
@@ -160,13 +161,36 @@ def test_a_rank_sends_a_cells_output_and_its_end_but_no_busy_status_and_no_echo_
 
         ar = compat.execute_heard(view, code, hear)
         ar.wait(HANG_S)
-        # True once every rank's idle status came; the idle itself is not always heard here: a message that comes
-        # after both the reply and the idle may find the request already forgotten by ipyparallel's client
         assert ar.wait_for_output(HANG_S) is True
-        shown = {k: [kind for kind, _ in itertools.groupby(m[0] for m in msgs if m[1] != "idle")] for k, msgs in heard.items()}
-        assert shown == {0: expected, 1: expected}, (code, heard)
+        shown = {k: [kind for kind, _ in itertools.groupby(m[0] for m in msgs)] for k, msgs in heard.items()}
+        assert shown == {0: expected, 1: expected}, (code, heard)  # no status among them
         texts = {k: "".join(text for kind, _, text in msgs if kind == "stream") for k, msgs in heard.items()}
         assert texts == {0: printed, 1: printed}, (code, heard)
+    # ipyparallel's own requests ask for no count: their output still ends with the idle status, which they wait for
+    assert view.execute("print('plain')", block=False).wait_for_output(HANG_S) is True
+
+
+def test_a_cells_output_is_in_when_its_counted_messages_are_even_when_the_reply_comes_before_them(cluster):
+    """A rank's reply goes through the controller's shell channel, its output through iopub: a reply may come before
+    the last of what its cell printed. With no idle status after them (compat.lean_iopub), the cell's output is in
+    only once the messages its reply counted were all heard: 8 MiB of prints, each flushed, are all there when
+    ``wait_for_output`` returns, on both ranks, five times over."""
+    from nbdist import compat
+
+    view = cluster.view([0, 1])
+    code = "for k in range(32):\n    print(str(k % 10) * (256 * 1024 - 1), flush=True)\n7"
+    for _ in range(5):
+        texts: dict[int, list[str]] = {0: [], 1: []}
+
+        def hear(k, future, texts=texts):
+            future.iopub_callbacks.append(lambda msg, k=k: texts[k].append(msg["content"].get("text", "")))
+
+        ar = compat.execute_heard(view, code, hear)
+        assert ar.wait_for_output(HANG_S) is True
+        got = {k: "".join(parts) for k, parts in texts.items()}
+        want = "".join(str(k % 10) * (256 * 1024 - 1) + "\n" for k in range(32))
+        assert {k: len(t) for k, t in got.items()} == {0: len(want), 1: len(want)}
+        assert got == {0: want, 1: want}
 
 
 def test_the_notebooks_client_reads_each_replys_start_with_datetime(cluster):

@@ -439,22 +439,72 @@ def test_probe_control_channel_for_nbdist_messages():
 
 def test_probe_lean_iopub():
     """An engine's kernel publishes its busy status and the execute_input echo through the two methods
-    compat.lean_iopub replaces on the instance; the live messages are tests/integration/test_cells.py's."""
+    compat.lean_iopub replaces on the instance, and everything it sends (streams, displays, its value, its error,
+    ipyparallel's data, the reply) through its one Session's ``send``; the notebook's client hands each reply to the
+    handler compat.execute_heard wraps, which resolves the output future an idle status would. The live messages are
+    tests/integration/test_cells.py's."""
     from ipykernel.kernelbase import Kernel
+    from ipyparallel import Client
+    from jupyter_client.session import Session
 
     execute = inspect.getsource(Kernel.execute_request)
     assert "self._publish_execute_input(code, parent, self.execution_count)" in execute, "see compat.lean_iopub"
+    reply = execute[execute.index("= self.session.send(") :]
+    assert reply.index('"execute_reply"') < reply.index("metadata=metadata") < reply.index(")"), "see compat.lean_iopub"
     dispatch = inspect.getsource(Kernel.dispatch_shell) + inspect.getsource(Kernel.process_control)
     assert 'self._publish_status("busy"' in dispatch, "see compat.lean_iopub"
+    assert dispatch.index('self.set_parent(idents, msg, channel="shell")') < dispatch.index('_publish_status("busy"')
     assert list(inspect.signature(Kernel._publish_status).parameters) == ["self", "status", "channel", "parent"]
+    assert list(inspect.signature(Session.send).parameters) == [
+        "self", "stream", "msg_or_type", "content", "parent", "ident", "buffers", "track", "header", "metadata"
+    ], "see compat.ipykernel_private._OutputCount.sending"
+    assert "get_parent" in dir(Kernel)
+    client = inspect.getsource(Client)
+    assert "'execute_reply': self._handle_execute_reply" in client and "self._output_futures[msg_id] = output" in client
+
     sent: list[tuple[str, str]] = []
-    kernel = types.SimpleNamespace(_publish_status=lambda status, channel, parent=None: sent.append((status, channel)))
+    out: list[tuple[str, dict]] = []
+    parents = {"shell": {}}
+
+    def send(stream, msg_or_type, content=None, parent=None, ident=None, buffers=None, track=False, header=None,
+             metadata=None):
+        out.append((msg_or_type if isinstance(msg_or_type, str) else msg_or_type["header"]["msg_type"], metadata))
+
+    kernel = types.SimpleNamespace(
+        _publish_status=lambda status, channel, parent=None: sent.append((status, channel)),
+        get_parent=lambda channel: parents[channel],
+        session=types.SimpleNamespace(send=send),
+    )
     compat.lean_iopub(kernel)
     compat.lean_iopub(kernel)  # once, however often a rank is configured
     for state in ("busy", "idle", "starting"):
         kernel._publish_status(state, "shell")
     kernel._publish_execute_input("x = 1", {}, 1)
     assert sent == [("idle", "shell"), ("starting", "shell")]
+
+    # A request that asks for its output counted: no idle after it; its reply says how many messages came before it.
+    asked = {"header": {"msg_id": "a"}, "metadata": {compat.OUTPUT_COUNT: True}}
+    parents["shell"] = asked
+    sent.clear()
+    kernel._publish_status("busy", "shell")
+    for kind in ("stream", "display_data", "data_message", "error"):
+        kernel.session.send("iopub", kind, {}, asked["header"])  # as a header, as OutStream gives it
+    kernel.session.send("iopub", {"header": {"msg_type": "execute_result"}, "parent_header": asked["header"]})
+    kernel.session.send("iopub", "stream", {}, {"header": {"msg_id": "other"}})  # another request's: not counted
+    kernel.session.send("shell", "execute_reply", {}, asked, metadata={"status": "ok"})
+    kernel._publish_status("idle", "shell")
+    kernel._publish_status("idle", "control", {"header": {"msg_id": "c"}})  # a control request's idle still goes
+    assert out[-1] == ("execute_reply", {"status": "ok", compat.OUTPUT_COUNT: 5}), out
+    assert sent == [("idle", "control")], sent
+
+    # A request that does not ask (ipyparallel's own view.execute): its idle comes, its reply says no count.
+    parents["shell"] = {"header": {"msg_id": "b"}, "metadata": {}}
+    sent.clear()
+    kernel._publish_status("busy", "shell")
+    kernel.session.send("iopub", "stream", {}, parents["shell"])
+    kernel.session.send("shell", "execute_reply", {}, parents["shell"], metadata={"status": "ok"})
+    kernel._publish_status("idle", "shell")
+    assert out[-1] == ("execute_reply", {"status": "ok"}) and sent == [("idle", "shell")], (out, sent)
 
 
 def test_probe_fast_iso_dates(monkeypatch):
