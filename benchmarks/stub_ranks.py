@@ -225,6 +225,9 @@ def main() -> None:
         )
     keys = [k for k, v in out[str(sizes[0])].items() if k.endswith("_ms") and isinstance(v, float)] + ["start_s"]
     model = {k: fit(sizes, [float(out[str(n)][k]) for n in sizes]) for k in keys}
+    for side in ("notebook_cpu", "controller_cpu"):  # the CPU a cell takes, for the kinds sent through nbdist's client
+        for k in ("nbdist_cell_ms", "nbdist_cell_idle_ms", "view_execute_ms"):
+            model[f"{side}.{k}"] = fit(sizes, [float(out[str(n)][side][k]) for n in sizes])
     at = {k: m["fixed"] + m["per_rank"] * args.model for k, m in model.items()}
     for k, m in model.items():
         print(

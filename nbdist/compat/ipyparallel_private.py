@@ -96,12 +96,12 @@ def _output_counts(client: Any) -> dict[str, _OutputHeard]:
         handle = client._queue_handlers["execute_reply"]
 
         def handled(msg: Any) -> None:
-            handle(msg)
             counted = counts.pop(msg["parent_header"].get("msg_id"), None)
             said = (msg.get("metadata") or {}).get(OUTPUT_COUNT)
             if counted is not None and isinstance(said, int):
                 counted.said = said
-                counted.check()
+                counted.check()  # first: the reply's callbacks find its output in where it is
+            handle(msg)
 
         client._queue_handlers["execute_reply"] = handled
     return counts
