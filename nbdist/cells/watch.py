@@ -76,7 +76,7 @@ class Watch:
         self.waiting: set[int] = set(range(len(ranks)))
         self.failed = False
         self.exited = False
-        self.finished: set[int] = set()  # children whose output (iopub, up to its idle status) was handed on
+        self.finished: set[int] = set()  # children whose output (iopub, all its reply counted) was handed on
         self.unsettled: set[int] = set()  # children that replied before their output was all in (_settle)
         self.deaths_at = self.tic  # the last look at the ranks' processes
         self.exit_seen: set[int] = set()  # the pids the kernel said ended (launch/exits.py), not yet looked at

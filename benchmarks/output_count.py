@@ -1,0 +1,82 @@
+"""A cell's output ended by a count in each rank's reply (as shipped) against an idle status after it (as before), on
+stub ranks (engines without torch, made lean as nbdist's ranks are: stub_ranks.py), alternated cell by cell on the
+same engines, with ipyparallel's ``DirectView.execute`` beside them: the notebook's CPU a cell (each cell's own, so the
+median is robust to the odd slow one), the controller's (its /proc counters, in 10 ms ticks: a mean), and the wall.
+
+    python benchmarks/output_count.py [--ranks 64,256] [--reps 30]
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import tempfile
+import time
+from typing import Any
+
+from _common import save
+from many_ranks import controller_of
+from stub_ranks import LEAN, TRIVIAL, StubLauncher, nbdist_cell
+
+from nbdist.config import StartConfig
+from nbdist.world.engineset import EngineSet
+
+
+def one_size(n: int, reps: int) -> dict[str, dict[str, float]]:
+    config = StartConfig.of(n=n, oversubscribe=True, pin=False, timeout=600)
+    with tempfile.TemporaryDirectory(prefix="nbdist-count-") as workdir:
+        engines = EngineSet(config, StubLauncher(), workdir)
+        try:
+            engines.start()
+            direct = engines.view([r.rank for r in engines.ranks])
+            direct.execute(LEAN, block=True)
+            kinds = {
+                "counted (as shipped)": lambda: nbdist_cell(engines, TRIVIAL),
+                "idle status (before)": lambda: nbdist_cell(engines, TRIVIAL, counted=False),
+                "DirectView.execute": lambda: direct.execute(TRIVIAL, block=True),
+            }
+            for run in kinds.values():
+                run()
+            controller = controller_of(engines)
+            got: dict[str, dict[str, list[float]]] = {k: {"wall": [], "notebook": [], "controller": []} for k in kinds}
+            for _ in range(reps):
+                for kind, run in kinds.items():
+                    mine, theirs = time.process_time(), sum(controller.cpu_times()[:2])
+                    tic = time.perf_counter()
+                    run()
+                    got[kind]["wall"].append(time.perf_counter() - tic)
+                    got[kind]["notebook"].append(time.process_time() - mine)
+                    got[kind]["controller"].append(sum(controller.cpu_times()[:2]) - theirs)
+        finally:
+            engines.stop()
+    return {
+        kind: {
+            "wall_ms": statistics.median(g["wall"]) * 1e3,
+            "notebook_cpu_ms": statistics.median(g["notebook"]) * 1e3,
+            "notebook_cpu_quartiles_ms": [q * 1e3 for q in statistics.quantiles(g["notebook"], n=4)[::2]],
+            "controller_cpu_ms": statistics.fmean(g["controller"]) * 1e3,
+        }
+        for kind, g in got.items()
+    }
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--ranks", default="64,256")
+    parser.add_argument("--reps", type=int, default=30)
+    args = parser.parse_args()
+    out: dict[str, Any] = {}
+    for n in map(int, args.ranks.split(",")):
+        out[str(n)] = one_size(n, args.reps)
+        for kind, m in out[str(n)].items():
+            low, high = m["notebook_cpu_quartiles_ms"]
+            print(
+                f"{n:>4} stub ranks, {kind:21} wall {m['wall_ms']:7.1f} ms  notebook CPU {m['notebook_cpu_ms']:6.1f} ms "
+                f"(quartiles {low:.1f}-{high:.1f})  controller CPU {m['controller_cpu_ms']:5.1f} ms",
+                flush=True,
+            )
+    save("output_count", {"reps": args.reps, "sizes": out})
+
+
+if __name__ == "__main__":
+    main()
