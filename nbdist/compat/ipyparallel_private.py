@@ -29,14 +29,15 @@ def execute_heard(view: Any, code: str, heard: Callable[[int, Any], None], count
     requests are made as ``Client.send_execute_request`` makes them (the client's outstanding requests, history and
     each engine's outstanding set, the futures and their cleanup, as ``Client._send``), and go to the IO thread
     ``SEND_CHUNK`` at a time, in one callback each (``_send_all``); ipyparallel hands each to the IO thread on its
-    own, a wake of its loop each, and queues each on the socket's stream, a callback more each. The view's own
-    history (``view.history``, grown by every execute) is not kept; the client's is.
+    own, a wake of its loop each, and queues each on the socket's stream, a callback more each. The view's history
+    is not kept; the client's is.
 
     Each request asks its rank to end its output with a count rather than an ``idle`` status (``OUTPUT_COUNT``, see
     ``lean_iopub``): its output future is done once the reply said how many messages came and that many were heard
     (``_OutputHeard``, after ``heard``'s callbacks); a reply that says no count leaves it to the ``idle``, as before.
-    ``counted=False``: no request asks, and each rank ends its output with its ``idle`` (benchmarks/cell_messages.py
-    measures both)."""
+    ``counted=False``: no request asks, and each rank ends its output with its ``idle`` (benchmarks/cell_messages.py).
+    A cell that fails on a rank aborts no request behind it (``stop_on_error`` False): ipykernel aborts each execute
+    request that reaches the rank before it has finished aborting, which a cell ended at its reply can outrun."""
     from ipyparallel.client.asyncresult import AsyncResult
 
     client = view.client
@@ -46,7 +47,7 @@ def execute_heard(view: Any, code: str, heard: Callable[[int, Any], None], count
         raise TypeError(f"code must be text, not {type(code)}")
     idents, targets = client._build_targets(view.targets)
     metadata = {"label": view.label, OUTPUT_COUNT: True} if counted else {"label": view.label}
-    content = {"code": code, "silent": False, "user_expressions": {}}
+    content = {"code": code, "silent": False, "user_expressions": {}, "stop_on_error": False}
     counts = _output_counts(client) if counted else None
     futures, messages = [], []
     for k, ident in enumerate(idents):
@@ -76,12 +77,11 @@ class _OutputHeard:
     def hear(self, msg: Any) -> None:
         if msg["header"]["msg_type"] != "status":
             self.heard += 1
-            if self.said >= 0:
-                self.check()
+            self.check()
 
     def check(self) -> None:
         """The output is all in once the reply said its count and that many messages were heard."""
-        if self.heard >= self.said:
+        if 0 <= self.said <= self.heard:
             output = self.client._output_futures.get(self.msg_id)
             if output is not None and not output.done():
                 output.set_result(None)

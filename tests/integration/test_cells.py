@@ -193,6 +193,28 @@ def test_a_cells_output_is_in_when_its_counted_messages_are_even_when_the_reply_
         assert got == {0: want, 1: want}
 
 
+def test_a_failed_cell_sets_no_rank_aborting_the_requests_behind_it(cluster):
+    """A cell is over once its ranks replied and the output they counted was heard, so the next cell can reach a rank
+    sooner than when it waited for the idle status, which ipykernel publishes only after it began aborting the execute
+    requests behind a failed one (``stop_on_error``, ``Kernel._abort_queues``) and before it has stopped: CI saw rank
+    0 answer the cell after a failed one with TaskAborted while rank 1 ran it. nbdist's cells ask for no such abort
+    (compat.execute_heard): each rank's kernel records the aborts it begins, and a failed cell, then the next, begin
+    none; the next cell runs on both ranks."""
+    record = (
+        "_k = get_ipython().kernel\n_k._nbdist_aborts = []\n_abort = type(_k)._abort_queues\n"
+        "_k._abort_queues = lambda *a, **kw: (_k._nbdist_aborts.append(a), _abort(_k, *a, **kw))[1]"
+    )
+    cluster.run(record, quiet=True).raise_for_error()
+    try:
+        for k in range(3):
+            assert not cluster.run("raise ValueError('first')", quiet=True).ok
+            cluster.run(f"_after = {k}", quiet=True).raise_for_error()
+        assert cluster.pull("get_ipython().kernel._nbdist_aborts") == [[], []]
+        assert cluster.pull("_after") == [2, 2]
+    finally:
+        cluster.run("get_ipython().kernel.__dict__.pop('_abort_queues', None)", quiet=True)
+
+
 def test_the_notebooks_client_reads_each_replys_start_with_datetime(cluster):
     """The world's client reads each reply's timestamps with datetime, not dateutil (compat.fast_iso_dates, about
     0.1 ms a rank a cell on the client's IO thread); a rank's time in the cell is read from them as before."""
