@@ -120,7 +120,7 @@ class CellPath:
     ) -> RunResult | PendingRun:
         """Remember the cell and the last checkpoint; recover ``dead`` (from ``repair``) while the budget lasts;
         grow the world asked for while the cell ran."""
-        self.recovery.checkpoint = result.checkpoint or self.recovery.checkpoint
+        self.recovery.remember(result.checkpoint, code if setup and result.ok else "")
         if result.ok:  # setup cells among them are what recovery replays
             self.membership.history.add(code, cfg.ranks, setup)
         if self.growing and not dead:

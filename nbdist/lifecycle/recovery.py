@@ -34,7 +34,7 @@ from ..engine.recovering import load_latest_on_rank
 from ..errors import ClusterError
 from ..results import RankStatus, RunResult
 from ..world.engineset import EngineSet
-from . import peer_recovery
+from . import peer_recovery, rerun
 from .membership import Membership, Resize
 
 
@@ -75,6 +75,19 @@ class Recovery:
     @property
     def left(self) -> int:
         return self.budget - self.used
+
+    def remember(self, checkpoint: dict[str, Any] | None, setup: str = "") -> None:
+        """After a cell: the checkpoint it saved is the one a recovery loads. ``setup``: the code of a setup cell that
+        succeeded; one that binds the last checkpoint's model or optimizer anew begins another run, so that
+        checkpoint is of objects that are gone (a run killed before its first save would go on from another run's
+        step): it is forgotten, and a recovery starts from what the replayed setup cells build."""
+        if checkpoint:
+            self.checkpoint = checkpoint
+            return
+        names = (self.checkpoint or {}).get("names") or {}
+        held = {names.get("model"), names.get("optimizer")} - {None}
+        if setup and held & rerun.binds(setup):
+            self.checkpoint = None
 
     def wants(self, result: RunResult, killed: list[int]) -> list[int]:
         """The ranks to recover from this result: those that died by themselves, while budget is left."""
@@ -183,6 +196,8 @@ class Recovery:
         if restored is not None:
             step = restored
             what.append(f"restored step {restored} from {self.checkpoint['path']}")  # type: ignore[index]
+        elif chosen is None and replay.setup:
+            what.append("no checkpoint was saved since the setup cells ran, so the cell starts again from what they build")
         self.phases["restore"] = time.perf_counter() - tic - sum(self.phases.values())
         if renumbered:
             replay.membership.resized(Resize(before, len(renumbered), step, list(dead), time.time()))

@@ -2,7 +2,8 @@
 the whole cell again, so a loop around the loop over the loader (``for epoch in range(3):``) begins at its first
 value again. A restored loader goes on mid-epoch; the epochs the cell had finished would be trained once more
 unless that loop begins where the loader is (``range(loader.epoch, 3)``, as a torchrun script begins at the
-epoch its checkpoint holds). Read from the cell's code, never run.
+epoch its checkpoint holds). And the names a setup cell binds anew (``binds``: recovery.py forgets a checkpoint of
+the objects it replaced). Read from the cell's code, never run.
 """
 
 from __future__ import annotations
@@ -44,6 +45,30 @@ def fix(header: str, loader: str) -> str:
         stop = call.args[0] if len(call.args) == 1 else call.args[1]
         return f"write `for {ast.unparse(loop.target)} in range({loader}.epoch, {ast.unparse(stop)})`"
     return f"begin it at {loader}.epoch"
+
+
+def binds(code: str) -> set[str]:
+    """The names the cell's code binds at its top level (assigned, imported, defined, a loop's or a ``with``'s
+    target), not those bound inside its functions and classes; none when it does not parse."""
+    try:
+        tree = ast.parse(code)
+    except SyntaxError:
+        return set()
+    out: set[str] = set()
+    todo: list[ast.AST] = list(tree.body)
+    while todo:
+        node = todo.pop()
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+            out.add(node.name)
+            continue  # its body binds its own names
+        if isinstance(node, ast.Lambda):
+            continue
+        if isinstance(node, ast.Name) and isinstance(node.ctx, ast.Store):
+            out.add(node.id)
+        elif isinstance(node, (ast.Import, ast.ImportFrom)):
+            out.update((a.asname or a.name).split(".")[0] for a in node.names if a.name != "*")
+        todo.extend(ast.iter_child_nodes(node))
+    return out
 
 
 def _reads(expr: ast.expr, loader: str, parents: dict[ast.AST, ast.AST]) -> bool:

@@ -113,8 +113,8 @@ def test_a_learner_runs_00_06_and_08_in_jupyterlab(tmp_path):
                     assert title and printed and title[1] == printed[1], (cells[3]["text"], cells[5]["text"])
                 if name.startswith("08"):
                     assert "rank 1 raised ValueError in cell line 3: bad batch" in cells[4]["text"], cells[4]["text"]
-                    said = [c["i"] for c in cells if "died during the cell" in c["text"]]
-                    assert "from rank 0's memory (nothing recomputed)" in cells[16]["text"], (said, cells[16]["text"])
+                    said = [(c["i"], ln) for c in cells for ln in c["text"].splitlines() if "died during the cell" in ln]
+                    assert "from rank 0's memory (nothing recomputed)" in cells[16]["text"], said
                     assert "bit for bit: [True, True]" in cells[17]["text"], cells[17]["text"]
                 page.keyboard.press("Control+s")
                 saved = where / f"{name}.ipynb"

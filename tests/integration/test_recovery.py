@@ -254,3 +254,37 @@ def test_a_scheduler_left_out_of_save_checkpoint_is_kept_and_recovery_is_bit_ide
             assert torch.equal(recovered[rank], reference[rank]), (recovered[rank] - reference[rank]).abs().max()
     finally:
         run_cell(ip, "%dist_stop")
+
+
+def test_a_run_killed_before_its_first_checkpoint_starts_from_its_setup_not_from_another_runs_checkpoint(
+    ip, tmp_path, capsys
+):
+    """A setup cell that builds the model and optimizer anew begins another run: a rank killed before that run's
+    first save is rebuilt from the replayed setup cells, never from the checkpoint the run before it saved."""
+    setup = SETUP.replace("lr=0.02", "lr=LR")
+    early = TRAIN.replace("step == 22", "step == 2")  # before the first save (step 5)
+    assert setup != SETUP and early != TRAIN
+    run_cell(ip, "%dist_start -n 2 --max-restarts 1 --recover-from checkpoint")  # the checkpoint path alone
+    try:
+        run_cell(ip, f"%%distributed --setup\nCKPT, MARK, LR = {str(tmp_path / 'a')!r}, '', 0.03\n{setup}")
+        run_cell(ip, f"%%distributed\n{TRAIN}")
+        reference = nbdist.current().pull("final")
+        run_cell(ip, f"%%distributed --setup\nCKPT, MARK, LR = {str(tmp_path / 'b')!r}, '', 0.02\n{setup}")
+        run_cell(ip, f"%%distributed\n{TRAIN}")  # another run: its checkpoints go up to step 40
+        other = nbdist.current().pull("final")
+        assert not torch.equal(other[0], reference[0])
+        capsys.readouterr()
+
+        mark = tmp_path / "mark"
+        run_cell(ip, f"%%distributed --setup\nCKPT, MARK, LR = {str(tmp_path / 'c')!r}, {str(mark)!r}, 0.03\n{setup}")
+        run_cell(ip, f"%%distributed\n{early}")  # rank 1 kills itself at step 2, before this run saved anything
+        out = capsys.readouterr().out
+        lines = [ln for ln in out.splitlines() if "died during the cell" in ln]
+        assert mark.exists() and len(lines) == 1, out
+        assert "restored step" not in lines[0], lines[0]
+        assert "no checkpoint was saved since the setup cells ran, so the cell starts again" in lines[0], lines[0]
+        recovered = nbdist.current().pull("final")
+        for rank in (0, 1):  # run b's step 40 loaded into this run would have ended where run b did
+            assert torch.equal(recovered[rank], reference[rank]), (recovered[rank] - reference[rank]).abs().max()
+    finally:
+        run_cell(ip, "%dist_stop")

@@ -1,12 +1,13 @@
 """lifecycle/rerun.py: a loop around the loop over the loader that begins again when recovery runs the cell again,
-read from the cell's code; and peer_recovery.decide refusing a plan there (and only there)."""
+read from the cell's code; and peer_recovery.decide refusing a plan there (and only there). The names a setup cell
+binds (recovery forgets a checkpoint of a model or optimizer it replaced)."""
 
 from __future__ import annotations
 
 import pytest
 
 from nbdist.lifecycle.peer_recovery import decide
-from nbdist.lifecycle.rerun import fix, starts_over
+from nbdist.lifecycle.rerun import binds, fix, starts_over
 from nbdist.wire import Holding, Names
 
 NESTED = """
@@ -55,3 +56,22 @@ def test_a_plan_the_cells_outer_loop_would_repeat_is_refused_saying_what_to_writ
     for code, passes in ((NESTED, 0), (NESTED.replace("range(3)", "range(loader.epoch, 3)"), 1), ("", 1)):
         plan, why = decide([_said(0, passes)], [1], code=code)
         assert why == "" and plan is not None and (plan.step, plan.passes) == (20, passes)
+
+
+def test_binds_names_a_setup_cells_top_level_names_and_not_its_functions_own():
+    code = """import os.path, torch as t
+from x import y as z
+model, (opt, q) = 1, (2, 3)
+for i in range(3): pass
+with open('f') as fh: pass
+def f():
+    inner = 1
+class C:
+    member = 2
+if (w := 3): pass
+obj.attr = 5
+d['k'] = 1
+lam = lambda arg: arg
+"""
+    assert binds(code) == {"os", "t", "z", "model", "opt", "q", "i", "fh", "f", "C", "w", "lam"}  # not obj, d
+    assert binds("model = (") == set()  # what does not parse binds nothing
