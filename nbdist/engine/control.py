@@ -214,16 +214,17 @@ def wait(work: Any) -> None:
         raise failed[0]
 
 
-def aside(work: Any) -> tuple[threading.Event, list[BaseException]]:
-    """Wait for ``work`` on a thread of its own: an event set when the wait ends, and the error it raised, if any.
-    A caller that stops waiting (an interrupt, its world replaced) leaves the thread waiting until the old group's
-    connections break or its timeout passes; a gloo send or receive is waited for once only, so the thread's wait
-    is the only one."""
+def aside(*works: Any) -> tuple[threading.Event, list[BaseException]]:
+    """Wait for ``works``, in turn, on a thread of its own: an event set when the wait ends, and the error it raised,
+    if any. A caller that stops waiting (an interrupt, its world replaced) leaves the thread waiting until the old
+    group's connections break or its timeout passes; a gloo send or receive is waited for once only, so the thread's
+    wait is the only one."""
     done, failed = threading.Event(), []
 
     def run() -> None:
         try:
-            work.wait()
+            for work in works:
+                work.wait()
         except BaseException as exc:  # noqa: BLE001 - said by the waiting caller
             failed.append(exc)
         finally:

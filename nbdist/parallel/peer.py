@@ -10,9 +10,10 @@ What a checkpoint would hold comes in two parts, kept as training goes:
 - **what each rank holds alone** (its RNG states, its loaders' positions, its buffers): a living rank
   takes its own at the step boundaries of any loop over a ``shard`` loader (``boundary``: before a batch
   is read, where an optimizer stepped since the last one, and as each pass begins). A dead rank's must have left
-  its process in time: at every ``optimizer.step()`` each rank sends it, without waiting, to its *buddy*
-  (``buddy``: a rank of another host where there is one) over a gloo group of the two ranks alone
-  (``control.pair_groups("peer")``, never a GPU), which keeps the last one received. It is taken just
+  its process in time: at every ``optimizer.step()`` each rank sends it to its *buddy* (``buddy``: a rank of
+  another host where there is one) over a gloo group of the two ranks alone (``control.pair_groups("peer")``, never
+  a GPU), which keeps the last one received; a rank takes the step once its part has left and its source's part
+  for the step has come, so no living rank is ever a step past a part it lacks. It is taken just
   before the step, when the batch is read and the backward done: what the next step begins with, as long
   as nothing draws random numbers between ``optimizer.step()`` and the next batch.
 
@@ -210,9 +211,10 @@ def saved(names: dict[str, Any]) -> None:
 
 def _before_step(optimizer: Any, args: Any, kwargs: Any) -> None:
     """Just before the batch's last step: this rank's part as the next boundary will be (``extra=`` not yet updated
-    for this step, so left out), sent to the buddy; the step waits until it has left, and is not taken when it
-    could not leave (the buddy died): a rank that took its step left its part behind, and a rank whose
-    buddy died stays with the dead rank, at the step whose boundary part it sent. Before an earlier step of the
+    for this step, so left out), sent to the buddy; the step waits until it has left and the source's part for the
+    step has come, and is not taken when either failed: a rank that took its step left its part behind and holds its
+    source's, and a rank whose buddy or source died stays with the dead rank, at the step whose boundary part it
+    sent (a rank that waited for its send alone could step past a source killed before its own part left). Before an earlier step of the
     batch (or any step of the loop's first batch): the optimizer as it is, to go back to."""
     if not _among(optimizer, KEPT.optimizers) or not enabled():
         return
@@ -227,7 +229,7 @@ def _before_step(optimizer: Any, args: Any, kwargs: Any) -> None:
     sent = _send(after, False, data, wait=True)
     if not sent.wait(SEND_WAIT_S) or KEPT.failed is sent:
         raise RuntimeError(
-            f"nbdist: rank {dist.get_rank()} could not leave its part with its buddy ({KEPT.why or 'no answer'})"
+            f"nbdist: rank {dist.get_rank()} could not trade parts with its buddy and source ({KEPT.why or 'no answer'})"
         )
     atomic.hold()
     KEPT.begun = after
@@ -313,8 +315,8 @@ def _offset(size: int) -> int:
 def _exchange(
     pairs: tuple[control.Pair, control.Pair], generation: int, index: int, exact: bool, data: bytes, wait: bool
 ) -> None:
-    """Finish the last exchange (keep the part it brought), then send this one to the buddy; ``wait`` until
-    it has left. Every rank sends at the same points (each boundary, each step), so sends and receives pair.
+    """Finish the last exchange (keep the part it brought), then send this one to the buddy; ``wait`` until it
+    has left and the source's has come. Every rank sends at the same points (each boundary, each step), so they pair.
     One buffer each way per world, agreed in size at the first exchange by the two ranks of each pair (``pairs``:
     this rank and its buddy, its source and this rank): a header (length, index, exact) and the part."""
     rank, size = dist.get_rank(), dist.get_world_size()
@@ -335,20 +337,24 @@ def _exchange(
     sent = to.group.send([out], to.other, 0)  # the group's own numbers for the ranks
     got = came.group.recv([into], came.other, 0)
     source = source_of(rank, size)
-    if wait and sent is not None and not _waited(sent, generation):  # a gloo send is waited for once only
+    if not wait:
+        KEPT.exchange = (got, source, sent, generation)
+    elif _waited(generation, sent, got):  # both, before the step (_before_step); each gloo work waited for once only
+        KEPT.exchange = (None, source, None, generation)
+        finish(wait=True)  # keep what came
+    else:
         raise RuntimeError("the world was rebuilt while this rank's part was leaving")
-    KEPT.exchange = (got, source, None if wait else sent, generation)
 
 
-def _waited(work: Any, generation: int) -> bool:
-    """Wait for a send or receive until it completes (True) or its world is replaced (False); a broken
+def _waited(generation: int, *works: Any) -> bool:
+    """Wait for sends and receives until they complete (True) or their world is replaced (False); a broken
     world raises. Looked at in bounded steps: an exchange between two living ranks of a broken world never
     completes, and must not hold the sender thread when the rebuilt world needs it. The wait itself is
     gloo's untimed one, on a thread of its own (control.aside): a gloo wait given a timeout closes every connection of the
     group when it times out ("Application timeout caused pair closure"), so with 0.5 s waits a part that
     took longer to leave (a loaded machine, a large part) broke the world, and the next step failed with
     "could not leave its part with its buddy" (32 ranks on 2 cores, twice in 30 recoveries)."""
-    done, failed = control.aside(work)
+    done, failed = control.aside(*works)
     while not done.wait(WAIT_STEP_S):
         if generation != KEPT.generation:
             return False  # the thread waits on until the old world's connections break or its timeout
@@ -366,10 +372,10 @@ def finish(wait: bool) -> None:
     if generation != KEPT.generation:
         return
     try:
-        if wait:
-            if (sent is not None and not _waited(sent, generation)) or not _waited(got, generation):
+        if wait and got is not None:  # (None: waited for already, _exchange)
+            if not _waited(generation, *[w for w in (sent, got) if w is not None]):
                 return
-        else:  # the world is broken: what arrived has arrived (gloo says so only when waited on)
+        elif got is not None:  # the world is broken: what arrived has arrived (gloo says so only when waited on)
             got.wait(timeout=datetime.timedelta(seconds=AFTER_S))
     except Exception:
         return
