@@ -2,8 +2,10 @@
 stub ranks (engines without torch, made lean as nbdist's ranks are: stub_ranks.py), alternated cell by cell on the
 same engines, with ipyparallel's ``DirectView.execute`` beside them: the notebook's CPU a cell (each cell's own, so the
 median is robust to the odd slow one), the controller's (its /proc counters, in 10 ms ticks: a mean), and the wall;
-and how much of the notebook's time went to Python's cyclic garbage collector during the cells (``gc.callbacks``):
-the full collections (generation 2), which walk every object the process holds, and the young ones.
+and how much of the notebook's CPU went to Python's cyclic garbage collector during the cells (``gc.callbacks``, the
+collecting thread's CPU time): the full collections (generation 2), which walk every object the process holds, and
+the young ones. Then the counted cell again after ``gc.freeze()`` (every object the notebook held once the world
+started moved out of the collector's reach), in a pass of its own after the others, as the alternative.
 
     python benchmarks/output_count.py [--ranks 64,256] [--reps 30]
 """
@@ -36,10 +38,10 @@ class GcTime:
 
     def __call__(self, phase: str, info: dict[str, Any]) -> None:
         if phase == "start":
-            self._tic = time.perf_counter()
+            self._tic = time.thread_time()  # a collection runs on the thread that allocated: its CPU, not the wall
         elif self.kind is not None:
             took, full = self.took[self.kind], info["generation"] == 2
-            took["full_s" if full else "young_s"] += time.perf_counter() - self._tic
+            took["full_s" if full else "young_s"] += time.thread_time() - self._tic
             took["full"] += full
 
 
@@ -59,11 +61,18 @@ def one_size(n: int, reps: int) -> dict[str, dict[str, Any]]:
             for run in kinds.values():
                 run()
             controller = controller_of(engines)
-            got: dict[str, dict[str, list[float]]] = {k: {"wall": [], "notebook": [], "controller": []} for k in kinds}
-            collector = GcTime(list(kinds))
+            frozen = "counted, after gc.freeze()"
+            got: dict[str, dict[str, list[float]]] = {
+                k: {"wall": [], "notebook": [], "controller": []} for k in [*kinds, frozen]
+            }
+            collector = GcTime([*kinds, frozen])
             gc.callbacks.append(collector)
-            for _ in range(reps):
-                for kind, run in kinds.items():
+            rounds = [kinds] * reps + [{frozen: kinds["counted (as shipped)"]}] * reps
+            for i, round_ in enumerate(rounds):
+                if i == reps:
+                    objects = len(gc.get_objects())  # what a full collection walks (before the freeze)
+                    gc.freeze()
+                for kind, run in round_.items():
                     mine, theirs = time.process_time(), sum(controller.cpu_times()[:2])
                     tic = time.perf_counter()
                     collector.kind = kind
@@ -72,9 +81,9 @@ def one_size(n: int, reps: int) -> dict[str, dict[str, Any]]:
                     got[kind]["wall"].append(time.perf_counter() - tic)
                     got[kind]["notebook"].append(time.process_time() - mine)
                     got[kind]["controller"].append(sum(controller.cpu_times()[:2]) - theirs)
-            objects = len(gc.get_objects())  # what a full collection walks
         finally:
             gc.callbacks[:] = [c for c in gc.callbacks if not isinstance(c, GcTime)]
+            gc.unfreeze()
             engines.stop()
     return {
         kind: {
