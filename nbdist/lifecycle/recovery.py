@@ -197,7 +197,9 @@ class Recovery:
             step = restored
             what.append(f"restored step {restored} from {self.checkpoint['path']}")  # type: ignore[index]
         elif chosen is None and replay.setup:
-            what.append("no checkpoint was saved since the setup cells ran, so the cell starts again from what they build")
+            what.append(
+                "no checkpoint was saved since the setup cells ran, so the cell starts again from what they build"
+            )
         self.phases["restore"] = time.perf_counter() - tic - sum(self.phases.values())
         if renumbered:
             replay.membership.resized(Resize(before, len(renumbered), step, list(dead), time.time()))

@@ -214,8 +214,8 @@ def _before_step(optimizer: Any, args: Any, kwargs: Any) -> None:
     for this step, so left out), sent to the buddy; the step waits until it has left and the source's part for the
     step has come, and is not taken when either failed: a rank that took its step left its part behind and holds its
     source's, and a rank whose buddy or source died stays with the dead rank, at the step whose boundary part it
-    sent (a rank that waited for its send alone could step past a source killed before its own part left). Before an earlier step of the
-    batch (or any step of the loop's first batch): the optimizer as it is, to go back to."""
+    sent (one that waited for its send alone could step past a source killed before its own part left). Before an
+    earlier step of the batch (or any step of the loop's first batch): the optimizer as it is, to go back to."""
     if not _among(optimizer, KEPT.optimizers) or not enabled():
         return
     after = KEPT.begun + 1
