@@ -27,7 +27,7 @@ from __future__ import annotations
 import json
 import re
 from collections import deque
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from ..doctor import ranks_text
@@ -51,6 +51,11 @@ class _Line:
     at: float
     content: dict[str, Any] | None = None  # a display's message content
     label: str = ""  # a display's tag after the ranks: "" or "Out:"
+    # what lines alike share, made once: ``ready`` compares each rank's waiting line with the first at every look
+    alike: str = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.alike = f"{self.label}\0{self.text}" if self.name == "display" else shape(self.text)
 
 
 def visible(line: str) -> str:
@@ -196,9 +201,7 @@ class Folder:
 
 
 def _alike(a: _Line, b: _Line) -> bool:
-    if a.name == "display":
-        return a.text == b.text and a.label == b.label
-    return shape(a.text) == shape(b.text)
+    return a.alike == b.alike
 
 
 def _names_its_rank(lines: list[_Line]) -> bool:

@@ -331,6 +331,7 @@ def test_in_a_kernel_the_bars_are_one_display_updated_in_place_at_most_four_time
         now[0] = step / 100
         for rank in (0, 1):
             p.stream(rank, "stderr", f"\rtrain: {step}/100")
+        p.tick()  # the watch ticks after each batch it hands over
     assert 3 <= len(drawn) <= 6, f"{len(drawn)} draws for 200 updates in 1 s"
     assert re.fullmatch(r"\[rank 0\] train: \d+/100\n\[rank 1\] train: \d+/100", drawn[-1]), drawn[-1]
     p.flush()
@@ -350,3 +351,46 @@ def test_a_progress_bar_on_stderr_is_shown_as_ordinary_output_and_a_warning_stay
         ("stderr", "[rank 0] UserWarning: something to look at"),
         ("stdout", "[rank 0] eval: 100%|###| 2/2"),
     ]
+
+
+def test_a_batch_of_every_ranks_text_is_one_look_and_each_lines_shape_is_made_once(monkeypatch, capsys):
+    """256 ranks each print a line: the watch hands the batch over, then ticks. The printer looks at what is due once
+    for the batch (not after each rank's text: 256 looks at 256 waiting lines each), and a line's numbers are masked
+    once, not at every look (fold.shape)."""
+    from nbdist.cells import fold
+
+    masked, looks = [0], [0]
+    real_shape, real_ready = fold.shape, Folder.ready
+
+    def counted_shape(text):
+        masked[0] += 1
+        return real_shape(text)
+
+    def counted_ready(self, now):
+        looks[0] += 1
+        return real_ready(self, now)
+
+    monkeypatch.setattr(fold, "shape", counted_shape)
+    monkeypatch.setattr(Folder, "ready", counted_ready)
+    p = TaggedPrinter(ranks=list(range(256)), clock=lambda: 0.0)
+    for rank in range(256):
+        p.stream(rank, "stdout", "epoch 1 done\n")
+    p.tick()
+    assert looks[0] == 1, f"{looks[0]} looks at the ranks' waiting lines for one batch"
+    for _ in range(20):  # the watch's later looks while the line is shown
+        p.tick()
+    assert masked[0] == 256, f"{masked[0]} maskings of 256 lines"
+    assert capsys.readouterr().out == "[ranks 0-255] epoch 1 done\n"
+
+
+def test_a_line_held_past_its_time_folds_with_the_same_line_that_comes_in_the_same_batch(capsys, clock):
+    """Rank 1's line comes late, in the batch in which rank 0 prints its next: the look after the batch sees both
+    ranks' first lines and shows them as one (a look after rank 0's text alone showed rank 0's first line alone)."""
+    p = TaggedPrinter(ranks=[0, 1], clock=lambda: clock[0])
+    p.stream(0, "stdout", "epoch 1 done\n")
+    p.tick()
+    clock[0] = 10.0  # past every hold
+    p.stream(0, "stdout", "epoch 2 done\n")
+    p.stream(1, "stdout", "epoch 1 done\n")
+    p.tick()
+    assert capsys.readouterr().out == "[ranks 0,1] epoch 1 done\n"

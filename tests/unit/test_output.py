@@ -25,6 +25,7 @@ def test_quiet_printer_hides_other_ranks(capsys):
     p = TaggedPrinter(quiet_ranks={1})
     p.stream(0, "stdout", "zero\n")
     p.stream(1, "stdout", "one\n")
+    p.tick()  # as the watch does after each batch it hands over
     assert capsys.readouterr().out == "[rank 0] zero\n"
 
 

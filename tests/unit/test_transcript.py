@@ -32,6 +32,7 @@ def test_what_the_sink_shows_is_read_back_as_a_page_shows_it(tmp_path):
     sink = TaggedPrinter(ranks=[0, 1], transcript=kept)
     sink.stream(0, "stdout", "epoch 0\n")
     sink.stream(1, "stdout", "epoch 0\n")
+    sink.tick()  # as the watch does after each batch it hands over
     sink.metrics(0, [{"step": 0, "loss": 1.0}])
     sink.state(1, RankState.FAILED)
     sink.stream(0, "stderr", "warning\n")
