@@ -31,15 +31,27 @@ def alive(pid: int) -> bool:
 
 
 def descendants(pids: list[int]) -> set[int]:
-    """Processes started by these processes (the controller forks its heart monitor)."""
+    """Processes started by these processes (the controller forks its heart monitor), from one look at every
+    process's parent: psutil's ``children`` looks at every process once per pid asked about (1.4 s for 256 engines
+    on a host of 380 processes). A process younger than the one it names as its parent is taken, as psutil does: an
+    older one names a parent whose pid was reused."""
     import psutil
 
+    born: dict[int, float] = {}
+    below: dict[int, list[int]] = {}
+    for proc in psutil.process_iter(["ppid", "create_time"]):
+        ppid, created = proc.info["ppid"], proc.info["create_time"]
+        if created is not None:
+            born[proc.pid] = created
+            below.setdefault(ppid, []).append(proc.pid)
     out: set[int] = set()
-    for pid in pids:
-        try:
-            out.update(c.pid for c in psutil.Process(pid).children(recursive=True))
-        except psutil.Error:
-            pass
+    todo = [pid for pid in pids if pid in born]
+    while todo:
+        parent = todo.pop()
+        for child in below.get(parent, []):
+            if child not in out and born[child] >= born[parent]:
+                out.add(child)
+                todo.append(child)
     return out
 
 
