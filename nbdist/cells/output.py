@@ -69,7 +69,7 @@ class TaggedPrinter(Sink):
 
     What comes in (``stream``, ``display``, ``result``) is shown at the next ``tick`` (the watch ticks after each
     batch it hands over): a look at every rank's waiting line after each rank's text cost a cell in which 256 ranks
-    print a line about 65,000 comparisons."""
+    print a line about 33,000 comparisons."""
 
     LIVE_EVERY = 0.25  # seconds between two redraws of the live progress bars
     LIVE_PER_RANK = 4  # up to this many bars, one line per rank; above, one line for the world
