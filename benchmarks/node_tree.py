@@ -176,8 +176,8 @@ def one_size(n: int, sizes: list[int], reps: int) -> dict[str, Any]:
             for kind, run in kinds.items():
                 run(TRIVIAL)  # warm: the views' sockets, the first transcript
                 if kind != "DirectView.execute":
-                    got = run(PRINT)
-                    assert got.strip() == expected.strip(), f"{kind} folded {got!r}, nbdist's cell {expected!r}"
+                    folded = run(PRINT)
+                    assert folded.strip() == expected.strip(), f"{kind} folded {folded!r}, nbdist's cell {expected!r}"
             for tree in trees.values():
                 tree.leader_cpu.clear()
             controller = controller_of(engines)
