@@ -18,6 +18,7 @@ calling thread:
 
 from __future__ import annotations
 
+import functools
 import sys
 from collections.abc import Callable
 from typing import Any
@@ -26,6 +27,7 @@ from .. import compat
 from ..config import RunConfig
 from ..errors import ClusterError, NbdistError
 from ..results import RunResult
+from ..world import nodes
 from ..world.engineset import EngineSet
 from . import transcript
 from .history import title
@@ -35,6 +37,10 @@ from .watch import OnDone, Watch
 # From this many ranks a cell goes out as one request that the controller's broadcast schedulers hand to each engine,
 # instead of one request per engine from the notebook (benchmarks/stub_ranks.py measures both).
 BROADCAST_FROM = 10**9
+# From this many ranks a cell on the whole world goes out as one request a node, to its leader, which hands it to the
+# node's other ranks and sends their replies back together (world/nodes.py; benchmarks/node_tree.py). Off while it
+# is proven.
+TREE_FROM = 10**9
 
 # (result, ranks to recover) -> the result (Cluster's recovery), or the run that goes on in the cell's place
 Then = Callable[[RunResult, list[int]], "RunResult | PendingRun"]
@@ -141,7 +147,14 @@ def execute(
         then = _ending(kept, then)
     broadcast = len(cfg.ranks) >= BROADCAST_FROM
     view = engines.view(cfg.ranks, broadcast=broadcast)
+    send: Callable[[Any, str, Callable[[int, Any], None]], Any]
     send = compat.execute_heard_broadcast if broadcast else compat.execute_heard
+    whole = sorted(cfg.ranks) == list(range(len(engines.ranks)))
+    if not broadcast and whole and len(cfg.ranks) >= TREE_FROM and nodes.usable(engines):
+        try:
+            send = functools.partial(compat.execute_heard_tree, nodes=nodes.joined(engines, cfg.ranks))
+        except ClusterError as exc:  # the tree could not be joined: the cell goes the direct way, said once
+            print(f"nbdist: {exc}; this cell goes to each rank on its own.", file=sys.stderr)
     watch = Watch(
         engines,
         cfg.ranks,

@@ -15,7 +15,15 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from .ipykernel_private import OUTPUT_COUNT, add_control_handler, lean_iopub
+from .ipykernel_private import (
+    NODE,
+    NODE_REPLIES,
+    OUTPUT_COUNT,
+    add_control_handler,
+    before_execute,
+    lean_iopub,
+    run_relayed,
+)
 from .ipyparallel_private import (
     UNREADABLE,
     add_engines,
@@ -36,6 +44,7 @@ from .ipyparallel_private import (
     skip_controller_settle_sleep,
     start_waiting,
 )
+from .ipyparallel_tree import execute_heard_tree, hear_node_replies
 from .ipython_private import cell_filenames, show_error
 from .lightning_private import (
     lightning_launch_settings,
@@ -182,6 +191,21 @@ PRIVATE_APIS = (
         "cells.run: a cell sent as one broadcast request, each engine's reply heard as BroadcastView.execute makes it",
     ),
     PrivateAPI(
+        "ipykernel Kernel.shell_handlers['execute_request'] (replaced on the instance), Kernel._main_asyncio_lock, "
+        "Kernel._aborting, Kernel._send_abort_reply, Kernel.should_handle, Kernel.pre_handler_hook/post_handler_hook, "
+        "Kernel.set_parent, Kernel._publish_status, Session.clone",
+        "ipyparallel",
+        "engine.nodetree: a node's leader hands its node's ranks their requests as it begins its own; they run them "
+        "as Kernel.dispatch_shell runs a request from the controller, replying to the leader",
+    ),
+    PrivateAPI(
+        "ipyparallel Client._dispatch_iopub.__wrapped__, Client._iopub_stream (its callback replaced), "
+        "Client._queue_handlers['execute_reply'], util._parse_date, and execute_heard's bookkeeping",
+        "ipyparallel",
+        "world.nodes: a cell sent to each node's leader alone; the node's replies, batched on the leader's iopub, "
+        "handed to the client's handler one by one",
+    ),
+    PrivateAPI(
         "numba Dispatcher._cache._cache_file._load_index",
         "numba",
         "compression.kernels / engine.warm: whether the kernels' on-disk cache is fresh (else compile in the background)",
@@ -246,6 +270,12 @@ __all__ = [
     "drop_unreadable_messages",
     "execute_heard",
     "execute_heard_broadcast",
+    "execute_heard_tree",
+    "hear_node_replies",
+    "before_execute",
+    "run_relayed",
+    "NODE",
+    "NODE_REPLIES",
     "fast_iso_dates",
     "fsdp_collective_classes",
     "fsdp_waits",

@@ -3,6 +3,7 @@ each entry is listed in ``nbdist.compat.PRIVATE_APIS``."""
 
 from __future__ import annotations
 
+import sys
 import threading
 from typing import Any
 
@@ -10,6 +11,11 @@ from typing import Any
 # reply's metadata (an int): how many iopub messages, status aside, the rank published for the request before it
 # replied. The notebook has the rank's whole output once it heard that many (ipyparallel_private.execute_heard).
 OUTPUT_COUNT = "nbdist_output_count"
+# A node's tree (engine/nodetree.py, world/nodes.py). In a leader's request's metadata: [[rank, msg_id], ...], the
+# node's other ranks and the id of each one's request. The msg_type of an iopub message of a leader that carries its
+# node's replies: {"replies": [{"header", "parent_header", "metadata", "content"}, ...]}.
+NODE = "nbdist_node"
+NODE_REPLIES = "nbdist_replies"
 
 
 def add_control_handler(kernel: Any, msg_type: str, handler: Any) -> None:
@@ -112,3 +118,61 @@ def _msg_id(parent: Any) -> str | None:
         return None
     header = parent.get("header", parent) if "msg_id" not in parent else parent
     return header.get("msg_id") if isinstance(header, dict) else None
+
+
+def before_execute(kernel: Any, before: Any) -> None:
+    """On an engine: ``before(request)`` is called as its kernel begins each execute request it handles (after its
+    ``busy`` status, before the cell runs), by ipykernel's handler of ``execute_request`` (``Kernel.shell_handlers``).
+    Called again, the new ``before`` replaces the last."""
+    handle = getattr(kernel, "_nbdist_execute_request", None)
+    if handle is None:
+        handle = kernel._nbdist_execute_request = kernel.shell_handlers["execute_request"]
+
+    async def handled(stream: Any, ident: Any, parent: Any) -> Any:
+        before(parent)
+        return await handle(stream, ident, parent)
+
+    kernel.shell_handlers["execute_request"] = handled
+
+
+async def run_relayed(kernel: Any, reply_to: Any, frames: list[Any]) -> None:
+    """On an engine: handle a shell request that came on a socket of nbdist's own (a node's leader handed it on) as
+    ipykernel's ``Kernel.dispatch_shell`` handles one from the controller: its signature checked, its parent set, its
+    ``busy`` status, the abort and ``should_handle`` checks, SIGINT's handler set while it runs, stdout and stderr
+    flushed, its ``idle`` status; and one at a time with the controller's (``shell_main`` holds the same lock). Its
+    reply goes to ``reply_to`` (a socket) instead of the kernel's shell stream."""
+    import inspect
+
+    async with kernel._main_asyncio_lock:
+        idents, parts = kernel.session.feed_identities(frames, copy=False)
+        try:
+            msg = kernel.session.deserialize(parts, content=True, copy=False)
+        except Exception:
+            kernel.log.error("nbdist: a relayed request could not be read", exc_info=True)
+            return
+        kernel.set_parent(idents, msg, channel="shell")
+        kernel._publish_status("busy", "shell")
+        msg_type = msg["header"]["msg_type"]
+        handler = kernel.shell_handlers.get(msg_type)
+        if msg_type == "execute_request" and kernel._aborting:
+            kernel._send_abort_reply(reply_to, msg, idents)
+        elif handler is not None:
+            should = kernel.should_handle(reply_to, msg, idents)
+            if inspect.isawaitable(should):
+                should = await should
+            if should:
+                kernel.pre_handler_hook()
+                try:
+                    result = handler(reply_to, idents, msg)
+                    if inspect.isawaitable(result):
+                        await result
+                except Exception:
+                    kernel.log.error("nbdist: a relayed request's handler failed", exc_info=True)
+                except KeyboardInterrupt:
+                    kernel.log.error("KeyboardInterrupt caught in kernel.")
+                finally:
+                    kernel.post_handler_hook()
+        for out in (sys.stdout, sys.stderr):
+            if out is not None:
+                out.flush()
+        kernel._publish_status("idle", "shell")

@@ -28,13 +28,13 @@ def execute_heard(view: Any, code: str, heard: Callable[[int, Any], None], count
     ``message_future_hook``): callbacks put on the future then hear every message of its reply, in order. The
     requests are made as ``Client.send_execute_request`` makes them (the client's outstanding requests, history and
     each engine's outstanding set, the futures and their cleanup, as ``Client._send``), and go to the IO thread
-    ``SEND_CHUNK`` at a time, in one callback each (``_send_all``); ipyparallel hands each to the IO thread on its
+    ``SEND_CHUNK`` at a time, in one callback each (``send_all``); ipyparallel hands each to the IO thread on its
     own, a wake of its loop each, and queues each on the socket's stream, a callback more each. The view's history
     is not kept; the client's is.
 
     Each request asks its rank to end its output with a count rather than an ``idle`` status (``OUTPUT_COUNT``, see
     ``lean_iopub``): its output future is done once the reply said how many messages came and that many were heard
-    (``_OutputHeard``, after ``heard``'s callbacks); a reply that says no count leaves it to the ``idle``, as before.
+    (``OutputHeard``, after ``heard``'s callbacks); a reply that says no count leaves it to the ``idle``, as before.
     ``counted=False``: no request asks, and each rank ends its output with its ``idle`` (benchmarks/cell_messages.py).
     A cell that fails on a rank aborts no request behind it (``stop_on_error`` False): ipykernel aborts each execute
     request that reaches the rank before it has finished aborting, which a cell ended at its reply can outrun."""
@@ -48,23 +48,23 @@ def execute_heard(view: Any, code: str, heard: Callable[[int, Any], None], count
     idents, targets = client._build_targets(view.targets)
     metadata = {"label": view.label, OUTPUT_COUNT: True} if counted else {"label": view.label}
     content = {"code": code, "silent": False, "user_expressions": {}, "stop_on_error": False}
-    counts = _output_counts(client) if counted else None
+    counts = output_counts(client) if counted else None
     futures, messages = [], []
     for k, ident in enumerate(idents):
         msg = client.session.msg("execute_request", content=content, metadata=metadata)
         client.history.append(msg["header"]["msg_id"])
-        futures.append(_awaited(client, msg["header"]["msg_id"], msg["header"], ident.decode("utf-8"), view.label))
+        futures.append(awaited(client, msg["header"]["msg_id"], msg["header"], ident.decode("utf-8"), view.label))
         heard(k, futures[-1])
         if counts is not None:
-            counts[msg["header"]["msg_id"]] = _OutputHeard(client, msg["header"]["msg_id"], futures[-1])
+            counts[msg["header"]["msg_id"]] = OutputHeard(client, msg["header"]["msg_id"], futures[-1])
         messages.append((ident, msg))
         if len(messages) == SEND_CHUNK or k == len(idents) - 1:
-            client._io_loop.add_callback(partial(_send_all, client.session, view._socket, messages))
+            client._io_loop.add_callback(partial(send_all, client.session, view._socket, messages))
             messages = []
     return AsyncResult(client, futures, fname="execute", targets=targets, owner=True)
 
 
-class _OutputHeard:
+class OutputHeard:
     """What the notebook heard of one request's output, where its rank counts it (``OUTPUT_COUNT``): every iopub
     message of the request but its status, and the count its reply said. Both are read on the client's IO thread."""
 
@@ -87,10 +87,10 @@ class _OutputHeard:
                 output.set_result(None)
 
 
-def _output_counts(client: Any) -> dict[str, _OutputHeard]:
+def output_counts(client: Any) -> dict[str, OutputHeard]:
     """The requests whose output is counted, by msg_id, until their reply comes; the first time, the client's
     handler of execute replies is wrapped to read the count a reply says (``Client._queue_handlers``)."""
-    counts: dict[str, _OutputHeard] | None = getattr(client, "_nbdist_output_counts", None)
+    counts: dict[str, OutputHeard] | None = getattr(client, "_nbdist_output_counts", None)
     if counts is None:
         counts = client._nbdist_output_counts = {}
         handle = client._queue_handlers["execute_reply"]
@@ -107,7 +107,7 @@ def _output_counts(client: Any) -> dict[str, _OutputHeard]:
     return counts
 
 
-def _send_all(session: Any, stream: Any, messages: list[tuple[bytes, Any]]) -> None:
+def send_all(session: Any, stream: Any, messages: list[tuple[bytes, Any]]) -> None:
     """On the client's IO thread: each (engine identity, message) straight on the stream's socket, signed as
     ``Session.send`` signs it, while the stream has nothing queued before them and the socket takes a message at
     once; from the first it does not take, the rest through the stream, as ipyparallel sends each (queued, sent as
@@ -149,7 +149,7 @@ def execute_heard_broadcast(view: Any, code: str, heard: Callable[[int, Any], No
 
     def made(request: Any) -> None:
         for k, uuid in enumerate(uuids):
-            futures.append(_awaited(client, f"{request.msg_id}_{uuid}", request.header, uuid))
+            futures.append(awaited(client, f"{request.msg_id}_{uuid}", request.header, uuid))
             heard(k, futures[-1])
 
     request = client.send_execute_request(view._socket, code, silent=False, metadata=metadata, message_future_hook=made)
@@ -158,7 +158,7 @@ def execute_heard_broadcast(view: Any, code: str, heard: Callable[[int, Any], No
     return AsyncResult(client, futures, fname="execute", targets=targets, owner=True)
 
 
-def _awaited(client: Any, msg_id: str, header: Any, uuid: str, label: str | None = None) -> Any:
+def awaited(client: Any, msg_id: str, header: Any, uuid: str, label: str | None = None) -> Any:
     """The client's bookkeeping of a request to the engine ``uuid`` that a reply will answer, as ``Client._send`` keeps
     it: outstanding (and, while the engine is registered, among that engine's: a dead engine's request fails with
     EngineError), its reply and output futures, and their cleanup once both are in. Returns the reply's future."""

@@ -290,13 +290,13 @@ def test_probe_execute_heard():
     assert "content = dict(code=code, silent=bool(silent), user_expressions={})" in inspect.getsource(
         Client.send_execute_request
     )
-    assert "to_send = self.serialize(msg, ident)" in inspect.getsource(Session.send)  # what _send_all signs and sends
+    assert "to_send = self.serialize(msg, ident)" in inspect.getsource(Session.send)  # what send_all signs and sends
     assert "_build_targets" in vars(Client) and "_socket" in inspect.getsource(DirectView.execute)
     assert list(inspect.signature(AsyncResult).parameters)[:5] == ["client", "children", "fname", "targets", "owner"]
 
 
 def test_execute_heards_sends_go_straight_to_the_socket_and_the_rest_through_the_stream_in_order():
-    """compat.execute_heard's requests, sent together on the IO thread (compat._send_all): straight on the socket
+    """compat.execute_heard's requests, sent together on the IO thread (compat.send_all): straight on the socket
     while it takes them at once; from the first it does not (no peer yet: a DEALER holds nothing then), the rest
     through the socket's stream, queued until it can send. Every message arrives once, in order, signed."""
     import asyncio
@@ -305,7 +305,7 @@ def test_execute_heards_sends_go_straight_to_the_socket_and_the_rest_through_the
     from jupyter_client.session import Session
     from zmq.eventloop.zmqstream import ZMQStream
 
-    from nbdist.compat.ipyparallel_private import _send_all
+    from nbdist.compat.ipyparallel_private import send_all
 
     session, ctx = Session(key=b"secret"), zmq.Context.instance()
 
@@ -319,7 +319,7 @@ def test_execute_heards_sends_go_straight_to_the_socket_and_the_rest_through_the
                 while not dealer.poll(10, zmq.POLLOUT):  # the connection made: the socket takes a message
                     await asyncio.sleep(0.01)
             messages = [(b"engine-%d" % k, session.msg("execute_request", content={"k": k})) for k in range(50)]
-            _send_all(session, stream, messages)
+            send_all(session, stream, messages)
             queued = stream.sending()
             if not connect_first:
                 dealer.connect(f"tcp://127.0.0.1:{port}")
@@ -344,7 +344,7 @@ def test_execute_heards_sends_go_straight_to_the_socket_and_the_rest_through_the
 
 
 def test_replies_that_come_while_execute_heard_sends_are_all_heard():
-    """compat._send_all sends on the socket itself, under the stream that also reads the replies (the client's mux
+    """compat.send_all sends on the socket itself, under the stream that also reads the replies (the client's mux
     socket): a zmq socket's descriptor is edge-triggered, and a send can take in a reply without the loop being told,
     so the stream is flushed after. Here a peer answers each request at once, for 30 rounds of 64 requests, and every
     answer must reach the stream's callback (without the flush, the 2nd round's answers waited in the socket)."""
@@ -355,7 +355,7 @@ def test_replies_that_come_while_execute_heard_sends_are_all_heard():
     from jupyter_client.session import Session
     from zmq.eventloop.zmqstream import ZMQStream
 
-    from nbdist.compat.ipyparallel_private import _send_all
+    from nbdist.compat.ipyparallel_private import send_all
 
     session, ctx = Session(key=b"secret"), zmq.Context.instance()
     router = ctx.socket(zmq.ROUTER)
@@ -377,7 +377,7 @@ def test_replies_that_come_while_execute_heard_sends_are_all_heard():
                 await asyncio.sleep(0.01)
             counts = []
             for r in range(30):
-                _send_all(session, stream, [(b"e%d" % k, session.msg("execute_request", content={})) for k in range(64)])
+                send_all(session, stream, [(b"e%d" % k, session.msg("execute_request", content={})) for k in range(64)])
                 deadline = time.monotonic() + 10  # an answer not heard waits for ever
                 while len(heard) < 64 * (r + 1) and time.monotonic() < deadline:
                     await asyncio.sleep(0.001)
@@ -750,3 +750,64 @@ def test_probe_cuda_bad_fork(monkeypatch):
     compat.cuda_bad_fork(torch)
     with pytest.raises(RuntimeError, match="Cannot re-initialize CUDA in forked subprocess.*'spawn' start method"):
         torch.cuda._lazy_init()
+
+
+def test_probe_node_tree_ranks_side():
+    """compat.run_relayed repeats what ipykernel's dispatch_shell does around a request's handler, and takes the lock
+    its shell_main holds; compat.before_execute replaces the execute_request handler on the instance."""
+    from ipykernel.kernelbase import Kernel
+    from jupyter_client.session import Session
+
+    dispatch = inspect.getsource(Kernel.dispatch_shell)
+    for line in (
+        'self.set_parent(idents, msg, channel="shell")',
+        'self._publish_status("busy", "shell")',
+        "aborting = self._aborting",
+        "self._send_abort_reply(stream, msg, idents)",
+        "self.should_handle(stream, msg, idents)",
+        "self.pre_handler_hook()",
+        "result = handler(stream, idents, msg)",
+        "self.post_handler_hook()",
+        'self._publish_status_and_flush("idle", "shell", stream)',
+    ):
+        assert line in dispatch, f"ipykernel's dispatch_shell no longer says {line}: see compat.run_relayed"
+    assert "async with asyncio_lock:" in inspect.getsource(Kernel.shell_main), "see compat.run_relayed"
+    assert "asyncio_lock = self._main_asyncio_lock" in inspect.getsource(Kernel.shell_main), "see compat.run_relayed"
+    assert "self.shell_handlers[msg_type] = getattr(self, msg_type)" in inspect.getsource(Kernel.__init__)
+    session = Session(key=b"k")
+    clone = session.clone()
+    assert clone.key == session.key and clone.digest_history is not session.digest_history
+
+    handled = []
+
+    class Stub:
+        shell_handlers = {"execute_request": None}
+
+    async def execute_request(stream, ident, parent):
+        handled.append(parent["n"])
+
+    kernel = Stub()
+    kernel.shell_handlers = {"execute_request": execute_request}
+    compat.before_execute(kernel, lambda request: handled.append(-request["n"]))
+    compat.before_execute(kernel, lambda request: handled.append(-10 * request["n"]))  # replaces the first
+    import asyncio
+
+    asyncio.run(kernel.shell_handlers["execute_request"](None, [], {"n": 1}))
+    assert handled == [-10, 1]
+
+
+def test_probe_node_tree_notebooks_side():
+    """compat.hear_node_replies takes the client's iopub stream's callback, unpacking as ipyparallel does and handing
+    the rest to its _dispatch_iopub; a node's replies go to its handler of execute replies, dates parsed."""
+    from ipyparallel import Client
+    from ipyparallel.client import client as client_module
+
+    assert callable(Client._dispatch_iopub.__wrapped__), "see compat.hear_node_replies"
+    setup = inspect.getsource(Client._setup_streams)
+    assert "self._iopub_stream.on_recv(self._dispatch_iopub, copy=False)" in setup, "see compat.hear_node_replies"
+    handle = inspect.getsource(Client._handle_execute_reply)
+    assert "md.update(self._extract_metadata(msg))" in handle, "see compat.hear_node_replies"
+    extract = inspect.getsource(Client._extract_metadata)
+    assert "md['completed'] = header['date']" in extract and "md['submitted'] = parent['date']" in extract
+    assert "'execute_reply': self._handle_execute_reply," in inspect.getsource(Client.__init__)
+    assert callable(client_module.util._parse_date)
