@@ -156,7 +156,7 @@ class Tree:
         )
 
 
-def one_size(n: int, sizes: list[int], reps: int) -> dict[str, Any]:
+def one_size(n: int, sizes: list[int], reps: int, nbdist_node: int) -> dict[str, Any]:
     config = StartConfig.of(n=n, oversubscribe=True, pin=False, timeout=600)
     with tempfile.TemporaryDirectory(prefix="nbdist-tree-") as workdir:
         engines = EngineSet(config, StubLauncher(), workdir)
@@ -169,6 +169,7 @@ def one_size(n: int, sizes: list[int], reps: int) -> dict[str, Any]:
             kinds: dict[str, Any] = {
                 "nbdist cell (a request a rank)": lambda code: nbdist_cell(engines, code),
                 "DirectView.execute": lambda code: direct.execute(code, block=True),
+                f"nbdist cell, tree of {nbdist_node} a node": lambda code: nbdist_cell(engines, code, tree=nbdist_node),
             }
             for size, tree in trees.items():
                 kinds[f"tree, {size} ranks a node ({len(tree.leaders)} nodes)"] = tree.cell
@@ -214,11 +215,12 @@ def main() -> None:
     parser.add_argument("--ranks", default="64,256")
     parser.add_argument("--per-node", default="8,2")
     parser.add_argument("--reps", type=int, default=15)
+    parser.add_argument("--nbdist-node", type=int, default=8, help="ranks a node in nbdist's own tree (TREE_FROM)")
     args = parser.parse_args()
     sizes = [int(s) for s in args.per_node.split(",")]
     out: dict[str, Any] = {}
     for n in map(int, args.ranks.split(",")):
-        out[str(n)] = rows = one_size(n, sizes, args.reps)
+        out[str(n)] = rows = one_size(n, sizes, args.reps, args.nbdist_node)
         for code_name in ("trivial", "print on every rank"):
             for kind, m in rows[code_name].items():
                 print(
@@ -228,7 +230,7 @@ def main() -> None:
                 )
         print(f"{n:>4} stub ranks: a leader's CPU a cell (median), by ranks a node: {rows['leader_cpu_ms']}")
         print(f"{n:>4} stub ranks: folded as {rows['folded']!r}", flush=True)
-    save("node_tree", {"reps": args.reps, "per_node": sizes, "sizes": out})
+    save("node_tree", {"reps": args.reps, "per_node": sizes, "nbdist_node": args.nbdist_node, "sizes": out})
 
 
 if __name__ == "__main__":

@@ -43,6 +43,7 @@ from nbdist.cells.run import execute
 from nbdist.config import RunConfig, StartConfig
 from nbdist.launch.launchers import LocalLauncher, build_cluster
 from nbdist.launch.net import LOOPBACK
+from nbdist.world import nodes
 from nbdist.world.engineset import EngineSet
 
 TRIVIAL = "x = 1"
@@ -76,13 +77,16 @@ class StubLauncher(LocalLauncher):
         pass
 
 
-def nbdist_cell(engines: EngineSet, code: str, broadcast: bool = False, counted: bool = True) -> str:
+def nbdist_cell(engines: EngineSet, code: str, broadcast: bool = False, counted: bool = True, tree: int = 0) -> str:
     """nbdist's cell on every rank, as ``cluster.run`` sends it (default output: folded, kept for a later page);
     ``broadcast``: as one request through the controller's broadcast schedulers; ``counted=False``: each rank ends its
-    output with an idle status, as before the count in its reply (``compat.execute_heard``)."""
+    output with an idle status, as before the count in its reply (``compat.execute_heard``); ``tree``: through the
+    nodes' leaders, in nodes of that many ranks (``cells.run.TREE_FROM``, ``world.nodes``)."""
     out = io.StringIO()
     ranks = [r.rank for r in engines.ranks]
     saved, cellrun.BROADCAST_FROM = cellrun.BROADCAST_FROM, (1 if broadcast else 10**9)
+    saved_tree, cellrun.TREE_FROM = cellrun.TREE_FROM, (1 if tree else 10**9)
+    saved_size, nodes.NODE_SIZE = nodes.NODE_SIZE, (tree or nodes.NODE_SIZE)
     heard = compat.execute_heard
     if not counted:
         compat.execute_heard = functools.partial(heard, counted=False)
@@ -90,7 +94,7 @@ def nbdist_cell(engines: EngineSet, code: str, broadcast: bool = False, counted:
         with contextlib.redirect_stdout(out), contextlib.redirect_stderr(out):
             result = execute(engines, code, RunConfig(ranks=ranks), grace=5.0, watchdog=None, on_done=lambda r, k: [])
     finally:
-        cellrun.BROADCAST_FROM = saved
+        cellrun.BROADCAST_FROM, cellrun.TREE_FROM, nodes.NODE_SIZE = saved, saved_tree, saved_size
         compat.execute_heard = heard
     result.raise_for_error()  # type: ignore[union-attr]  # blocking: a RunResult
     return out.getvalue()

@@ -29,7 +29,7 @@ def nodes_of(engines: EngineSet, ranks: list[int], size: int | None = None) -> N
     """The cell's ranks as nodes: each host's in rank order, ``size`` (``NODE_SIZE``) at most a node."""
     size = size or NODE_SIZE
     by_host: dict[str, list[tuple[int, int]]] = {}
-    for k, rank in enumerate(ranks):
+    for k, rank in sorted(enumerate(ranks), key=lambda placed: placed[1]):
         by_host.setdefault(engines.ranks[rank].host, []).append((k, rank))
     return [node[i : i + size] for node in by_host.values() for i in range(0, len(node), size)]
 
