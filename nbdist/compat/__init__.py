@@ -206,6 +206,13 @@ PRIVATE_APIS = (
         "handed to the client's handler one by one",
     ),
     PrivateAPI(
+        "ipyparallel MessageFuture (subclassed, its __init__ not called: msg_id, header, track, _tracker, tracker, "
+        "iopub_callbacks, wait; output and metadata set as Client.create_message_futures sets them), "
+        "AsyncResult's multi_future of its children's trackers",
+        "ipyparallel",
+        "cells.run: a cell's two futures a rank made with one lock each, not three (compat.ipyparallel_futures)",
+    ),
+    PrivateAPI(
         "numba Dispatcher._cache._cache_file._load_index",
         "numba",
         "compression.kernels / engine.warm: whether the kernels' on-disk cache is fresh (else compile in the background)",

@@ -10,6 +10,7 @@ from functools import partial
 from typing import Any
 
 from .ipykernel_private import OUTPUT_COUNT
+from .ipyparallel_futures import awaited, forget
 
 
 def async_result_children(ar: Any) -> list[Any]:
@@ -154,28 +155,8 @@ def execute_heard_broadcast(view: Any, code: str, heard: Callable[[int, Any], No
 
     request = client.send_execute_request(view._socket, code, silent=False, metadata=metadata, message_future_hook=made)
     client.outstanding.discard(request.msg_id)
-    _forget(client, request.msg_id)
+    forget(client, request.msg_id)
     return AsyncResult(client, futures, fname="execute", targets=targets, owner=True)
-
-
-def awaited(client: Any, msg_id: str, header: Any, uuid: str, label: str | None = None) -> Any:
-    """The client's bookkeeping of a request to the engine ``uuid`` that a reply will answer, as ``Client._send`` keeps
-    it: outstanding (and, while the engine is registered, among that engine's: a dead engine's request fails with
-    EngineError), its reply and output futures, and their cleanup once both are in. Returns the reply's future."""
-    from ipyparallel.client.futures import multi_future
-
-    client.outstanding.add(msg_id)
-    if uuid in client._engines.values():
-        client._outstanding_dict[uuid].add(msg_id)
-    pair = client.create_message_futures(msg_id, header, async_result=True, label=label)
-    multi_future(pair).add_done_callback(partial(_forget, client, msg_id))
-    return pair[0]
-
-
-def _forget(client: Any, msg_id: str, done: Any = None) -> None:
-    """Out of the client's caches, as ``Client._send``'s cleanup does for a direct request."""
-    for cache in (client.results, client._futures, client._output_futures, client.metadata):
-        cache.pop(msg_id, None)
 
 
 def launcher_popen(launcher: Any) -> Any:

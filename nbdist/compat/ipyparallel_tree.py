@@ -8,7 +8,8 @@ from functools import partial
 from typing import Any
 
 from .ipykernel_private import NODE, NODE_REPLIES, OUTPUT_COUNT
-from .ipyparallel_private import SEND_CHUNK, OutputHeard, awaited, on_io_thread, output_counts, send_all
+from .ipyparallel_futures import awaited
+from .ipyparallel_private import SEND_CHUNK, OutputHeard, on_io_thread, output_counts, send_all
 
 
 def execute_heard_tree(

@@ -811,3 +811,32 @@ def test_probe_node_tree_notebooks_side():
     assert "md['completed'] = header['date']" in extract and "md['submitted'] = parent['date']" in extract
     assert "'execute_reply': self._handle_execute_reply," in inspect.getsource(Client.__init__)
     assert callable(client_module.util._parse_date)
+
+
+def test_probe_lean_future():
+    """compat.awaited's futures are ipyparallel's MessageFuture without its Event and tracker Future: what
+    MessageFuture sets in __init__ is what the lean one sets, AsyncResult reads each child's tracker (done, None for an
+    untracked request), and wait() says whether the future is done, as MessageFuture's does."""
+    import threading
+
+    from ipyparallel.client import asyncresult
+    from ipyparallel.client.futures import MessageFuture
+
+    from nbdist.compat.ipyparallel_futures import lean_future
+
+    init = inspect.getsource(MessageFuture.__init__)
+    for line in ("self._evt = Event()", "self.tracker = Future()", "self.iopub_callbacks = []", "self.track = track"):
+        assert line in init, f"MessageFuture.__init__ no longer says {line}: see compat.lean_future"
+    assert "multi_future([f.tracker for f in self._children])" in inspect.getsource(asyncresult.AsyncResult)
+    lean = lean_future()
+    made = lean("m1", {"msg_type": "execute_request"})
+    real = MessageFuture("m2", {"msg_type": "execute_request"})
+    assert isinstance(made, MessageFuture)
+    assert set(vars(real)) - set(vars(made)) == {"_evt"}, "MessageFuture keeps something the lean one lacks"
+    assert made.tracker.done() and made.tracker.result() is None and made.iopub_callbacks == []
+    assert lean("m3", {}).tracker is made.tracker  # one shared
+    assert made.wait(0) is False and real.wait(0) is False
+    threading.Timer(0.05, made.set_result, ("reply",)).start()
+    assert made.wait(5) is True and made.result() == "reply"
+    real.set_result("reply")
+    assert real.wait(0) is True and made.wait(0) is True

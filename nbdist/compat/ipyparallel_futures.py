@@ -1,0 +1,82 @@
+"""The notebook's client's bookkeeping of one request a cell sends (ipyparallel's ``Client._send`` and
+``Client.create_message_futures``, kept as they keep it, with lighter futures); each entry is listed in
+``nbdist.compat.PRIVATE_APIS``."""
+
+from __future__ import annotations
+
+import functools
+from concurrent.futures import Future
+from typing import Any
+
+
+@functools.cache
+def lean_future() -> Any:
+    """``LeanFuture``, made the first time it is asked for (this package imports nothing heavy at import time)."""
+    from ipyparallel.client.futures import MessageFuture
+
+    sent: Future[Any] = Future()  # the tracker of every request that is not tracked: sent, with no zmq tracker
+    sent.set_result(None)
+
+    class LeanFuture(MessageFuture):  # type: ignore[misc]
+        """ipyparallel's ``MessageFuture`` for a request that is not tracked, with one lock instead of three: no
+        ``Event`` of its own (``wait`` waits on its Future's condition) and no tracker Future of its own (one shared,
+        done, as ipyparallel sets an untracked request's). A cell makes two a rank (its reply and its output): at 256
+        ranks, 1,024 condition variables and their locks fewer a cell."""
+
+        def __init__(self, msg_id: str, header: Any) -> None:
+            Future.__init__(self)
+            self.msg_id, self.header = msg_id, header
+            self.track, self._tracker, self.tracker = False, None, sent
+            self.iopub_callbacks: list[Any] = []
+
+        def wait(self, timeout: float | None = None) -> bool:
+            with self._condition:
+                if not self.done():
+                    self._condition.wait(timeout)
+            return self.done()
+
+    return LeanFuture
+
+
+def awaited(client: Any, msg_id: str, header: Any, uuid: str, label: str | None = None) -> Any:
+    """The client's bookkeeping of a request to the engine ``uuid`` that a reply will answer, as ``Client._send`` keeps
+    it: outstanding (and, while the engine is registered, among that engine's: a dead engine's request fails with
+    EngineError), its reply and output futures as ``create_message_futures`` makes them (``lean_future``'s), and their
+    cleanup once both are in. Returns the reply's future."""
+    from ipyparallel import util
+
+    client.outstanding.add(msg_id)
+    if uuid in client._engines.values():
+        client._outstanding_dict[uuid].add(msg_id)
+    lean = lean_future()
+    reply, output = lean(msg_id, header), lean(msg_id, header)
+    client._futures[msg_id] = reply
+    client._output_futures[msg_id] = output
+    output.metadata = client.metadata[msg_id]
+    output.metadata["submitted"] = util.utcnow()
+    output.metadata["label"] = label
+    reply.output = output
+    both = _Both(client, msg_id)
+    reply.add_done_callback(both.one)
+    output.add_done_callback(both.one)
+    return reply
+
+
+class _Both:
+    """Forget a request once both its futures are done (``multi_future``'s end, without a Future of its own)."""
+
+    __slots__ = ("client", "done", "msg_id")
+
+    def __init__(self, client: Any, msg_id: str) -> None:
+        self.client, self.msg_id, self.done = client, msg_id, 0
+
+    def one(self, future: Any) -> None:
+        self.done += 1
+        if self.done >= 2:
+            forget(self.client, self.msg_id)
+
+
+def forget(client: Any, msg_id: str, done: Any = None) -> None:
+    """Out of the client's caches, as ``Client._send``'s cleanup does for a direct request."""
+    for cache in (client.results, client._futures, client._output_futures, client.metadata):
+        cache.pop(msg_id, None)
