@@ -94,10 +94,9 @@ def leave() -> None:
     stream = _HERE.pop("stream", None)
     if stream is not None:
         stream.close(linger=0)
-    for name in ("down",):
-        sock = _HERE.pop(name, None)
-        if sock is not None:
-            sock.close(linger=0)
+    handed = _HERE.pop("down", None)
+    if handed is not None:
+        handed.close(linger=0)
     _HERE.clear()
 
 
