@@ -94,27 +94,63 @@ def test_a_rank_that_raises_in_a_broadcast_cell_is_named_as_in_a_direct_one(worl
     assert said == direct
 
 
-def test_a_rank_killed_during_a_broadcast_cell_fails_the_cell_naming_it_and_is_restarted(world, sent, tmp_path):
-    flag = tmp_path / "started"
-    code = (
+def sleeps_then_all_reduces(flag) -> str:
+    """Cell code: each rank marks that it started (``flag`` + its rank), sleeps 1 s, then all-reduces."""
+    return (
         "import os, time\n"
         f"open({str(flag)!r} + str(dist.get_rank()), 'w').close()\n"
         "t = torch.ones(1)\n"
         "time.sleep(1.0)\n"
         "dist.all_reduce(t)"
     )
-    victim = world.ranks[2].pid
+
+
+def kill_once_started(flag, pid: int, ranks: int = 3) -> threading.Thread:
+    """A thread that SIGKILLs ``pid`` once every rank marked that it started (``sleeps_then_all_reduces``)."""
 
     def kill() -> None:
         for _ in range(600):
-            if all(os.path.exists(f"{flag}{r}") for r in range(3)):
-                os.kill(victim, signal.SIGKILL)
+            if all(os.path.exists(f"{flag}{r}") for r in range(ranks)):
+                os.kill(pid, signal.SIGKILL)
                 return
             threading.Event().wait(0.01)
 
-    futures = world.client._futures  # noqa: SLF001
     killer = threading.Thread(target=kill, daemon=True)
     killer.start()
+    return killer
+
+
+def works_again(world) -> None:
+    """The world's all-reduce gives 1+2+3 on each of its 3 ranks."""
+    world.run("t = torch.ones(1) * (dist.get_rank() + 1)\ndist.all_reduce(t)\nproof = t.item()").raise_for_error()
+    assert world.pull("proof") == [6.0, 6.0, 6.0]
+
+
+def nothing_pending(futures):
+    def pending() -> bool:
+        """the dead rank's request failed with its engine (the hub's word on it may come after the restart)"""
+        return not [msg_id for msg_id, future in list(futures.items()) if not future.done()]
+
+    return pending
+
+
+def as_before(client):
+    """A check that the client's caches are as long as now and nothing is outstanding (after cells that end)."""
+    caches = (client.results, client._futures, client._output_futures, client.metadata)  # noqa: SLF001
+    before = [len(c) for c in caches]
+
+    def same() -> bool:
+        """each rank's future and output left the caches with its cell (the client's IO thread drops the last)"""
+        return [len(c) for c in caches] == before and len(client.outstanding) == 0
+
+    return same
+
+
+def test_a_rank_killed_during_a_broadcast_cell_fails_the_cell_naming_it_and_is_restarted(world, sent, tmp_path):
+    flag = tmp_path / "started"
+    code = sleeps_then_all_reduces(flag)
+    futures = world.client._futures  # noqa: SLF001
+    killer = kill_once_started(flag, world.ranks[2].pid)
     result = world.run(code, timeout=HANG_S)
     killer.join(timeout=HANG_S)
     assert sent == [code]
@@ -123,30 +159,17 @@ def test_a_rank_killed_during_a_broadcast_cell_fails_the_cell_naming_it_and_is_r
         result.raise_for_error()
     assert "rank 2" in str(err.value) and "died" in str(err.value), str(err.value)
     world.restart([2])
-    t = "t = torch.ones(1) * (dist.get_rank() + 1)\ndist.all_reduce(t)\nproof = t.item()"
-    world.run(t).raise_for_error()
-    assert world.pull("proof") == [6.0, 6.0, 6.0]
-
-    def nothing_pending() -> bool:
-        """the dead rank's request failed with its engine (the hub's word on it may come after the restart)"""
-        return not [msg_id for msg_id, future in list(futures.items()) if not future.done()]
-
-    poll(nothing_pending, within=HANG_S)
+    works_again(world)
+    poll(nothing_pending(futures), within=HANG_S)
 
 
 def test_a_finished_broadcast_cell_leaves_nothing_in_the_notebooks_client(world, sent):
     client = world.client
     world.run("x = 1").raise_for_error()  # the views and their sockets made
-    caches = (client.results, client._futures, client._output_futures, client.metadata)  # noqa: SLF001
-    before = [len(c) for c in caches]
-    outstanding = len(client.outstanding)
+    assert len(client.outstanding) == 0
+    unchanged = as_before(client)
     for i in range(10):
         world.run(f"print('cell {i}')\nx = {i}").raise_for_error()
     assert len(sent) == 11
-
-    def as_before() -> bool:
-        """each rank's future and output left the caches with its cell (the client's IO thread drops the last)"""
-        return [len(c) for c in caches] == before and len(client.outstanding) == outstanding == 0
-
-    poll(as_before, within=HANG_S)
+    poll(unchanged, within=HANG_S)
     assert world.pull("x") == [9, 9, 9]

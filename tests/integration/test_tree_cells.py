@@ -9,9 +9,6 @@ from __future__ import annotations
 import contextlib
 import io
 import json
-import os
-import signal
-import threading
 
 import psutil
 import pytest
@@ -22,7 +19,15 @@ from nbdist.cells import run as cellrun
 from nbdist.errors import RankError
 from nbdist.world import nodes
 from tests.helpers import poll
-from tests.integration.test_broadcast_cells import CELLS, shown
+from tests.integration.test_broadcast_cells import (
+    CELLS,
+    as_before,
+    kill_once_started,
+    nothing_pending,
+    shown,
+    sleeps_then_all_reduces,
+    works_again,
+)
 
 HANG_S = 60.0
 
@@ -99,26 +104,10 @@ def test_a_rank_killed_during_a_tree_cell_fails_the_cell_naming_it_and_the_tree_
     world, sent, tmp_path, victim, capsys
 ):
     flag = tmp_path / "started"
-    code = (
-        "import os, time\n"
-        f"open({str(flag)!r} + str(dist.get_rank()), 'w').close()\n"
-        "t = torch.ones(1)\n"
-        "time.sleep(1.0)\n"
-        "dist.all_reduce(t)"
-    )
+    code = sleeps_then_all_reduces(flag)
     pids = [r.pid for r in world.ranks]
-    pid = pids[victim]
     futures = world.client._futures  # noqa: SLF001
-
-    def kill() -> None:
-        for _ in range(600):
-            if all(os.path.exists(f"{flag}{r}") for r in range(3)):
-                os.kill(pid, signal.SIGKILL)
-                return
-            threading.Event().wait(0.01)
-
-    killer = threading.Thread(target=kill, daemon=True)
-    killer.start()
+    killer = kill_once_started(flag, pids[victim])
     said = io.StringIO()
     with contextlib.redirect_stderr(said):
         result = world.run(code, timeout=HANG_S)
@@ -132,18 +121,11 @@ def test_a_rank_killed_during_a_tree_cell_fails_the_cell_naming_it_and_the_tree_
     assert [r for r in range(3) if r != victim and not _alive(pids[r])] == [], said.getvalue()
     assert "ending rank" not in said.getvalue(), said.getvalue()
     world.restart([victim])
-    t = "t = torch.ones(1) * (dist.get_rank() + 1)\ndist.all_reduce(t)\nproof = t.item()"
-    world.run(t).raise_for_error()
+    works_again(world)
     assert sent[-1] and all(engine != engine_of(world, 1) for engine, _ in sent[-1]), sent[-1]  # through the tree
     assert (engine_of(world, 0), [1]) in sent[-1], sent[-1]  # the new engine joined it
-    assert world.pull("proof") == [6.0, 6.0, 6.0]
     assert [world.ranks[r].pid for r in range(3) if r != victim] == [pids[r] for r in range(3) if r != victim]
-
-    def nothing_pending() -> bool:
-        """the dead rank's request failed with its engine (the hub's word on it may come after the restart)"""
-        return not [msg_id for msg_id, future in list(futures.items()) if not future.done()]
-
-    poll(nothing_pending, within=HANG_S)
+    poll(nothing_pending(futures), within=HANG_S)
     # a reply a rank sent again on its leader's death, which the notebook had, is dropped, not kept as a stale one
     assert "got stale result" not in capsys.readouterr().out
 
@@ -158,23 +140,12 @@ def _alive(pid: int) -> bool:
 def test_a_finished_tree_cell_leaves_nothing_in_the_notebooks_client(world, sent):
     client = world.client
     world.run("x = 1").raise_for_error()  # the tree joined, the views and their sockets made
-    caches = (client.results, client._futures, client._output_futures, client.metadata)  # noqa: SLF001
-    before = [len(c) for c in caches]
+    unchanged = as_before(client)
     for i in range(10):
         world.run(f"print('cell {i}')\nx = {i}").raise_for_error()
     assert len(sent) == 11
-
-    def as_before() -> bool:
-        """each rank's future and output left the caches with its cell (the client's IO thread drops the last)"""
-        return [len(c) for c in caches] == before and len(client.outstanding) == 0
-
-    poll(as_before, within=HANG_S)
+    poll(unchanged, within=HANG_S)
     assert world.pull("x") == [9, 9, 9]
-
-
-def usable(world) -> None:
-    world.run("t = torch.ones(1) * (dist.get_rank() + 1)\ndist.all_reduce(t)\nproof = t.item()").raise_for_error()
-    assert world.pull("proof") == [6.0, 6.0, 6.0]
 
 
 @pytest.mark.parametrize("fails", [1, 0], ids=["a rank its leader hands cells", "a leader"])
@@ -188,7 +159,7 @@ def test_a_rank_that_fails_while_its_node_waits_in_a_collective_has_them_release
     with pytest.raises(RankError) as info:
         r.raise_for_error()
     assert info.value.rank == fails
-    usable(world)
+    works_again(world)
     assert len(sent) == 2
 
 
@@ -203,7 +174,7 @@ def test_a_tree_cell_past_its_timeout_is_released_on_every_rank_and_none_is_ende
     assert r.released == direct.released == "timeout", r.notes
     assert [r[k].status for k in range(3)] == [direct[k].status for k in range(3)] == ["timeout"] * 3
     assert all(_alive(p) for p in pids) and [x.pid for x in world.ranks] == pids
-    usable(world)
+    works_again(world)
 
 
 STOP_ON_RANK_1 = """%%distributed
