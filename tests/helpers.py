@@ -226,3 +226,14 @@ def stand_in_driver(folder) -> str:
     lib = folder / "libcuda.so.1"
     subprocess.run(["cc", "-shared", "-fPIC", "-o", str(lib), str(folder / "driver.c")], check=True)
     return str(lib)
+
+
+def wait_for_file(path) -> str:
+    """Cell code: wait (at most 30 s) until the test creates ``path``; 'seen' or 'not seen'."""
+    return (
+        "import os, time\n"
+        "_end = time.monotonic() + 30\n"
+        f"while not os.path.exists({str(path)!r}) and time.monotonic() < _end:\n"
+        "    time.sleep(0.01)\n"
+        f"seen = 'seen' if os.path.exists({str(path)!r}) else 'not seen'\n"
+    )

@@ -34,6 +34,10 @@ class Heard:
         # text and the displays apart): (stream, text) or ("display", content), appended by its IO thread.
         self.order: list[deque[tuple[str, Any]]] = [deque() for _ in ranks]
         self.pdb: queue.SimpleQueue[tuple[int, dict[str, Any]]] = queue.SimpleQueue()  # (child, what its pdb said)
+        # The children that sent something to show since the last emit, appended by the IO thread once ipyparallel
+        # stored it: an emit looks at those alone, not at every rank (at 256 ranks, a cell's looks were a sixth of
+        # the notebook's work in it).
+        self.news: deque[int] = deque()
         self.heard = [functools.partial(self._poke, i) for i in range(len(ranks))]
 
     def hear(self, i: int, future: Any) -> None:
@@ -50,6 +54,7 @@ class Heard:
         elif kind == "display_data":
             self._heard_display(i, msg.get("content", {}))
         if kind in _SHOWN_TYPES:
+            self.news.append(i)
             self.wake.put(1)
 
     def _heard_display(self, i: int, content: dict[str, Any]) -> None:
@@ -60,20 +65,26 @@ class Heard:
             self.pdb.put((i, said))
 
     def emit(self, last: bool = False) -> None:
-        """Hand the sink what each rank produced since the last call (``last``: the cell is over)."""
-        for i, child in enumerate(self.children):
-            md, rank, seen = child.output.metadata, self.ranks[i], self.seen[i]
+        """Hand the sink what each rank produced since the last call (``last``: the cell is over, and each rank's store
+        is looked at)."""
+        for i in self._new(every=last):
+            md, rank, seen = self.children[i].output.metadata, self.ranks[i], self.seen[i]
             self._emit_streams(i, md, rank, seen, last)
             if md.get("execute_result") and not seen.result:
                 seen.result = True
                 self.sink.result(rank, md["execute_result"])
             self._emit_rows(md, rank, "metrics")
 
-    def emit_rows(self) -> None:
+    def emit_rows(self, last: bool = False) -> None:
         """Only the metric rows, while nothing is shown (``wait(show=False)``): kept for the result and handed to the
         sink's ``logged`` (a tracked run hears them), not drawn."""
-        for i, child in enumerate(self.children):
-            self._emit_rows(child.output.metadata, self.ranks[i], "logged")
+        for i in self._new(every=last):
+            self._emit_rows(self.children[i].output.metadata, self.ranks[i], "logged")
+
+    def _new(self, every: bool = False) -> list[int]:
+        """The children with something new to hand on, in rank order (``every``: all)."""
+        news = taken(self.news)
+        return list(range(len(self.children))) if every else sorted(news)
 
     def _emit_rows(self, md: dict[str, Any], rank: int, method: str) -> None:
         data = md.get("data") or {}
@@ -126,6 +137,14 @@ class _Seen:
         self.chars = {"stdout": 0, "stderr": 0}
         self.outputs = 0
         self.result = False
+
+
+def taken(items: deque[int]) -> set[int]:
+    """What another thread appended, taken out."""
+    out = set()
+    while items:
+        out.add(items.popleft())
+    return out
 
 
 def call_sink(sink: Any, method: str, *args: Any) -> None:

@@ -11,6 +11,7 @@ import queue
 import re
 import sys
 import time
+from collections import deque
 from collections.abc import Callable
 from typing import Any
 
@@ -21,7 +22,7 @@ from ..results import RankState, RunResult
 from ..world import reports
 from ..world.engineset import EngineSet
 from . import replies
-from .heard import Heard, call_sink
+from .heard import Heard, call_sink, taken
 from .interrupt import CtrlC
 from .output import Sink
 from .pdbrelay import Relay, send_line
@@ -63,6 +64,10 @@ class Watch:
         self.tic = time.perf_counter()
         self.wake: queue.SimpleQueue[int] = queue.SimpleQueue()
         self.states: dict[int, RankState] = {}  # what the sink was told
+        # The ranks whose state changed and the children whose output is all in, appended as they come: a look at the
+        # cell goes through those alone (_report_states, _loop).
+        self.changed: deque[int] = deque()
+        self.complete: deque[int] = deque()
         self.reports: dict[int, dict[str, Any]] = {}  # where released ranks were
         self.looked: dict[int, dict[str, Any] | None] = {}  # after a release, the last look at those still running
         # Ranks whose process nbdist started on this host, by pid: a death is seen at once, from the process,
@@ -86,6 +91,7 @@ class Watch:
         self.children = self.out.children = compat.async_result_children(self.ar)  # one per rank, as ``ranks``
         for i, child in enumerate(self.children):
             child.add_done_callback(functools.partial(self._replied, i))
+            child.output.add_done_callback(lambda _, i=i: self.complete.append(i))
 
     def _replied(self, i: int, child: Any) -> None:
         """A rank's reply came (on the client's IO thread): its state goes on the board. The watch wakes when one
@@ -138,17 +144,19 @@ class Watch:
         )
         ctrl_c = CtrlC(self.wake)
         unfollow = exits.EXITS.follow(self.pids.values(), self.process_ended)
+        unsubscribe = self.board.subscribe(lambda now: self.changed.append(now.rank))  # for the loop's looks
         self.relay.ask = ctrl_c.around(self.ask)
         try:
             killed, interrupted = self._loop(policy, ctrl_c, stream)
         finally:
             ctrl_c.restore()
             unfollow()
+            unsubscribe()
         self._finish_output(stream)
         for i in list(self.unsettled):
             self._settle(i)
         if stream:  # the last replies' states: the loop ends on them, before it reports them
-            self._report_states()
+            self._report_states(every=True)
         result = replies.collect(
             self.children,
             self.engines,
@@ -163,7 +171,7 @@ class Watch:
         recover = self.on_done(result, killed)
         self._over()
         if stream:  # what the cell's end made of each rank (failed -> idle, unanswered -> dead): the chips say it too
-            self._report_states()
+            self._report_states(every=True)
         if interrupted:
             for note in result.notes:
                 print(note, file=sys.stderr)
@@ -188,7 +196,7 @@ class Watch:
                     continue  # a person answered a prompt: look at everything afresh
                 if stream:
                     # before the emit: those whose output is complete
-                    heard_all = [i for i, c in enumerate(self.children) if i not in self.finished and c.output.done()]
+                    heard_all = [i for i in sorted(taken(self.complete)) if i not in self.finished]
                     for i in heard_all:
                         self._settle(i)
                     self.out.emit()
@@ -320,11 +328,14 @@ class Watch:
         self.board.set(ranks, RankState.DEAD)
         self.ended.update(i for i, rank in enumerate(self.ranks) if rank in ranks)
 
-    def _report_states(self) -> None:
-        """Tell the sink each rank's state as the board has it, when it changed (and, after 2 s, progress)."""
-        board = self.board.get()
+    def _report_states(self, every: bool = False) -> None:
+        """Tell the sink each rank's state as the board has it, when it changed (and, after 2 s, progress): while the
+        cell runs, of the ranks the board said changed since the last look (the first look and ``every``: of all)."""
+        changed = taken(self.changed)
+        ranks = [r for r in self.ranks if r in changed] if self.states and not every else self.ranks
+        board = self.board.of(ranks)
         done = len(self.children) - len(self.waiting - self.gone - self.ended)
-        for rank in self.ranks:
+        for rank in ranks:
             state = board[rank].state if rank in board else RankState.BUSY
             if self.states.get(rank) != state:
                 self.states[rank] = state
@@ -357,10 +368,10 @@ class Watch:
             except Exception:  # the output of a dead engine never completes
                 pass
         if not stream:
-            self.out.emit_rows()
+            self.out.emit_rows(last=True)
         else:
             self.out.emit(last=True)
-            self._report_states()
+            self._report_states(every=True)
             self.sink.flush()
         self.out.stop()
 

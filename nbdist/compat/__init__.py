@@ -213,6 +213,12 @@ PRIVATE_APIS = (
         "cells.run: a cell's two futures a rank made with one lock each, not three (compat.ipyparallel_futures)",
     ),
     PrivateAPI(
+        "ipyparallel AsyncResult._init_futures (replaced: _children, _result_future, _sent_future, _output_future, "
+        "_handle_sent, _resolve_result, _resolve_output, _finalize_result)",
+        "ipyparallel",
+        "cells.run: a cell's AsyncResult follows its futures by a count, not multi_future (compat.async_result)",
+    ),
+    PrivateAPI(
         "numba Dispatcher._cache._cache_file._load_index",
         "numba",
         "compression.kernels / engine.warm: whether the kernels' on-disk cache is fresh (else compile in the background)",

@@ -10,7 +10,7 @@ from functools import partial
 from typing import Any
 
 from .ipykernel_private import OUTPUT_COUNT
-from .ipyparallel_futures import awaited, forget
+from .ipyparallel_futures import async_result, awaited, forget, registered
 
 
 def async_result_children(ar: Any) -> list[Any]:
@@ -39,8 +39,6 @@ def execute_heard(view: Any, code: str, heard: Callable[[int, Any], None], count
     ``counted=False``: no request asks, and each rank ends its output with its ``idle`` (benchmarks/cell_messages.py).
     A cell that fails on a rank aborts no request behind it (``stop_on_error`` False): ipykernel aborts each execute
     request that reaches the rank before it has finished aborting, which a cell ended at its reply can outrun."""
-    from ipyparallel.client.asyncresult import AsyncResult
-
     client = view.client
     if client._closed:
         raise RuntimeError("Client cannot be used after its sockets have been closed")
@@ -50,11 +48,13 @@ def execute_heard(view: Any, code: str, heard: Callable[[int, Any], None], count
     metadata = {"label": view.label, OUTPUT_COUNT: True} if counted else {"label": view.label}
     content = {"code": code, "silent": False, "user_expressions": {}, "stop_on_error": False}
     counts = output_counts(client) if counted else None
-    futures, messages = [], []
+    futures, messages, known = [], [], registered(client)
     for k, ident in enumerate(idents):
         msg = client.session.msg("execute_request", content=content, metadata=metadata)
         client.history.append(msg["header"]["msg_id"])
-        futures.append(awaited(client, msg["header"]["msg_id"], msg["header"], ident.decode("utf-8"), view.label))
+        futures.append(
+            awaited(client, msg["header"]["msg_id"], msg["header"], ident.decode("utf-8"), view.label, known)
+        )
         heard(k, futures[-1])
         if counts is not None:
             counts[msg["header"]["msg_id"]] = OutputHeard(client, msg["header"]["msg_id"], futures[-1])
@@ -62,7 +62,7 @@ def execute_heard(view: Any, code: str, heard: Callable[[int, Any], None], count
         if len(messages) == SEND_CHUNK or k == len(idents) - 1:
             client._io_loop.add_callback(partial(send_all, client.session, view._socket, messages))
             messages = []
-    return AsyncResult(client, futures, fname="execute", targets=targets, owner=True)
+    return async_result(client, futures, targets)
 
 
 class OutputHeard:
@@ -140,8 +140,6 @@ def execute_heard_broadcast(view: Any, code: str, heard: Callable[[int, Any], No
     as ``BroadcastView.execute`` makes them (ipyparallel's ``_make_async_result``), before the request is sent. Unlike
     ipyparallel's, each engine's future leaves the client's caches once its reply and output are in (a direct request's
     do, in ``Client._send``), and the request's own, to which nothing replies, at once."""
-    from ipyparallel.client.asyncresult import AsyncResult
-
     client = view.client
     idents, targets = client._build_targets(view.targets)
     uuids = [ident.decode("utf8") for ident in idents]
@@ -149,14 +147,15 @@ def execute_heard_broadcast(view: Any, code: str, heard: Callable[[int, Any], No
     futures: list[Any] = []
 
     def made(request: Any) -> None:
+        known = registered(client)
         for k, uuid in enumerate(uuids):
-            futures.append(awaited(client, f"{request.msg_id}_{uuid}", request.header, uuid))
+            futures.append(awaited(client, f"{request.msg_id}_{uuid}", request.header, uuid, known=known))
             heard(k, futures[-1])
 
     request = client.send_execute_request(view._socket, code, silent=False, metadata=metadata, message_future_hook=made)
     client.outstanding.discard(request.msg_id)
     forget(client, request.msg_id)
-    return AsyncResult(client, futures, fname="execute", targets=targets, owner=True)
+    return async_result(client, futures, targets)
 
 
 def launcher_popen(launcher: Any) -> Any:

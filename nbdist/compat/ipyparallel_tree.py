@@ -8,7 +8,7 @@ from functools import partial
 from typing import Any
 
 from .ipykernel_private import NODE, NODE_REPLIES, OUTPUT_COUNT
-from .ipyparallel_futures import awaited
+from .ipyparallel_futures import async_result, awaited, registered
 from .ipyparallel_private import SEND_CHUNK, OutputHeard, on_io_thread, output_counts, send_all
 
 
@@ -20,8 +20,6 @@ def execute_heard_tree(
     future and output count as ``execute_heard`` does (each rank's output and its failure stay its own), and sends the
     leader its request alone, naming the others' ranks and ids (``NODE``); the leader hands each its request, and
     their replies come back on the leader's iopub, a batch a message (``hear_node_replies``)."""
-    from ipyparallel.client.asyncresult import AsyncResult
-
     client = view.client
     if client._closed:
         raise RuntimeError("Client cannot be used after its sockets have been closed")
@@ -33,6 +31,7 @@ def execute_heard_tree(
     counts = output_counts(client)
     futures: list[Any] = [None] * len(idents)
     messages: list[tuple[bytes, Any]] = []
+    known = registered(client)
     for n, node in enumerate(nodes):
         others = []
         lead = client.session.msg(
@@ -42,7 +41,7 @@ def execute_heard_tree(
             header = lead["header"] if k == node[0][0] else {**lead["header"], "msg_id": client.session.msg_id}
             msg_id = header["msg_id"]
             client.history.append(msg_id)
-            futures[k] = awaited(client, msg_id, header, idents[k].decode("utf-8"), view.label)
+            futures[k] = awaited(client, msg_id, header, idents[k].decode("utf-8"), view.label, known)
             heard(k, futures[k])
             counts[msg_id] = OutputHeard(client, msg_id, futures[k])
             if k != node[0][0]:
@@ -53,7 +52,7 @@ def execute_heard_tree(
         if len(messages) == SEND_CHUNK or n == len(nodes) - 1:
             client._io_loop.add_callback(partial(send_all, client.session, view._socket, messages))
             messages = []
-    return AsyncResult(client, futures, fname="execute", targets=targets, owner=True)
+    return async_result(client, futures, targets)
 
 
 def hear_node_replies(client: Any) -> None:

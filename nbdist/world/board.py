@@ -90,6 +90,11 @@ class Board:
         with self._lock:
             return dict(sorted(self._now.items()))
 
+    def of(self, ranks: list[int]) -> dict[int, RankNow]:
+        """These ranks' states now, by rank (those the board has)."""
+        with self._lock:
+            return {rank: self._now[rank] for rank in ranks if rank in self._now}
+
     def subscribe(self, fn: Listener) -> Callable[[], None]:
         """Call ``fn`` with every change from now on; returns what unsubscribes it."""
         with self._lock:

@@ -21,7 +21,7 @@ import pytest
 from nbdist.cells.output import Sink
 from nbdist.errors import RankError, RunTimeout
 from nbdist.results import RankStatus
-from tests.helpers import run_cell, touch_code, wait_for
+from tests.helpers import run_cell, touch_code, wait_for, wait_for_file
 
 PROOF = "z = torch.ones(1) * (dist.get_rank() + 1)\ndist.all_reduce(z)\nproof = z.item()"
 HANG_S = 60.0  # a drill that takes longer than this waited for torch's timeout, not for nbdist
@@ -30,17 +30,6 @@ HANG_S = 60.0  # a drill that takes longer than this waited for torch's timeout,
 def assert_usable(cluster) -> None:
     cluster.run(PROOF).raise_for_error()
     assert cluster.pull("proof") == [3.0, 3.0]
-
-
-def wait_for_file(path) -> str:
-    """Cell code: wait (at most 30 s) until the test creates ``path``; 'seen' or 'not seen'."""
-    return (
-        "import os, time\n"
-        "_end = time.monotonic() + 30\n"
-        f"while not os.path.exists({str(path)!r}) and time.monotonic() < _end:\n"
-        "    time.sleep(0.01)\n"
-        f"seen = 'seen' if os.path.exists({str(path)!r}) else 'not seen'\n"
-    )
 
 
 def test_world_is_initialised_and_all_reduce_sums_on_every_rank(cluster):

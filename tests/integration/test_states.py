@@ -8,13 +8,14 @@ from __future__ import annotations
 
 import os
 import signal
+import textwrap
 
 import psutil
 import pytest
 
 from nbdist.cells.output import Sink
 from nbdist.results import RankState
-from tests.helpers import poll, run_cell, wait_for
+from tests.helpers import poll, run_cell, wait_for, wait_for_file
 
 BUSY, IDLE, FAILED = RankState.BUSY, RankState.IDLE, RankState.FAILED
 
@@ -87,6 +88,25 @@ def test_an_exit_on_one_rank_is_its_state_in_the_cell_and_idle_after(cluster, he
     assert (1, "exited") in badges.seen and (0, "idle") in badges.seen, badges.seen
     assert of(heard, 1) == [("busy", None), ("exited", None), ("idle", None)]
     assert of(heard, 0) == [("busy", None), ("idle", None)]
+
+
+def test_a_rank_that_ends_its_part_early_is_told_to_the_sink_while_the_others_run(cluster, tmp_path):
+    """Rank 1 is done after a moment (the sink was told it is busy first); rank 0 waits (at most 30 s) for the file
+    the sink makes when told rank 1 is idle: it can see it only if that state reached the sink while the cell ran."""
+    flag = tmp_path / "rank-1-idle"
+
+    class Told(Badges):
+        def state(self, rank: int, state: RankState) -> None:
+            super().state(rank, state)
+            if (rank, state) == (1, IDLE):
+                flag.touch()
+
+    told = Told()
+    code = f"import time\nif dist.get_rank() == 0:\n{textwrap.indent(wait_for_file(flag), '    ')}else:\n    time.sleep(0.5)\n"
+    cluster.run(code, sink=told).raise_for_error()
+    assert cluster.pull("seen", ranks=0) == ["seen"], told.seen
+    assert told.seen[:2] == [(0, "busy"), (1, "busy")], told.seen
+    assert told.seen.index((1, "idle")) < told.seen.index((0, "idle")), told.seen
 
 
 def test_a_rank_that_dies_between_cells_is_dead_then_restarting_then_idle(cluster, ip, capsys, heard):

@@ -840,3 +840,57 @@ def test_probe_lean_future():
     assert made.wait(5) is True and made.result() == "reply"
     real.set_result("reply")
     assert real.wait(0) is True and made.wait(0) is True
+
+
+def test_probe_lean_result():
+    """compat.async_result's AsyncResult replaces _init_futures: ipyparallel's still makes the three futures and hangs
+    the same callbacks on them, and, on the same children, the lean one and ipyparallel's say the same: not ready
+    until every reply is in, then the replies in rank order (or the ranks' errors, as ipyparallel sets them: as
+    results), and the client's results and metadata popped as an owner's are, the latter once every output is in."""
+    from ipyparallel import error
+    from ipyparallel.client import asyncresult
+
+    from nbdist.compat.ipyparallel_futures import lean_future, lean_result
+
+    init = inspect.getsource(asyncresult.AsyncResult._init_futures)
+    for name in ("_result_future", "_sent_future", "_output_future", "_handle_sent", "_resolve_result"):
+        assert name in init, f"AsyncResult._init_futures no longer uses {name}: see compat.lean_result"
+    assert "_resolve_output" in init and "_finalize_result" in init, "see compat.lean_result"
+
+    class Client:  # what an owner AsyncResult reads and pops of its client
+        def __init__(self):
+            self.results, self.metadata = {}, {}
+
+    def outcome(kind, replies, steps):
+        client, children = Client(), []
+        for k in range(3):
+            child, output = lean_future()(f"m{k}", {}), lean_future()(f"m{k}", {})
+            child.output, output.metadata = output, client.metadata.setdefault(f"m{k}", {"engine_id": k})
+            client.results[f"m{k}"] = replies[k]
+            children.append(child)
+        ar = kind(client, children, fname="execute", targets=[0, 1, 2], owner=True)
+        states = [(ar.ready(), sorted(client.metadata))]
+        for what, k in steps:
+            future = children[k] if what == "reply" else children[k].output
+            future.set_result(replies[k] if what == "reply" else None)
+            states.append((ar.ready(), sorted(client.metadata)))
+        try:
+            got = ar.get(0)
+        except Exception as exc:
+            got = (type(exc).__name__, str(exc))
+        return states, got, sorted(client.results), ar.sent
+
+    ok = ["r0", "r1", "r2"]
+    failed = ["r0", error.RemoteError("KeyError", "one", ""), error.RemoteError("ValueError", "two", "")]
+    replies_first = [("reply", 2), ("reply", 0), ("reply", 1), ("output", 2), ("output", 1), ("output", 0)]
+    outputs_first = [("output", 1), ("output", 0), ("output", 2), ("reply", 1), ("reply", 2), ("reply", 0)]
+    for replies in (ok, failed):
+        for steps in (replies_first, outputs_first):
+            assert outcome(lean_result(), replies, steps) == outcome(asyncresult.AsyncResult, replies, steps)
+    every = ["m0", "m1", "m2"]
+    states, got, results, sent = outcome(lean_result(), ok, replies_first)
+    assert states == [(False, every)] * 3 + [(True, every)] * 3 + [(True, [])], states
+    assert got == ok and results == [] and sent
+    assert outcome(lean_result(), ok, outputs_first)[0] == [(False, every)] * 6 + [(True, [])]
+    got = outcome(lean_result(), failed, replies_first)[1]
+    assert got[0] == "CompositeError" and got[1].endswith("KeyError: one\n[Engine Exception]ValueError: two"), got
