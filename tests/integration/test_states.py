@@ -91,21 +91,21 @@ def test_an_exit_on_one_rank_is_its_state_in_the_cell_and_idle_after(cluster, he
 
 
 def test_a_rank_that_ends_its_part_early_is_told_to_the_sink_while_the_others_run(cluster, tmp_path):
-    """Rank 1 is done after a moment (the sink was told it is busy first); rank 0 waits (at most 30 s) for the file
-    the sink makes when told rank 1 is idle: it can see it only if that state reached the sink while the cell ran."""
-    flag = tmp_path / "rank-1-idle"
+    """Rank 1 ends its part once the sink was told it is busy; rank 0 waits (at most 30 s) for the file the sink makes
+    when told rank 1 is idle: it can see it only if that state reached the sink while the cell still ran. Each waits
+    for a file the sink makes, so nothing here depends on when the notebook first looks."""
+    told_busy, told_idle = tmp_path / "rank-1-busy", tmp_path / "rank-1-idle"
 
     class Told(Badges):
         def state(self, rank: int, state: RankState) -> None:
             super().state(rank, state)
-            if (rank, state) == (1, IDLE):
-                flag.touch()
+            if rank == 1:
+                {BUSY: told_busy, IDLE: told_idle}.get(state, tmp_path / "other").touch()
 
     told = Told()
-    code = f"import time\nif dist.get_rank() == 0:\n{textwrap.indent(wait_for_file(flag), '    ')}else:\n    time.sleep(0.5)\n"
-    cluster.run(code, sink=told).raise_for_error()
-    assert cluster.pull("seen", ranks=0) == ["seen"], told.seen
-    assert told.seen[:2] == [(0, "busy"), (1, "busy")], told.seen
+    waits = [textwrap.indent(wait_for_file(flag), "    ") for flag in (told_idle, told_busy)]
+    cluster.run(f"if dist.get_rank() == 0:\n{waits[0]}else:\n{waits[1]}", sink=told).raise_for_error()
+    assert cluster.pull("seen") == ["seen", "seen"], told.seen
     assert told.seen.index((1, "idle")) < told.seen.index((0, "idle")), told.seen
 
 
