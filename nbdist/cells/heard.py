@@ -35,8 +35,8 @@ class Heard:
         self.order: list[deque[tuple[str, Any]]] = [deque() for _ in ranks]
         self.pdb: queue.SimpleQueue[tuple[int, dict[str, Any]]] = queue.SimpleQueue()  # (child, what its pdb said)
         # The children that sent something to show since the last emit, appended by the IO thread once ipyparallel
-        # stored it: an emit looks at those alone, not at every rank (at 256 ranks, a cell's looks were a sixth of
-        # the notebook's work in it).
+        # stored it: an emit looks at those alone, not at every rank (at 256 ranks, a cell's looks were about a quarter
+        # of the notebook's main thread in it).
         self.news: deque[int] = deque()
         self.heard = [functools.partial(self._poke, i) for i in range(len(ranks))]
 
