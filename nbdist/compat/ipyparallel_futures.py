@@ -62,24 +62,9 @@ def awaited(
     output.metadata["submitted"] = util.utcnow()
     output.metadata["label"] = label
     reply.output = output
-    both = _Both(client, msg_id)
-    reply.add_done_callback(both.one)
-    output.add_done_callback(both.one)
+    # forgotten once both are done (``Client._send``'s ``multi_future``, without a Future of its own)
+    _Countdown.follow([reply, output], functools.partial(forget, client, msg_id))
     return reply
-
-
-class _Both:
-    """Forget a request once both its futures are done (``multi_future``'s end, without a Future of its own)."""
-
-    __slots__ = ("client", "done", "msg_id")
-
-    def __init__(self, client: Any, msg_id: str) -> None:
-        self.client, self.msg_id, self.done = client, msg_id, 0
-
-    def one(self, future: Any) -> None:
-        self.done += 1
-        if self.done >= 2:
-            forget(self.client, self.msg_id)
 
 
 def registered(client: Any) -> set[str]:
