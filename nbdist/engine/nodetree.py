@@ -7,18 +7,25 @@ sends a cell to the leader alone; its request names the node's other ranks and t
 request (``NODE``). As the leader's kernel begins it, each of them gets a copy under its own id, signed with the
 world's key (``before_execute``); then the leader runs the cell itself. The others run it on their kernel's loop, one
 at a time with whatever the controller sends them (``compat.run_relayed``), and reply on ``up``. A thread of the
-leader's reads those replies and sends them to the notebook on the leader's iopub, all that came together in one
-message (``NODE_REPLIES``). What a rank prints or displays still goes out on its own iopub, as any cell's.
+leader's reads those replies and sends them to the notebook on the leader's iopub in batches, one message each
+(``NODE_REPLIES``): a batch goes once every request handed down has its reply, or ``BATCH_S`` after its first reply.
+What a rank prints or displays still goes out on its own iopub, as any cell's.
 """
 
 from __future__ import annotations
 
+import math
 import os
 import threading
+import time
 from typing import Any
 
 from .. import compat
 from ..compat import NODE, NODE_REPLIES
+
+# A batch of a node's replies waits at most this long after its first reply for the rest: a node's ranks end a cell a
+# moment apart, and a batch sent each time one came held about 2 replies of a node of 8 (256 ranks, docs/scaling.md).
+BATCH_S = 0.005
 
 _HERE: dict[str, Any] = {}  # this rank's part: its sockets, and a leader's thread
 
@@ -43,7 +50,7 @@ def join(folder: str, leader: int, rank: int, others: list[int], tag: str, leade
         replies.bind(up)
         relay = _Relay(kernel, replies)
         _HERE.update(down=handed, relay=relay, others=set(others))
-        compat.before_execute(kernel, lambda request: _hand_down(kernel, handed, request))
+        compat.before_execute(kernel, lambda request: _hand_down(kernel, handed, relay, request))
         relay.start()
     else:
         asked = ctx.socket(zmq.DEALER)
@@ -114,8 +121,9 @@ def _address(folder: str, leader: int, tag: str) -> tuple[str, str]:
     return f"ipc://{folder}/tree-{tag}-{leader}.down", f"ipc://{folder}/tree-{tag}-{leader}.up"
 
 
-def _hand_down(kernel: Any, handed: Any, request: dict[str, Any]) -> None:
-    """On a leader, as its kernel begins ``request``: each rank it names gets a copy under the id the notebook gave it."""
+def _hand_down(kernel: Any, handed: Any, relay: _Relay, request: dict[str, Any]) -> None:
+    """On a leader, as its kernel begins ``request``: each rank it names gets a copy under the id the notebook gave it,
+    and the relay waits for its reply."""
     node = (request.get("metadata") or {}).get(NODE)
     if not node:
         return
@@ -128,9 +136,11 @@ def _hand_down(kernel: Any, handed: Any, request: dict[str, Any]) -> None:
             "content": request["content"],
             "buffers": request.get("buffers") or [],
         }
+        relay.owe(msg_id)  # before it is sent: its reply may come before this returns
         try:
             handed.send_multipart(kernel.session.serialize(copy, ident=str(rank).encode()))
         except Exception as exc:  # the rank left (its death is the notebook's to see): the others still get theirs
+            relay.paid([msg_id])
             kernel.log.warning("nbdist: rank %s was not handed its request: %s", rank, exc)
 
 
@@ -211,17 +221,31 @@ class _Replies:
 
 
 class _Relay(threading.Thread):
-    """On a leader: the node's replies, sent on to the notebook on the leader's iopub as they come, each batch of those
-    that came together in one message. Its own Session (a clone: the same key, a digest history of its own)."""
+    """On a leader: the node's replies, sent on to the notebook on the leader's iopub in batches, one message each. A
+    batch goes once every request handed down (``owe``) has its reply, or ``BATCH_S`` after its first reply (a rank
+    that is slow, or dead, holds the others' replies that long at most). Its own Session (a clone: the same key, a
+    digest history of its own)."""
 
     def __init__(self, kernel: Any, replies: Any) -> None:
         import zmq
 
         super().__init__(name="nbdist-node-replies", daemon=True)
         self.kernel, self.replies, self.session = kernel, replies, kernel.session.clone()
+        self.owed: set[str] = set()  # the ids of the requests handed down whose replies have not come
+        self._lock = threading.Lock()  # owed is changed by the kernel's thread and this one
         self.stopping: Any = zmq.Context.instance().socket(zmq.PAIR)
         self._stop_at = f"inproc://nbdist-node-stop-{id(self)}"
         self.stopping.bind(self._stop_at)
+
+    def owe(self, msg_id: str) -> None:
+        with self._lock:
+            self.owed.add(msg_id)
+
+    def paid(self, msg_ids: list[str]) -> bool:
+        """These requests' replies came (or will not: they were not sent); whether none is owed now."""
+        with self._lock:
+            self.owed.difference_update(msg_ids)
+            return not self.owed
 
     def run(self) -> None:
         import zmq
@@ -229,23 +253,39 @@ class _Relay(threading.Thread):
         poller = zmq.Poller()
         poller.register(self.replies, zmq.POLLIN)
         poller.register(self.stopping, zmq.POLLIN)
+        batch: list[dict[str, Any]] = []
+        until = 0.0  # when the batch goes at the latest (once it has a reply)
         while True:
-            ready = dict(poller.poll())
+            ready = dict(poller.poll(math.ceil(max(0.0, until - time.monotonic()) * 1000) if batch else None))
             if self.stopping in ready:
                 break
-            batch = []
-            while True:
-                try:
-                    frames = self.replies.recv_multipart(flags=zmq.NOBLOCK, copy=False)
-                except zmq.Again:
-                    break
-                reply = _read(self.session, self.kernel, frames)
-                if reply is not None:
-                    batch.append(reply)
-            if batch:
+            came = self._take()
+            if came and not batch:
+                until = time.monotonic() + BATCH_S
+            batch += came
+            if batch and (
+                self.paid([reply["parent_header"].get("msg_id") for reply in came]) or time.monotonic() >= until
+            ):
                 _batch(self.session, self.kernel, batch)
+                batch = []
+        if batch:
+            _batch(self.session, self.kernel, batch)
         self.stopping.close(linger=0)
         self.replies.close(linger=0)
+
+    def _take(self) -> list[dict[str, Any]]:
+        """The replies that came (those that could be read)."""
+        import zmq
+
+        came: list[dict[str, Any]] = []
+        while True:
+            try:
+                frames = self.replies.recv_multipart(flags=zmq.NOBLOCK, copy=False)
+            except zmq.Again:
+                return came
+            reply = _read(self.session, self.kernel, frames)
+            if reply is not None:
+                came.append(reply)
 
     def stop(self) -> None:
         import zmq

@@ -16,6 +16,7 @@ import pytest
 import nbdist
 from nbdist import compat
 from nbdist.cells import run as cellrun
+from nbdist.engine import nodetree
 from nbdist.errors import RankError
 from nbdist.world import nodes
 from tests.helpers import poll
@@ -175,6 +176,60 @@ def test_a_tree_cell_past_its_timeout_is_released_on_every_rank_and_none_is_ende
     assert [r[k].status for k in range(3)] == [direct[k].status for k in range(3)] == ["timeout"] * 3
     assert all(_alive(p) for p in pids) and [x.pid for x in world.ranks] == pids
     works_again(world)
+
+
+@pytest.fixture
+def batches(monkeypatch, world, sent):
+    """The world in one node of three (rank 0 hands cells to ranks 1 and 2); each batch of replies the leader sent the
+    notebook (the ranks whose replies it carried), as the notebook's client read it before handling them (so a cell's
+    are all there once it ended); the leader's window (``window``) set on every rank, and as it was after the test."""
+    monkeypatch.setattr(nodes, "NODE_SIZE", 3)
+    client, went = world.client, []
+    rank_of = {client._engines[engine_of(world, rank)]: rank for rank in range(3)}  # noqa: SLF001
+    session = client.session
+    deserialize = session.deserialize
+
+    def read(*args, **kwargs):
+        msg = deserialize(*args, **kwargs)
+        if msg["header"]["msg_type"] == compat.NODE_REPLIES:
+            went.append(sorted(rank_of[reply["metadata"]["engine"]] for reply in msg["content"]["replies"]))
+        return msg
+
+    def window(seconds: float) -> None:
+        world.view([0, 1, 2]).execute(
+            f"import nbdist.engine.nodetree\nnbdist.engine.nodetree.BATCH_S = {seconds}", block=True
+        )
+
+    monkeypatch.setattr(session, "deserialize", read)
+    try:
+        yield window, went
+    finally:
+        window(nodetree.BATCH_S)
+
+
+def test_a_leader_sends_its_nodes_replies_together_once_all_came(world, batches):
+    """Within the window, the leader waits for each rank it handed the cell to, and no longer: rank 2 replies a second
+    after rank 1, in the same batch, and the cell does not wait out the window (the hang bound is half of it)."""
+    window, went = batches
+    window(2 * HANG_S)
+    world.run("x = 0").raise_for_error()  # the node of three joined
+    went.clear()
+    r = world.run("import time\nif dist.get_rank() == 2:\n    time.sleep(1.0)\nx = 1", timeout=HANG_S)
+    r.raise_for_error()
+    assert went == [[1, 2]]
+    assert world.pull("x") == [1, 1, 1]
+
+
+def test_a_leader_sends_the_replies_it_has_once_the_window_passed(world, batches):
+    """A rank slower than the window does not hold its node's other replies: rank 1's goes at the window's end, rank
+    2's in a batch of its own when it comes (2 s after, against a window of 0.5 s)."""
+    window, went = batches
+    window(0.5)
+    world.run("x = 0").raise_for_error()
+    went.clear()
+    world.run("import time\nif dist.get_rank() == 2:\n    time.sleep(2.0)\nx = 2", timeout=HANG_S).raise_for_error()
+    assert went == [[1], [2]]
+    assert world.pull("x") == [2, 2, 2]
 
 
 STOP_ON_RANK_1 = """%%distributed
