@@ -14,6 +14,7 @@ What a rank prints or displays still goes out on its own iopub, as any cell's.
 
 from __future__ import annotations
 
+import itertools
 import math
 import os
 import threading
@@ -28,6 +29,9 @@ from ..compat import NODE, NODE_REPLIES
 BATCH_S = 0.005
 
 _HERE: dict[str, Any] = {}  # this rank's part: its sockets, and a leader's thread
+# each relay's stop socket its own name: zmq frees a closed inproc name later, on its own thread, so a name that
+# comes back (an id() of a relay just ended) may still be taken
+_STOPS = itertools.count()
 
 
 def join(folder: str, leader: int, rank: int, others: list[int], tag: str, leader_pid: int = 0) -> None:
@@ -234,7 +238,7 @@ class _Relay(threading.Thread):
         self.owed: set[str] = set()  # the ids of the requests handed down whose replies have not come
         self._lock = threading.Lock()  # owed is changed by the kernel's thread and this one
         self.stopping: Any = zmq.Context.instance().socket(zmq.PAIR)
-        self._stop_at = f"inproc://nbdist-node-stop-{id(self)}"
+        self._stop_at = f"inproc://nbdist-node-stop-{next(_STOPS)}"
         self.stopping.bind(self._stop_at)
 
     def owe(self, msg_id: str) -> None:

@@ -227,10 +227,7 @@ def main(argv: list[str]) -> int:
     try:
         _connect(ray, args.address or "auto")
     except Exception as exc:
-        say_preflight(
-            f"cannot reach the Ray cluster at {where}: {str(exc).splitlines()[0][:200]}. Name its head with --address "
-            "ray://HEAD:10001 (Ray Client), or start the notebook on a Ray node."
-        )
+        say_preflight(f"cannot reach the Ray cluster at {where}: {connect_failure(exc)}")
         return 2
     finally:
         watchdog.cancel()
@@ -325,6 +322,33 @@ def _connect_timed_out(where: str) -> None:
     os._exit(2)
 
 
+def connect_failure(exc: BaseException) -> str:
+    """What a failed ``ray.init`` says, and what to do. Ray Client's server that answered but could not serve this
+    client ('Initialization failure from server:') sends its traceback: its last line says what failed on the head."""
+    lines = [line.strip() for line in str(exc).splitlines() if line.strip()] or [type(exc).__name__]
+    if INIT_FAILED in lines[0]:
+        said = lines[-1][:300] if len(lines) > 1 else "no reason given"
+        known = (
+            " A server that dies as it starts is Ray's known fault under load (ray-project/ray#63202): start the "
+            "head with GRPC_ENABLE_FORK_SUPPORT=0 in its environment."
+            if SERVER_DIED in said
+            else ""
+        )
+        return (
+            f"its Ray Client server answered but could not serve this client ({said}): the head's "
+            "ray_client_server*.err (in /tmp/ray/session_latest/logs unless it set --temp-dir) say why; start again "
+            f"once it serves.{known}"
+        )
+    return (
+        f"{lines[0][:200]}. Name its head with --address ray://HEAD:10001 (Ray Client), or start the notebook on a "
+        "Ray node."
+    )
+
+
+INIT_FAILED = "Initialization failure"  # how Ray Client says its server answered but refused this client
+SERVER_DIED = "Starting Ray client server failed"  # its reason when the server it started for the client died
+
+
 def _connect(ray: Any, address: str, tries: int = 3) -> None:
     """ray.init, tried again a moment later: Ray Client's server may refuse a new client while it still ends the
     session of the one before ('Initialization failure from server'). A Ray Client address is first tried with a
@@ -349,7 +373,7 @@ def _connect(ray: Any, address: str, tries: int = 3) -> None:
             ray.init(address=address, log_to_driver=False, logging_level=logging.WARNING)
             return
         except ConnectionError as exc:
-            if attempt == tries - 1 or "Initialization failure" not in str(exc):
+            if attempt == tries - 1 or INIT_FAILED not in str(exc):
                 raise  # not there at all (Ray Client tried for about 35 s): no use trying again
             time.sleep(2.0)
 

@@ -27,6 +27,33 @@ def test_what_the_ray_cluster_lacks_is_said_against_its_whole_size():
     assert raylaunch.missing({"CPU": 4, "GPU": 0}, {"CPU": 4.0}) == ""
 
 
+def _refused(reason: str) -> ConnectionAbortedError:
+    """Ray Client's own words (ray/util/client/worker.py, _server_init): its first line, then the head's traceback
+    (ray/util/client/server/proxier.py, Datapath)."""
+    import traceback
+
+    try:
+        raise RuntimeError(reason)
+    except RuntimeError:
+        return ConnectionAbortedError(f"Initialization failure from server:\n{traceback.format_exc()}")
+
+
+def test_a_ray_client_server_that_could_not_serve_the_driver_is_said_with_its_reason_not_as_unreachable():
+    said = raylaunch.connect_failure(_refused("Proxy failed to Connect to backend! Check `ray_client_server.err`"))
+    assert said.startswith(
+        "its Ray Client server answered but could not serve this client (RuntimeError: Proxy failed to Connect to "
+        "backend! Check `ray_client_server.err`): the head's ray_client_server*.err"
+    ), said
+    assert "--address" not in said and "GRPC_ENABLE_FORK_SUPPORT" not in said  # it was reached; another fault
+    died = raylaunch.connect_failure(
+        _refused("Starting Ray client server failed. See ray_client_server_23000.err for detailed logs.")
+    )
+    assert "(RuntimeError: Starting Ray client server failed. See ray_client_server_23000.err" in died, died
+    assert died.endswith("start the head with GRPC_ENABLE_FORK_SUPPORT=0 in its environment."), died
+    unreachable = raylaunch.connect_failure(ConnectionError("ray client connection timeout\nmore"))
+    assert unreachable.startswith("ray client connection timeout. Name its head with --address ray://HEAD:10001")
+
+
 def test_ray_options_need_the_ray_launcher_and_sane_values():
     with pytest.raises(ConfigError, match=r"--address 'ray://h:10001' needs --launcher ray"):
         StartConfig.of(n=2, address="ray://h:10001")
